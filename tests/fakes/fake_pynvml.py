@@ -1,0 +1,177 @@
+"""A faithful fake of the pynvml module for the functions watchdog.sample.nvml calls.
+
+Same function names and argument lists, pynvml's own exception classes and constants, and real
+ctypes structures where pynvml hands them back (GPM). Tests script each GPU through `FakeGpu`:
+readings, fields that are not supported, functions the driver lacks, a GPU lost mid-run, a call
+that hangs until released.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as _real
+
+# Everything the real module exports that is not a function we fake: exception classes, constants,
+# ctypes structures.
+_EXPORTS = {name: getattr(_real, name) for name in dir(_real)
+            if name.startswith(("NVMLError", "NVML_", "c_nvml", "nvmlClocks"))}
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    util_percent: int = 0
+    memory_util_percent: int = 0
+    power_mw: int = 70_000
+    power_limit_mw: int = 700_000
+    sm_clock_mhz: int = 1980
+    sm_clock_max_mhz: int = 1980
+    memory_used: int = 500 * 2**20
+    memory_total: int = 80 * 2**30
+    temperature_c: int = 35
+    clock_event_reasons: int = 0
+    energy_mj: int = 1_000_000
+    gpm: bool = True
+    sm_activity_percent: float = 0.0
+    pids: list[int] = field(default_factory=list)
+    not_supported: set[str] = field(default_factory=set)  # pynvml function names
+    lost: bool = False
+    errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+    hang_in: str | None = None  # function name that blocks until `release` is set
+    release: threading.Event = field(default_factory=threading.Event)
+    calls: list[str] = field(default_factory=list)
+
+
+class FakeNvml(SimpleNamespace):
+    """Pass as `NvmlSource(nvml=FakeNvml(gpus=[...]))`."""
+
+    def __init__(self, gpus: list[FakeGpu], missing: set[str] | None = None, init_error: int | None = None,
+                 driver_version: str = "550.54.15"):
+        super().__init__(**_EXPORTS)
+        self.gpus = gpus
+        self.missing = missing or set()  # functions this driver lacks (NVML_ERROR_FUNCTION_NOT_FOUND)
+        self.init_error = init_error
+        self.driver = driver_version
+        self.initialized = False
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _gpu(self, handle: Any, function: str) -> FakeGpu:
+        if function in self.missing:
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if not self.initialized:
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        gpu = self.gpus[handle]
+        gpu.calls.append(function)
+        if gpu.hang_in == function:
+            gpu.release.wait()
+        if gpu.lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+        if function in gpu.not_supported:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        if function in gpu.errors:
+            raise _real.NVMLError(gpu.errors[function])
+        return gpu
+
+    # -- the functions watchdog.sample.nvml.FUNCTIONS names --------------------------------------
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise _real.NVMLError(self.init_error)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < len(self.gpus):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: int, type: int) -> int:
+        assert type == _real.NVML_CLOCK_SM
+        return self._gpu(handle, "nvmlDeviceGetMaxClockInfo").sm_clock_max_mhz
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        rates = _real.c_nvmlUtilization_t()
+        rates.gpu, rates.memory = g.util_percent, g.memory_util_percent
+        return rates
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: int, type: int) -> int:
+        assert type == _real.NVML_CLOCK_SM
+        return self._gpu(handle, "nvmlDeviceGetClockInfo").sm_clock_mhz
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: Any = None) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        info = _real.c_nvmlMemory_t()
+        info.total, info.used, info.free = g.memory_total, g.memory_used, g.memory_total - g.memory_used
+        return info
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        assert sensor == _real.NVML_TEMPERATURE_GPU
+        return self._gpu(handle, "nvmlDeviceGetTemperature").temperature_c
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        g = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=None) for pid in g.pids]
+
+    def nvmlGpmQueryDeviceSupport(self, device: int) -> Any:
+        g = self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        support = _real.c_nvmlGpmSupport_t()
+        support.version = _real.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = 1 if g.gpm else 0
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return _real.c_nvmlGpmSample_t()
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        return None
+
+    def nvmlGpmSampleGet(self, device: int, gpmSample: Any) -> Any:
+        self._gpu(device, "nvmlGpmSampleGet")
+        self._last_gpm_device = device
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        # The real call computes the metric between sample1 and sample2; the fake reports the GPU's
+        # scripted activity for the GPU whose sample was taken last.
+        g = self._gpu(self._last_gpm_device, "nvmlGpmMetricsGet")
+        assert metricsGet.version == _real.NVML_GPM_METRICS_GET_VERSION
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            assert metric.metricId == _real.NVML_GPM_METRIC_SM_UTIL
+            metric.value = g.sm_activity_percent
+            metric.nvmlReturn = _real.NVML_SUCCESS
+        return metricsGet

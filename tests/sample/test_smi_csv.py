@@ -1,0 +1,242 @@
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import realdata
+from watchdog.model import GpuHealth
+from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.smi_csv import parse_number, read_smi_csv
+
+TELEMETRY = ("telemetry", "grantwilkins-training_profile")
+
+
+def read(text: str, **kwargs: object) -> list:
+    return list(read_smi_csv(io.StringIO(text), "log.csv", **kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "unit", "default", "expected"), [
+    ("71.25 W", "W", "W", 71.25),
+    (" 71.25", "W", "W", 71.25),
+    ("55 %", "%", "%", 0.55),
+    ("100", "", "%", 1.0),
+    ("130 MiB", "MiB", "MiB", 130 * 2**20),
+    ("1980 MHz", "MHz", "MHz", 1.98e9),
+    ("[N/A]", "W", "W", None),
+    ("[Not Supported]", "W", "W", None),
+    ("N/A", "", "W", None),
+])
+def test_parse_number(text: str, unit: str, default: str, expected: float | None) -> None:
+    assert parse_number(text, unit, default) == expected
+
+
+@pytest.mark.parametrize("text", ["71.2x W", "fast", "12 parsecs"])
+def test_parse_number_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_number(text, "", "W")
+
+
+def test_full_query_with_index_units_and_reasons() -> None:
+    text = (
+        "timestamp, index, uuid, name, utilization.gpu [%], utilization.memory [%], power.draw [W], "
+        "enforced.power.limit [W], clocks.current.sm [MHz], clocks.max.sm [MHz], memory.used [MiB], "
+        "memory.total [MiB], temperature.gpu, clocks_event_reasons.hw_thermal_slowdown\n"
+        "2024/01/02 03:04:05.000, 0, GPU-a, NVIDIA H100, 100 %, 0 %, 150.5 W, 700.00 W, 1980 MHz, "
+        "1980 MHz, 40000 MiB, 81559 MiB, 45, Not Active\n"
+        "2024/01/02 03:04:05.004, 1, GPU-b, NVIDIA H100, 3 %, [N/A], [Not Supported], 700.00 W, "
+        "1200 MHz, 1980 MHz, 40000 MiB, 81559 MiB, 91, Active\n"
+        "2024/01/02 03:04:06.000, 0, GPU-a, NVIDIA H100, 99 %, 40 %, 600 W, 700 W, 1980 MHz, "
+        "1980 MHz, 40000 MiB, 81559 MiB, 60, Not Active\n"
+    )
+    snaps = read(text)
+    assert [len(s.gpus) for s in snaps] == [2, 1]
+    a, b = snaps[0].gpus
+    assert (a.index, a.uuid, a.name) == (0, "GPU-a", "NVIDIA H100")
+    assert a.utilization_ratio == 1.0 and a.power_watts == 150.5 and a.power_limit_watts == 700.0
+    assert a.sm_clock_hertz == 1.98e9 and a.memory_used_bytes == 40000 * 2**20
+    assert a.clock_event_reasons == 0 and b.clock_event_reasons == 0x40
+    assert b.power_watts is None and b.memory_utilization_ratio is None
+    assert snaps[1].time_seconds - snaps[0].time_seconds == pytest.approx(1.0)
+
+
+def test_nounits_noheader_with_fields() -> None:
+    text = "2024/01/02 03:04:05.000, 1, 87, 312.40\n2024/01/02 03:04:06.000, 1, 0, 60.1\n"
+    snaps = read(text, fields=["timestamp", "index", "utilization.gpu", "power.draw"])
+    assert snaps[0].gpus[0].index == 1 and snaps[0].gpus[0].utilization_ratio == 0.87
+    assert snaps[1].gpus[0].power_watts == 60.1
+
+
+def test_noheader_without_fields_says_what_to_do() -> None:
+    with pytest.raises(TraceError, match=r"log.csv:1: no header line; pass --csv-fields"):
+        read("2024/01/02 03:04:05.000, 1, 87\n")
+
+
+def test_legacy_throttle_reason_columns_and_hex_mask() -> None:
+    text = ("timestamp, index, clocks_throttle_reasons.active, clocks_throttle_reasons.hw_slowdown\n"
+            "2024/01/02 03:04:05.000, 0, 0x0000000000000080, Active\n")
+    (snap,) = read(text)
+    assert snap.gpus[0].clock_event_reasons == 0x80 | 0x8
+
+
+def test_gpu_lost_value_is_a_typed_state() -> None:
+    text = "timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0, [GPU is lost]\n"
+    assert read(text)[0].gpus[0].health is GpuHealth.LOST
+
+
+def test_malformed_line_names_file_and_line() -> None:
+    text = ("timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0, 100 W\n"
+            "2024/01/02 03:04:06.000, 0, 1o0 W\n")
+    with pytest.raises(TraceError, match=r"log.csv:3: column 'power.draw \[W\]': cannot read '1o0 W'"):
+        read(text)
+
+
+def test_wrong_column_count_names_the_line() -> None:
+    text = "timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0\n"
+    with pytest.raises(TraceError, match=r"log.csv:2: expected 3 columns, got 2"):
+        read(text)
+
+
+def test_lenient_skips_and_counts() -> None:
+    text = ("timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0, 100 W\n"
+            "garbage\n2024/01/02 03:04:07.000, 0, 100 W\n")
+    skips = SkipLog()
+    snaps = read(text, lenient=True, skips=skips)
+    assert len(snaps) == 2 and skips.count == 1 and "log.csv:3" in skips.first[0]
+
+
+def test_rows_without_index_are_grouped_by_time() -> None:
+    rows = ["timestamp, power.draw [W], utilization.gpu [%]"]
+    for second in range(5):
+        for gpu in range(3):
+            rows.append(f"2024/01/02 03:04:{second:02d}.{gpu * 3:03d}, {100 + gpu} W, {gpu} %")
+    snaps = read("\n".join(rows) + "\n")
+    assert len(snaps) == 5
+    assert all([g.power_watts for g in s.gpus] == [100, 101, 102] for s in snaps)
+    assert [g.index for g in snaps[0].gpus] == [0, 1, 2]
+
+
+def test_sample_cut_short_is_dropped_and_reported() -> None:
+    rows = ["timestamp, power.draw [W], utilization.gpu [%]"]
+    t = 0.0
+    for sample in range(40):
+        for gpu in range(4):
+            if sample == 20 and gpu > 0:
+                continue  # nvidia-smi printed GPU 0, then stalled
+            rows.append(f"2024/01/02 03:{int(t // 60):02d}:{t % 60:06.3f}, {100 + gpu} W, 5 %")
+            t += 0.002
+        t += 0.1 if sample != 20 else 8.0
+    skips = SkipLog()
+    snaps = read("\n".join(rows) + "\n", skips=skips)
+    assert len(snaps) == 39 and skips.count == 1 and "cut short" in skips.first[0]
+    assert all([g.power_watts for g in s.gpus] == [100, 101, 102, 103] for s in snaps)
+
+
+# -- the real logs (nvidia-smi -lms 100, no index column) ------------------------------------------
+@pytest.mark.parametrize(("name", "gpus", "samples"), [
+    ("h100-traces/ckpt1.csv", 8, 6807),
+    ("h100-traces/ckpt10.csv", 8, 5449),
+    ("h100-traces/ckpt500.csv", 8, 6693),
+    ("titanx-traces/power-trace_2gpu_2025-12-04-01-22-31.csv", 2, 2029),
+    ("titanx-traces/power-trace_2gpu_2025-12-05-02-37-06.csv", 2, 4093),
+    ("titanx-traces/power-trace_2gpu_2025-12-10-17-40-10.csv", 2, 3285),
+])
+def test_real_logs_replay_with_inferred_gpus(name: str, gpus: int, samples: int) -> None:
+    path = realdata(*TELEMETRY, *name.split("/"))
+    with path.open() as f:
+        snaps = list(read_smi_csv(f, str(path)))
+    assert len(snaps) == samples
+    assert {len(s.gpus) for s in snaps} == {gpus}
+    assert all(b.time_seconds >= a.time_seconds for a, b in zip(snaps, snaps[1:]))
+
+
+@pytest.mark.parametrize("name", ["ckpt1.csv", "ckpt10.csv", "ckpt500.csv"])
+def test_real_h100_logs_keep_gpu_identity(name: str) -> None:
+    """Independent check of the grouping: while the node is idle, GPU 0 alone holds ~100+ MiB (the
+    first rank's extra context) and GPUs 1-7 hold 14-17 MiB. Every such sample must put it first."""
+    path = realdata(*TELEMETRY, "h100-traces", name)
+    with path.open() as f:
+        idle = [s for s in read_smi_csv(f, str(path))
+                if max(g.memory_used_bytes or 0 for g in s.gpus[1:]) < 100 * 2**20]
+    assert len(idle) > 100
+    assert all((s.gpus[0].memory_used_bytes or 0) >= 90 * 2**20 for s in idle)
+
+
+# -- property: whatever subset, order and unit style nvidia-smi was asked for, values survive ------
+FIELDS = {
+    "utilization.gpu": ("%", "utilization_ratio", 0.01, st.integers(0, 100)),
+    "utilization.memory": ("%", "memory_utilization_ratio", 0.01, st.integers(0, 100)),
+    "power.draw": ("W", "power_watts", 1.0, st.floats(10, 1000).map(lambda x: round(x, 2))),
+    "clocks.sm": ("MHz", "sm_clock_hertz", 1e6, st.integers(210, 2100)),
+    "memory.used": ("MiB", "memory_used_bytes", 2.0**20, st.integers(0, 81559)),
+    "temperature.gpu": ("", "temperature_celsius", 1.0, st.integers(20, 95)),
+}
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> tuple[str, list[str], list[list[list[float | None]]], bool]:
+    chosen = draw(st.lists(st.sampled_from(sorted(FIELDS)), min_size=1, unique=True))
+    gpus = draw(st.integers(1, 8))
+    with_index = draw(st.booleans())
+    # Without an index column the GPU count is inferred from the timestamps: that takes a few samples.
+    samples = draw(st.integers(1 if with_index else 4, 6))
+    units = draw(st.booleans())
+    header = (["timestamp"] + (["index"] if with_index else [])
+              + [f"{f} [{FIELDS[f][0]}]" if FIELDS[f][0] else f for f in chosen])
+    lines = [", ".join(header)]
+    values: list[list[list[float | None]]] = []
+    for s in range(samples):
+        per_sample = []
+        for g in range(gpus):
+            row = [f"2024/01/02 03:{s:02d}:00.{g * 2:03d}"] + ([str(g)] if with_index else [])
+            per_gpu: list[float | None] = []
+            for f in chosen:
+                unit = FIELDS[f][0]
+                if draw(st.integers(0, 9)) == 0:
+                    row.append(draw(st.sampled_from(["[N/A]", "[Not Supported]"])))
+                    per_gpu.append(None)
+                    continue
+                value = draw(FIELDS[f][3])
+                row.append(f"{value} {unit}" if units and unit else str(value))
+                per_gpu.append(value)
+            lines.append(", ".join(row))
+            per_sample.append(per_gpu)
+        values.append(per_sample)
+    return "\n".join(lines) + "\n", chosen, values, with_index
+
+
+@settings(max_examples=150, deadline=None)
+@given(logs())
+def test_values_survive_any_field_subset_and_unit_style(case: tuple[str, list[str], list, bool]) -> None:
+    text, chosen, values, _ = case
+    snaps = read(text)
+    assert len(snaps) == len(values)
+    for snap, per_sample in zip(snaps, values):
+        assert [g.index for g in snap.gpus] == list(range(len(per_sample)))
+        for gpu, per_gpu in zip(snap.gpus, per_sample):
+            for f, expected in zip(chosen, per_gpu):
+                _, attr, scale, _ = FIELDS[f]
+                got = getattr(gpu, attr)
+                if expected is None:
+                    assert got is None
+                else:
+                    assert got == pytest.approx(expected * scale)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200))
+def test_garbage_never_crashes_only_trace_errors(text: str) -> None:
+    try:
+        read("timestamp, index, power.draw [W]\n" + text)
+    except TraceError:
+        pass
+
+
+def test_real_log_file_path_in_errors(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("timestamp, index, power.draw [W]\nnot-a-time, 0, 5 W\n")
+    with path.open() as f, pytest.raises(TraceError, match=f"{path}:2: column 'timestamp'"):
+        list(read_smi_csv(f, str(path)))

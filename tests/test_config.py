@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from watchdog.config import Config, ConfigError, example_yaml, load_config, parse_config
+
+
+def test_example_file_is_generated_from_the_defaults() -> None:
+    checked_in = (REPO / "config.example.yaml").read_text()
+    assert checked_in == example_yaml(), "regenerate: python -c 'from watchdog.config import example_yaml; print(example_yaml(), end=\"\")' > config.example.yaml"
+    assert load_config(REPO / "config.example.yaml") == Config()
+
+
+def test_every_leaf_key_is_documented_in_the_example() -> None:
+    text = example_yaml()
+    for section in ("busy_spin", "zero_util", "waiting", "underuse", "throttle", "gpu_lost"):
+        for key in type(getattr(Config().detectors, section)).model_fields:
+            assert f"    {key}:" in text, f"detectors.{section}.{key} missing from the example"
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"detectors": {"busy_spin": {"for_seconds": "30s"}}},
+     "detectors.busy_spin.for_seconds: expected a number of seconds, got '30s'"),
+    ({"detectors": {"busy_spin": {"for_seconds": -1}}},
+     "detectors.busy_spin.for_seconds: expected a number >= 0, got -1"),
+    ({"detectors": {"waiting": {"critical_after_seconds": 0}}},
+     "detectors.waiting.critical_after_seconds: expected a number > 0, got 0"),
+    ({"detectors": {"busy_spin": {"utilization_min_ratio": 99}}},
+     "detectors.busy_spin.utilization_min_ratio: expected a number <= 1, got 99"),
+    ({"detectors": {"busy_spin": {"min_legs": 1.5}}},
+     "detectors.busy_spin.min_legs: expected a whole number, got 1.5"),
+    ({"detectors": {"busy_spn": {}}},
+     "detectors.busy_spn: unknown key; valid keys here: busy_spin, zero_util, waiting, underuse, throttle, gpu_lost"),
+    ({"sample": {"interval_seconds": 1, "bogus": 2}}, "sample.bogus: unknown key; valid keys here:"),
+    ({"job": 3}, "job: expected a mapping of keys, got 3"),
+    ({"detectors": {"gpu_lost": {"enabled": "maybe"}}}, "detectors.gpu_lost.enabled: expected true or false"),
+])
+def test_problems_name_the_key_path(data: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "config.yaml")
+    assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
+    assert str(info.value).startswith("config.yaml: ")
+
+
+def test_all_problems_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"detectors": {"busy_spin": {"for_seconds": "x", "window_seconds": 0}, "nope": 1}})
+    assert len(info.value.problems) == 3
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("detectors:\n  busy_spin:\n    for_seconds: [1, 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "line " in info.value.problems[0] and "not valid YAML" in info.value.problems[0]
+
+
+def test_missing_file_and_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty) == Config()
+
+
+def test_overrides_apply_and_defaults_stay() -> None:
+    config = parse_config({"detectors": {"waiting": {"critical_after_seconds": 60}}})
+    assert config.detectors.waiting.critical_after_seconds == 60
+    assert config.detectors.busy_spin == Config().detectors.busy_spin

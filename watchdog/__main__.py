@@ -1,0 +1,5 @@
+"""Allows `python -m watchdog`."""
+
+from watchdog.cli import main
+
+raise SystemExit(main())

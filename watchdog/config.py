@@ -1,0 +1,250 @@
+"""Typed configuration: the one home of every default, threshold and unit.
+
+Unknown keys are rejected and every problem is reported at once with its key path, e.g.
+`config.yaml: detectors.busy_spin.for_seconds: expected a number > 0, got '30s'`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Seconds = Annotated[float, Field(gt=0)]
+SecondsOrZero = Annotated[float, Field(ge=0)]
+Ratio = Annotated[float, Field(ge=0, le=1)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EpisodeTiming(_Section):
+    """How long a condition must hold before it fires, and be absent before it resolves."""
+
+    enabled: bool = Field(True, description="Run this detector.")
+    for_seconds: SecondsOrZero = Field(30.0, description="Condition must hold this long before firing.")
+    clear_seconds: Seconds = Field(
+        10.0, description="Condition must be absent this long before an episode resolves (hysteresis)."
+    )
+
+
+class BusySpinConfig(EpisodeTiming):
+    """Utilization pinned at 100% while the GPU does no real work (a collective spinning on a flag)."""
+
+    window_seconds: Seconds = Field(20.0, description="Trailing window the legs are computed over.")
+    utilization_min_ratio: Ratio = Field(
+        0.995,
+        description="Half the window samples must be at or above this utilization. A spinning kernel is "
+        "resident every sample period (reads 100%); real work leaves gaps (97-99%).",
+    )
+    idle_power_max_multiple: Annotated[float, Field(gt=1)] = Field(
+        2.5,
+        description="Leg power_near_idle: median power at most this multiple of the GPU's idle power "
+        "(H100: 150 W vs 70 W idle; V100: 70 W vs 40 W).",
+    )
+    default_idle_power_ratio: Ratio = Field(
+        0.12,
+        description="Idle power assumed, as a fraction of the power limit, until this GPU has been "
+        "seen idle.",
+    )
+    busy_power_max_ratio: Ratio = Field(
+        0.5,
+        description="Leg power_below_busy: median power at most this fraction of the power this GPU drew "
+        "while it was doing real work earlier.",
+    )
+    power_flat_max_ratio: Ratio = Field(
+        0.05, description="Leg power_flat: interquartile range of power at most this fraction of its median."
+    )
+    memory_utilization_max_ratio: Ratio = Field(
+        0.05,
+        description="Leg memory_idle: memory-controller utilization at most this over the window. Above it "
+        "vetoes the spin (a spinning kernel moves no memory).",
+    )
+    sm_activity_max_ratio: Ratio = Field(
+        0.2,
+        description="Leg sm_activity_low (GPM, Hopper and later): SM activity at most this. Above it vetoes.",
+    )
+    clock_min_ratio: Ratio = Field(
+        0.5, description="SM clock below this fraction of its maximum vetoes the spin (throttled, not spinning)."
+    )
+    min_legs: Annotated[int, Field(ge=1, le=5)] = Field(
+        2, description="Legs that must fire, at least one of them other than power_flat."
+    )
+
+
+class ZeroUtilConfig(EpisodeTiming):
+    """Utilization 0 with the job's memory still held, not growing and not released."""
+
+    for_seconds: SecondsOrZero = Field(45.0, description="Condition must hold this long before firing.")
+    window_seconds: Seconds = Field(15.0, description="Trailing window the condition is computed over.")
+    utilization_max_ratio: Ratio = Field(
+        0.02, description="90% of window samples at or below this utilization."
+    )
+    memory_growth_max_bytes: Annotated[int, Field(ge=0)] = Field(
+        256 * 2**20, description="Memory growing by more than this over the window is start-up, not a hang."
+    )
+
+
+class WaitingConfig(EpisodeTiming):
+    """Most of the job's GPUs spin while the others do something else: they wait on those others."""
+
+    critical_after_seconds: Seconds = Field(
+        900.0,
+        description="Escalate to critical once the wait outlives what a checkpoint or evaluation "
+        "plausibly takes.",
+    )
+
+
+class UnderuseConfig(EpisodeTiming):
+    """A running job that keeps its GPUs mostly idle (warning, never a page)."""
+
+    for_seconds: SecondsOrZero = Field(1800.0, description="Condition must hold this long before firing.")
+    clear_seconds: Seconds = Field(120.0, description="Condition must be absent this long to resolve.")
+    window_seconds: Seconds = Field(600.0, description="Trailing window for the mean utilization.")
+    utilization_max_ratio: Ratio = Field(0.5, description="Mean utilization at or below this is under-use.")
+    utilization_min_ratio: Ratio = Field(
+        0.05, description="Mean utilization below this is not a running job (zero_util's case)."
+    )
+
+
+class ThrottleConfig(EpisodeTiming):
+    """Clocks pulled down by thermal, power-brake or hardware slowdown (warning)."""
+
+
+class GpuLostConfig(EpisodeTiming):
+    """The GPU stopped answering NVML (fell off the bus) or an NVML call on it hung."""
+
+    for_seconds: SecondsOrZero = Field(0.0, description="Condition must hold this long before firing.")
+
+
+class DetectorsConfig(_Section):
+    busy_spin: BusySpinConfig = BusySpinConfig()
+    zero_util: ZeroUtilConfig = ZeroUtilConfig()
+    waiting: WaitingConfig = WaitingConfig()
+    underuse: UnderuseConfig = UnderuseConfig()
+    throttle: ThrottleConfig = ThrottleConfig()
+    gpu_lost: GpuLostConfig = GpuLostConfig()
+
+
+class JobConfig(_Section):
+    memory_min_bytes: Annotated[int, Field(ge=0)] = Field(
+        2**30,
+        description="A GPU belongs to the running job when it holds at least this much memory (a bare "
+        "CUDA context holds ~0.5 GiB) or runs a kernel.",
+    )
+
+
+class SampleConfig(_Section):
+    interval_seconds: Seconds = Field(1.0, description="Sampling period of the live source.")
+    nvml_call_timeout_seconds: Seconds = Field(
+        2.0, description="An NVML call that takes longer marks the GPU hung; the loop goes on."
+    )
+    evaluate_interval_seconds: Seconds = Field(
+        1.0, description="Detectors run at most this often (traces sampled faster are still all ingested)."
+    )
+
+
+class Config(_Section):
+    sample: SampleConfig = SampleConfig()
+    job: JobConfig = JobConfig()
+    detectors: DetectorsConfig = DetectorsConfig()
+
+
+class ConfigError(Exception):
+    """A config that cannot be used. `problems` holds one 'key.path: what is wrong' line each."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    path = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    kind = error["type"]
+    given = error.get("input")
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key; valid keys here: {', '.join(_valid_keys(error['loc'][:-1]))}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        limit = next(iter(error["ctx"].values()))
+        return f"{path}: expected a number {op} {limit:g}, got {given!r}"
+    if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
+        whole = "a whole number" if kind.startswith("int") else "a number"
+        unit = " of seconds" if path.endswith("_seconds") else ""
+        return f"{path}: expected {whole}{unit}, got {given!r}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"{path}: expected true or false, got {given!r}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{path}: expected a mapping of keys, got {given!r}"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{path}: {message[0].lower()}{message[1:]}, got {given!r}"
+
+
+def parse_config(data: object, source: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping of sections, got {type(data).__name__}"])
+    try:
+        return Config.model_validate(data, strict=False)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+
+
+def load_config(path: str | Path | None) -> Config:
+    """The defaults when path is None; otherwise the YAML file, validated."""
+    if path is None:
+        return Config()
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ConfigError(source, [f"{where}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    return parse_config(data, source)
+
+
+def example_yaml() -> str:
+    """config.example.yaml: every key at its default, each with its description. A test keeps the
+    checked-in file identical to this, so the documented defaults cannot drift from the code."""
+    lines = [
+        "# stall-watchdog configuration: every key at its default.",
+        "# Validate with: stall-watchdog check-config FILE",
+        "# Units are in the key names: _seconds, _ratio (0-1), _bytes, _multiple.",
+    ]
+
+    def walk(model: BaseModel, indent: str) -> None:
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                doc = (type(value).__doc__ or "").strip().splitlines()
+                if doc:
+                    lines.append(f"{indent}# {doc[0]}")
+                lines.append(f"{indent}{name}:")
+                walk(value, indent + "  ")
+                continue
+            if info.description:
+                lines.append(f"{indent}# {info.description}")
+            lines.append(f"{indent}{name}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
+
+    walk(Config(), "")
+    return "\n".join(lines) + "\n"

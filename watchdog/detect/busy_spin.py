@@ -1,0 +1,103 @@
+"""busy_spin: utilization pinned at 100% while the GPU does no real work.
+
+NVML's utilization only says a kernel was resident during the sample period, so one NCCL kernel
+spinning on a flag reads 100%. Independent legs say whether real work is happening; the verdict names
+the legs that fired. A single "power below X% of the limit" rule is not enough: a T4 spins at 58% of
+its cap while a healthy tensor-parallel job at batch 1 sits near 30%.
+
+Legs:
+  power_near_idle    median power <= idle_power_max_multiple x this GPU's idle power (learned at 0% util,
+                     else default_idle_power_ratio x the power limit)
+  power_below_busy   median power <= busy_power_max_ratio x the power this GPU drew doing real work
+  power_flat         interquartile range of power <= power_flat_max_ratio x its median
+  memory_idle        memory-controller utilization ~0 (a spinning kernel moves no memory)
+  sm_activity_low    GPM SM activity low (Hopper and later)
+Vetoes: hardware/thermal clock slowdown, SM clock far below max (that is throttle, not a spin),
+memory-controller busy, SM activity high.
+"""
+
+from __future__ import annotations
+
+from watchdog.config import BusySpinConfig
+from watchdog.detect.evidence import Evidence, percentile, run_start
+from watchdog.detect.window import GpuView
+from watchdog.model import THROTTLE_REASON_MASK, Signature
+
+
+def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
+    latest = view.latest
+    floor = cfg.utilization_min_ratio
+    if latest.utilization_ratio is None or latest.utilization_ratio < floor:
+        return None
+    # Cheap pre-gates on the newest sample before the window pass: busy memory or busy SMs now mean
+    # real work now (a single skipped tick is absorbed by the episode's hysteresis).
+    if latest.memory_utilization_ratio is not None and latest.memory_utilization_ratio > 2 * cfg.memory_utilization_max_ratio:
+        return None
+    if latest.sm_activity_ratio is not None and latest.sm_activity_ratio > 2 * cfg.sm_activity_max_ratio:
+        return None
+    window = view.recent(cfg.window_seconds)
+    if len(window) < 3:
+        return None
+
+    # One pass over the window (this runs every tick for every spinning GPU).
+    utils: list[float] = []
+    power: list[float] = []
+    mem: list[float] = []
+    activity: list[float] = []
+    for _, s in window:
+        if s.clock_event_reasons and s.clock_event_reasons & THROTTLE_REASON_MASK:
+            return None  # throttled: slow, not spinning
+        if s.utilization_ratio is not None:
+            utils.append(s.utilization_ratio)
+        if s.power_watts is not None:
+            power.append(s.power_watts)
+        if s.memory_utilization_ratio is not None:
+            mem.append(s.memory_utilization_ratio)
+        if s.sm_activity_ratio is not None:
+            activity.append(s.sm_activity_ratio)
+    utils.sort()
+    if percentile(utils, 0.5) < floor:
+        return None
+    if latest.sm_clock_hertz is not None and latest.sm_clock_max_hertz:
+        if latest.sm_clock_hertz < cfg.clock_min_ratio * latest.sm_clock_max_hertz:
+            return None
+
+    legs: list[str] = []
+    facts: dict[str, float | str] = {"utilization": utils[len(utils) // 2]}
+    if mem:
+        mem.sort()
+        if percentile(mem, 0.9) > cfg.memory_utilization_max_ratio:
+            return None  # the memory controller is busy: real work
+        legs.append("memory_idle")
+        facts["memory_utilization"] = mem[-1]
+    if activity:
+        mean_activity = sum(activity) / len(activity)
+        if mean_activity > cfg.sm_activity_max_ratio:
+            return None  # SMs are busy: real work
+        legs.append("sm_activity_low")
+        facts["sm_activity"] = mean_activity
+    if power:
+        power.sort()
+        # The median, not the mean: a spinning rank still shows brief bursts of real work.
+        median = percentile(power, 0.5)
+        facts["power_watts"] = median
+        limit = latest.power_limit_watts
+        if limit:
+            facts["power_limit_watts"] = limit
+        idle = view.idle_watts
+        if idle is None and limit:
+            idle = cfg.default_idle_power_ratio * limit
+        if idle is not None and median <= cfg.idle_power_max_multiple * idle:
+            legs.append("power_near_idle")
+            facts["idle_watts"] = idle
+        if view.busy_watts is not None and median <= cfg.busy_power_max_ratio * view.busy_watts:
+            legs.append("power_below_busy")
+            facts["busy_watts"] = view.busy_watts
+        if percentile(power, 0.75) - percentile(power, 0.25) <= cfg.power_flat_max_ratio * median:
+            legs.append("power_flat")
+
+    substantive = [leg for leg in legs if leg != "power_flat"]
+    if len(legs) < cfg.min_legs or not substantive:
+        return None
+    since = run_start([(t, s.utilization_ratio) for t, s in window], lambda u: u >= floor)
+    return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts)

@@ -1,0 +1,89 @@
+"""Runs the detector table over a stream of node snapshots and tracks episodes.
+
+observe(snapshot) ingests every sample; the detectors run at most once per evaluate_interval_seconds
+of the stream's own clock, so a 100 ms trace and a 1 s live loop reach the same verdicts.
+"""
+
+from __future__ import annotations
+
+from watchdog.config import Config
+from watchdog.detect import DETECTORS
+from watchdog.detect.episodes import EpisodeTracker
+from watchdog.detect.evidence import Evidence
+from watchdog.detect.node import job_findings, underuse_finding
+from watchdog.detect.window import GpuWindow
+from watchdog.model import EpisodeEvent, Finding, NodeSnapshot, Severity, Signature
+
+_PER_GPU_SEVERITY = {
+    Signature.GPU_LOST: Severity.CRITICAL,
+    Signature.THROTTLE: Severity.WARNING,
+}
+
+
+class DetectorEngine:
+    def __init__(self, config: Config):
+        self.config = config
+        d = config.detectors
+        self._short_seconds = max(d.busy_spin.window_seconds, d.zero_util.window_seconds)
+        self._long_seconds = d.underuse.window_seconds
+        self._windows: dict[int, GpuWindow] = {}
+        self._present: tuple[int, ...] = ()
+        self._last_evaluation: float | None = None
+        self._sections = [(name, fn, getattr(d, name)) for name, fn in DETECTORS.items()]
+        self.tracker = EpisodeTracker({sig: getattr(d, sig.value) for sig in Signature})
+        self.last_findings: list[Finding] = []
+
+    def observe(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
+        t = snapshot.time_seconds
+        windows = self._windows
+        for sample in snapshot.gpus:
+            window = windows.get(sample.index)
+            if window is None:
+                bs = self.config.detectors.busy_spin
+                window = windows[sample.index] = GpuWindow(
+                    sample.index, self._short_seconds, self._long_seconds,
+                    bs.idle_power_max_multiple, bs.default_idle_power_ratio,
+                )
+                window.memory_min_bytes = self.config.job.memory_min_bytes
+            window.add(t, sample)
+        self._present = tuple(s.index for s in snapshot.gpus)
+        last = self._last_evaluation
+        if last is not None and t - last < self.config.sample.evaluate_interval_seconds:
+            return []
+        self._last_evaluation = t
+        self.last_findings = self.evaluate(t)
+        return self.tracker.update(t, self.last_findings)
+
+    def evaluate(self, now: float) -> list[Finding]:
+        views = {i: self._windows[i] for i in self._present}
+        findings: list[Finding] = []
+        spin: dict[int, Evidence] = {}
+        zero: dict[int, Evidence] = {}
+        underused: list[Evidence] = []
+        for index, view in views.items():
+            for name, detect, section in self._sections:
+                if not section.enabled:
+                    continue
+                evidence = detect(view, section)
+                if evidence is None:
+                    continue
+                sig = evidence.signature
+                if sig is Signature.BUSY_SPIN:
+                    spin[index] = evidence
+                elif sig is Signature.ZERO_UTIL:
+                    zero[index] = evidence
+                elif sig is Signature.UNDERUSE:
+                    if index not in spin and index not in zero:
+                        underused.append(evidence)
+                else:
+                    findings.append(Finding(
+                        sig, _PER_GPU_SEVERITY[sig], (index,), since=evidence.since, legs=evidence.legs,
+                        facts=evidence.facts, key=f"{name}:{index}",
+                    ))
+        if underused:
+            findings.append(underuse_finding(underused))
+        if spin or zero:
+            waiting_on = self.config.detectors.waiting.enabled
+            findings.extend(f for f in job_findings(views, spin, zero)
+                            if waiting_on or f.signature is not Signature.WAITING)
+        return findings

@@ -1,0 +1,38 @@
+"""What a per-GPU detector returns when its condition holds on this tick."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from watchdog.model import Signature
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    gpu: int
+    signature: Signature
+    since: float  # first sample of the window that shows the condition (the episode's onset)
+    legs: tuple[str, ...] = ()
+    facts: dict[str, float | str] = field(default_factory=dict)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted, non-empty list."""
+    rank = min(len(sorted_values) - 1, max(0, int(q * len(sorted_values))))
+    return sorted_values[rank]
+
+
+def run_start(window: list[tuple[float, float | None]], holds: Callable[[float], bool], share: float = 0.8) -> float:
+    """Onset of a condition: the earliest sample that holds such that at least `share` of the samples
+    from it to the newest hold too. Brief dips inside the run do not move the onset; the samples from
+    before the condition began do not pull it earlier."""
+    start = window[-1][0]
+    held = total = 0
+    for t, value in reversed(window):
+        total += 1
+        ok = value is not None and holds(value)
+        held += ok
+        if ok and held >= share * total:
+            start = t
+    return start

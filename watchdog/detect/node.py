@@ -1,0 +1,102 @@
+"""Node-level verdicts: what the per-GPU evidence means for the job as a whole.
+
+Among the job's GPUs (those holding memory or running kernels), with S spinning, Z idle with memory
+held, and R the rest (busy, lost, or doing something else):
+  all S                      -> busy_spin, critical: a collective that will never finish
+  all Z                      -> zero_util, critical
+  S and Z only, |S| >= |Z|   -> waiting on Z;  |S| < |Z| -> zero_util on all, critical
+  S and R, |S| >= |Z|+|R|    -> waiting on Z+R (warning; the episode escalates to critical when the wait
+                                outlives a checkpoint or evaluation)
+A few GPUs spinning beside a busy majority is not a verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from watchdog.detect.evidence import Evidence
+from watchdog.detect.window import GpuView
+from watchdog.model import Finding, Severity, Signature
+
+
+def _merged_legs(evidence: list[Evidence]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for e in evidence:
+        seen.update(dict.fromkeys(e.legs))
+    return tuple(seen)
+
+
+def _mean_fact(evidence: list[Evidence], name: str) -> float | None:
+    values = [float(e.facts[name]) for e in evidence if name in e.facts]
+    return sum(values) / len(values) if values else None
+
+
+def _spin_facts(spinning: list[Evidence]) -> dict[str, float | str]:
+    facts: dict[str, float | str] = {}
+    for name in ("power_watts", "power_limit_watts", "idle_watts", "busy_watts", "utilization"):
+        value = _mean_fact(spinning, name)
+        if value is not None:
+            facts[name] = value
+    return facts
+
+
+def _culprit_facts(views: Mapping[int, GpuView], culprits: list[int]) -> dict[str, float | str]:
+    """The state of the GPUs the others wait on, as quoted in the summary."""
+    parts = []
+    for gpu in culprits:
+        s = views[gpu].latest
+        bits = []
+        if s.health.value != "ok":
+            bits.append(s.health.value)
+        if s.utilization_ratio is not None:
+            bits.append(f"{s.utilization_ratio:.0%} util")
+        if s.memory_used_bytes is not None:
+            bits.append(f"{s.memory_used_bytes / 2**30:.1f} GiB held")
+        if s.power_watts is not None:
+            bits.append(f"{s.power_watts:.0f} W")
+        state = ", ".join(bits) or "no readings"
+        parts.append(state if len(culprits) == 1 else f"GPU {gpu}: {state}")
+    return {"culprit_state": "; ".join(parts)}
+
+
+def job_findings(
+    views: Mapping[int, GpuView], spin: Mapping[int, Evidence], zero: Mapping[int, Evidence]
+) -> list[Finding]:
+    job = sorted(i for i, v in views.items() if v.active or i in spin or i in zero)
+    if not job:
+        return []
+    s = [i for i in job if i in spin]
+    z = [i for i in job if i in zero and i not in spin]
+    rest = [i for i in job if i not in spin and i not in zero]
+    spin_ev = [spin[i] for i in s]
+    zero_ev = [zero[i] for i in z]
+
+    if s and not z and not rest:
+        return [Finding(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(s), since=max(e.since for e in spin_ev),
+                        legs=_merged_legs(spin_ev), facts=_spin_facts(spin_ev))]
+    if z and not rest and len(s) < len(z):
+        facts: dict[str, float | str] = {}
+        held = _mean_fact(zero_ev, "memory_used_bytes")
+        if held is not None:
+            facts["memory_used_bytes"] = held
+        if s:
+            facts["spinning"] = ", ".join(str(i) for i in s)
+        return [Finding(Signature.ZERO_UTIL, Severity.CRITICAL, tuple(job),
+                        since=max(e.since for e in zero_ev + spin_ev), facts=facts)]
+    if s and len(s) >= len(z) + len(rest):
+        culprits = z + rest
+        facts = _spin_facts(spin_ev)
+        facts.update(_culprit_facts(views, culprits))
+        return [Finding(Signature.WAITING, Severity.WARNING, tuple(job), since=max(e.since for e in spin_ev),
+                        culprit_gpus=tuple(sorted(culprits)), legs=_merged_legs(spin_ev), facts=facts)]
+    return []
+
+
+def underuse_finding(evidence: list[Evidence]) -> Finding:
+    """Every under-used GPU in one warning: the job is slow as a whole, not GPU by GPU."""
+    facts: dict[str, float | str] = {
+        "mean_utilization": _mean_fact(evidence, "mean_utilization") or 0.0,
+        "window_seconds": min(float(e.facts["window_seconds"]) for e in evidence),
+    }
+    return Finding(Signature.UNDERUSE, Severity.WARNING, tuple(sorted(e.gpu for e in evidence)),
+                   since=min(e.since for e in evidence), facts=facts)

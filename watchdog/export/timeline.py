@@ -1,0 +1,41 @@
+"""Replay output: one JSON object per episode event, or a timeline a person reads top to bottom."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TextIO
+
+from watchdog.detect.summary import duration_text
+from watchdog.model import EpisodeEvent, EventKind, Severity, iso_time
+
+
+def json_line(event: EpisodeEvent, naive_time: bool) -> str:
+    return json.dumps(event.to_json(naive_time))
+
+
+class TextTimeline:
+    def __init__(self, out: TextIO, source: str, naive_time: bool):
+        self.out = out
+        self.source = source
+        self.naive = naive_time
+        self.fired: dict[Severity, int] = {Severity.CRITICAL: 0, Severity.WARNING: 0}
+
+    def event(self, e: EpisodeEvent) -> None:
+        clock = iso_time(e.at_seconds, self.naive).replace("T", " ")
+        kind = e.event.value.upper() if e.event is not EventKind.RESOLVED else e.event.value
+        if e.event is EventKind.FIRED:
+            self.fired[e.severity] += 1
+        elif e.event is EventKind.ESCALATED:  # the episode now counts as critical
+            self.fired[Severity.WARNING] -= 1
+            self.fired[Severity.CRITICAL] += 1
+        self.out.write(f"{clock}  {kind:<9} {e.severity.value:<8} {e.signature.value:<9} {e.summary}\n")
+
+    def footer(self, first: float, last: float, samples: int, gpus: int, still_open: Sequence[str]) -> None:
+        span = duration_text(last - first)
+        self.out.write(f"{self.source}: {samples} samples of {gpus} GPUs, "
+                       f"{iso_time(first, self.naive)} to {iso_time(last, self.naive)} ({span}). ")
+        total = sum(self.fired.values())
+        self.out.write(f"{total} episode(s) fired: {self.fired[Severity.CRITICAL]} critical, "
+                       f"{self.fired[Severity.WARNING]} warning. ")
+        self.out.write(f"Still open at the end: {', '.join(still_open) if still_open else 'none'}.\n")

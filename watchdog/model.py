@@ -1,0 +1,159 @@
+"""Shared vocabulary: one GPU reading, one node snapshot, signatures, severities and episode events.
+
+Units are converted once, where a reading is born, into the base units named in each field.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import NamedTuple
+
+
+class GpuHealth(str, enum.Enum):
+    """Whether the GPU answered at all. A lost GPU is a signal, never folded into missing values."""
+
+    OK = "ok"
+    LOST = "lost"  # NVML_ERROR_GPU_IS_LOST / NVML_ERROR_UNKNOWN: fell off the bus, needs a reset
+    HUNG = "hung"  # an NVML call on this GPU did not return within the call timeout
+
+
+class Severity(str, enum.Enum):
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Signature(str, enum.Enum):
+    """The stall signatures. The same word is used in config keys, event output, metrics and docs."""
+
+    BUSY_SPIN = "busy_spin"
+    ZERO_UTIL = "zero_util"
+    WAITING = "waiting"
+    UNDERUSE = "underuse"
+    THROTTLE = "throttle"
+    GPU_LOST = "gpu_lost"
+
+
+# Clock-event reason bits (nvmlClocksEventReason*; nvidia-smi clocks_event_reasons.*). Only these mean
+# "the clocks were pulled down by the hardware"; SwPowerCap is routine on a busy GPU and GpuIdle is benign.
+CLOCK_EVENT_HW_SLOWDOWN = 0x8
+CLOCK_EVENT_SW_THERMAL = 0x20
+CLOCK_EVENT_HW_THERMAL = 0x40
+CLOCK_EVENT_HW_POWER_BRAKE = 0x80
+THROTTLE_REASON_NAMES: dict[int, str] = {
+    CLOCK_EVENT_HW_SLOWDOWN: "hw_slowdown",
+    CLOCK_EVENT_SW_THERMAL: "sw_thermal_slowdown",
+    CLOCK_EVENT_HW_THERMAL: "hw_thermal_slowdown",
+    CLOCK_EVENT_HW_POWER_BRAKE: "hw_power_brake_slowdown",
+}
+THROTTLE_REASON_MASK = sum(THROTTLE_REASON_NAMES)
+
+
+class GpuSample(NamedTuple):
+    """One GPU at one instant. None means "not supported by this GPU" or "could not be read"; the
+    reason for a failed read is in `errors` (field name -> message). A NamedTuple: immutable, and
+    cheap to build a million of when a day-long trace is replayed."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    health: GpuHealth = GpuHealth.OK
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    sm_clock_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+    clock_event_reasons: int | None = None
+    energy_joules: float | None = None
+    sm_activity_ratio: float | None = None
+    pids: tuple[int, ...] = ()
+    errors: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def throttle_reasons(self) -> list[str]:
+        bits = self.clock_event_reasons or 0
+        return [name for bit, name in THROTTLE_REASON_NAMES.items() if bits & bit]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Every GPU of the node at one instant. `time_seconds` is wall time (epoch seconds, or the trace's
+    own clock for a naive-time trace); detectors only ever subtract two of them."""
+
+    time_seconds: float
+    gpus: tuple[GpuSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What the detectors see on one tick: a signature on a set of GPUs, with the evidence.
+    `since` is the first sample showing it; `facts` holds the numbers the summary quotes."""
+
+    signature: Signature
+    severity: Severity
+    gpus: tuple[int, ...]
+    since: float
+    culprit_gpus: tuple[int, ...] = ()
+    legs: tuple[str, ...] = ()
+    facts: dict[str, float | str] = field(default_factory=dict)
+    key: str = ""  # what makes two findings the same episode; defaults to the signature
+
+    @property
+    def episode_key(self) -> str:
+        return self.key or self.signature.value
+
+
+class EventKind(str, enum.Enum):
+    FIRED = "fired"
+    ESCALATED = "escalated"  # same episode, severity raised (waiting -> critical)
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeEvent:
+    event: EventKind
+    signature: Signature
+    severity: Severity
+    gpus: tuple[int, ...]
+    culprit_gpus: tuple[int, ...]
+    onset_seconds: float
+    at_seconds: float
+    summary: str
+    legs: tuple[str, ...] = field(default=())
+
+    def to_json(self, naive_time: bool = False) -> dict[str, object]:
+        return {
+            "event": self.event.value,
+            "signature": self.signature.value,
+            "severity": self.severity.value,
+            "gpus": list(self.gpus),
+            "culprit_gpus": list(self.culprit_gpus),
+            "onset": iso_time(self.onset_seconds, naive_time),
+            "at": iso_time(self.at_seconds, naive_time),
+            "duration_seconds": round(self.at_seconds - self.onset_seconds, 3),
+            "legs": list(self.legs),
+            "summary": self.summary,
+        }
+
+
+def iso_time(seconds: float, naive: bool = False) -> str:
+    """ISO-8601 with milliseconds. Naive traces (nvidia-smi's local timestamps) stay without an offset."""
+    stamp = datetime.fromtimestamp(seconds, tz=timezone.utc)
+    if naive:
+        stamp = stamp.replace(tzinfo=None)
+    return stamp.isoformat(timespec="milliseconds")
+
+
+def gpu_list(gpus: tuple[int, ...] | list[int]) -> str:
+    """'GPU 3', 'GPUs 0-7', 'GPUs 0, 2, 5' - compact, for summaries."""
+    items = sorted(gpus)
+    if len(items) == 1:
+        return f"GPU {items[0]}"
+    if items and items == list(range(items[0], items[-1] + 1)):
+        return f"GPUs {items[0]}-{items[-1]}"
+    return "GPUs " + ", ".join(str(i) for i in items)

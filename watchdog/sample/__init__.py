@@ -1,0 +1,1 @@
+"""Sources of node snapshots: live NVML, recorded traces, and scripted simulations."""

@@ -1,0 +1,302 @@
+"""The live source: every GPU's readings through NVML. The only module that imports pynvml.
+
+Each reading ends as a value, "not supported" (remembered per GPU and field: never asked again, left
+out of the snapshot) or an error (kept in GpuSample.errors). GPU-is-lost and unknown errors make the
+GPU `lost`. An NVML call can hang inside a wedged driver, so each GPU is read on its own worker thread
+and a read that outlives `call_timeout_seconds` marks that GPU `hung`; the next tick does not queue
+behind it, and the GPU comes back by itself once the call returns.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+# The narrow port: every pynvml function this module calls. tests/fakes implements exactly these.
+FUNCTIONS = (
+    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetClockInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
+    "nvmlGpmSampleFree",
+)
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this machine (no driver, no library, init failed or hung)."""
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    uuid: str | None = None
+    name: str | None = None
+    sm_clock_max_hertz: float | None = None
+    unsupported: set[str] = field(default_factory=set)
+    gpm_samples: list[Any] = field(default_factory=list)
+    gpm_primed: bool = False
+    pending: futures.Future[GpuSample] | None = None
+    executor: futures.ThreadPoolExecutor | None = None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlSource:
+    def __init__(self, nvml: ModuleType | Any | None = None, call_timeout_seconds: float = 2.0,
+                 clock: Callable[[], float] = time.time):
+        self._nvml = nvml
+        self._timeout = call_timeout_seconds
+        self._clock = clock
+        self._devices: list[_Device] = []
+        self.driver_version: str | None = None
+        self._lost_classes: tuple[type[BaseException], ...] = ()
+        self._reader_table: list[tuple[tuple[str, ...], Callable[[_Device], Any]]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def open(self) -> None:
+        if self._nvml is None:
+            try:
+                self._nvml = importlib.import_module("pynvml")
+            except ImportError as exc:
+                raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({exc})") from None
+        nv = self._nvml
+        self._lost_classes = (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown)
+        self._reader_table = self._readers()
+        result: futures.Future[None] = futures.Future()
+
+        def init() -> None:
+            try:
+                nv.nvmlInit()
+                result.set_result(None)
+            except BaseException as exc:  # handed to the caller below
+                result.set_exception(exc)
+
+        threading.Thread(target=init, name="nvml-init", daemon=True).start()
+        try:
+            result.result(timeout=max(self._timeout, 5.0))
+        except futures.TimeoutError:
+            raise NvmlUnavailable("nvmlInit did not return: the NVIDIA driver looks wedged") from None
+        except nv.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML could not start: {exc} (is the NVIDIA driver installed and "
+                                  "loaded? `nvidia-smi` should work)") from None
+        try:
+            self.driver_version = _text(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError:
+            self.driver_version = None
+        for index in range(nv.nvmlDeviceGetCount()):
+            self._devices.append(self._open_device(index))
+
+    def _open_device(self, index: int) -> _Device:
+        nv = self._nvml
+        assert nv is not None
+        dev = _Device(index, handle=None)
+        try:
+            dev.handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            log.warning("GPU %d: cannot get a handle: %s", index, exc)
+            return dev
+        for attr, call in (("uuid", nv.nvmlDeviceGetUUID), ("name", nv.nvmlDeviceGetName)):
+            try:
+                setattr(dev, attr, _text(call(dev.handle)))
+            except nv.NVMLError:
+                pass
+        try:  # nvmlDeviceGetMaxClockInfo(SM), MHz; nvidia-smi clocks.max.sm
+            dev.sm_clock_max_hertz = nv.nvmlDeviceGetMaxClockInfo(dev.handle, nv.NVML_CLOCK_SM) * 1e6
+        except nv.NVMLError:
+            pass
+        try:  # GPM (Hopper and later): SM activity that a spinning kernel cannot fake
+            if nv.nvmlGpmQueryDeviceSupport(dev.handle).isSupportedDevice:
+                dev.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        except nv.NVMLError:
+            dev.unsupported.add("sm_activity_ratio")
+        if not dev.gpm_samples:
+            dev.unsupported.add("sm_activity_ratio")
+        dev.executor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"nvml-gpu{index}")
+        return dev
+
+    def close(self) -> None:
+        nv = self._nvml
+        for dev in self._devices:
+            if dev.executor is not None:
+                dev.executor.shutdown(wait=False, cancel_futures=True)
+            if nv is not None and dev.pending is None:
+                for gpm in dev.gpm_samples:
+                    try:
+                        nv.nvmlGpmSampleFree(gpm)
+                    except nv.NVMLError:
+                        pass
+        self._devices = []
+        if nv is not None:
+            try:
+                nv.nvmlShutdown()
+            except Exception:  # shutting down: nothing left to protect
+                pass
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self._devices)
+
+    # -- sampling --------------------------------------------------------------------------------
+    def sample(self) -> NodeSnapshot:
+        now = self._clock()
+        deadline = time.monotonic() + self._timeout
+        submitted: list[tuple[_Device, futures.Future[GpuSample] | None]] = []
+        for dev in self._devices:
+            if dev.handle is None or dev.executor is None:
+                submitted.append((dev, None))
+                continue
+            if dev.pending is not None and not dev.pending.done():
+                submitted.append((dev, None))  # still stuck in the previous call: do not queue behind it
+                continue
+            dev.pending = dev.executor.submit(self._read, dev)
+            submitted.append((dev, dev.pending))
+        gpus = []
+        for dev, future in submitted:
+            gpus.append(self._collect(dev, future, deadline))
+        return NodeSnapshot(now, tuple(gpus))
+
+    def _collect(self, dev: _Device, future: futures.Future[GpuSample] | None, deadline: float) -> GpuSample:
+        base = {"index": dev.index, "uuid": dev.uuid, "name": dev.name}
+        if dev.handle is None:
+            return GpuSample(**base, health=GpuHealth.LOST, errors=(("handle", "no NVML handle"),))
+        if future is None:
+            return GpuSample(**base, health=GpuHealth.HUNG,
+                             errors=(("nvml", "an earlier NVML call on this GPU has not returned"),))
+        try:
+            sample = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except futures.TimeoutError:
+            return GpuSample(**base, health=GpuHealth.HUNG,
+                             errors=(("nvml", f"NVML call did not return within {self._timeout:g} s"),))
+        except Exception as exc:  # a bug in a reader must not stop the loop; report it on this GPU
+            log.exception("GPU %d: reading failed", dev.index)
+            return GpuSample(**base, errors=(("nvml", f"{type(exc).__name__}: {exc}"),))
+        dev.pending = None
+        return sample
+
+    def _read(self, dev: _Device) -> GpuSample:
+        """Runs on the GPU's worker thread."""
+        nv = self._nvml
+        assert nv is not None
+        values: dict[str, Any] = {}
+        errors: list[tuple[str, str]] = []
+        try:
+            for names, reader in self._reader_table:
+                if names[0] in dev.unsupported:
+                    continue
+                try:
+                    result = reader(dev)
+                except nv.NVMLError_NotSupported:
+                    dev.unsupported.update(names)
+                    continue
+                except nv.NVMLError_FunctionNotFound:
+                    log.info("GPU %d: driver lacks the call for %s; not asking again", dev.index, names[0])
+                    dev.unsupported.update(names)
+                    continue
+                except self._lost_classes:
+                    raise
+                except nv.NVMLError as exc:
+                    errors.extend((name, str(exc)) for name in names)
+                    continue
+                if result is None:
+                    continue
+                if len(names) == 1:
+                    values[names[0]] = result
+                else:
+                    values.update(zip(names, result))
+        except self._lost_classes as exc:
+            return GpuSample(index=dev.index, uuid=dev.uuid, name=dev.name, health=GpuHealth.LOST,
+                             errors=(("nvml", str(exc)),))
+        pids = values.pop("pids", ())
+        return GpuSample(index=dev.index, uuid=dev.uuid, name=dev.name, sm_clock_max_hertz=dev.sm_clock_max_hertz,
+                         pids=tuple(pids), errors=tuple(errors), **values)
+
+    def _readers(self) -> list[tuple[tuple[str, ...], Callable[[_Device], Any]]]:
+        nv = self._nvml
+        assert nv is not None
+
+        def utilization(d: _Device) -> tuple[float, float]:
+            # nvmlDeviceGetUtilizationRates: percent of the last sample period a kernel ran / memory was
+            # read or written; nvidia-smi utilization.gpu, utilization.memory
+            rates = nv.nvmlDeviceGetUtilizationRates(d.handle)
+            return rates.gpu / 100.0, rates.memory / 100.0
+
+        def power(d: _Device) -> float:  # nvmlDeviceGetPowerUsage, mW; nvidia-smi power.draw
+            return nv.nvmlDeviceGetPowerUsage(d.handle) / 1000.0
+
+        def power_limit(d: _Device) -> float:  # nvmlDeviceGetEnforcedPowerLimit, mW; enforced.power.limit
+            return nv.nvmlDeviceGetEnforcedPowerLimit(d.handle) / 1000.0
+
+        def sm_clock(d: _Device) -> float:  # nvmlDeviceGetClockInfo(SM), MHz; nvidia-smi clocks.sm
+            return nv.nvmlDeviceGetClockInfo(d.handle, nv.NVML_CLOCK_SM) * 1e6
+
+        def memory(d: _Device) -> tuple[int, int]:  # nvmlDeviceGetMemoryInfo, bytes; memory.used/.total
+            info = nv.nvmlDeviceGetMemoryInfo(d.handle)
+            return int(info.used), int(info.total)
+
+        def temperature(d: _Device) -> float:  # nvmlDeviceGetTemperature(GPU), C; temperature.gpu
+            return float(nv.nvmlDeviceGetTemperature(d.handle, nv.NVML_TEMPERATURE_GPU))
+
+        def clock_events(d: _Device) -> int:
+            # nvmlDeviceGetCurrentClocksEventReasons, bit mask; clocks_event_reasons.active. Drivers
+            # before r535 only have the deprecated throttle-reasons call.
+            try:
+                return int(nv.nvmlDeviceGetCurrentClocksEventReasons(d.handle))
+            except (nv.NVMLError_FunctionNotFound, AttributeError):
+                return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(d.handle))
+
+        def energy(d: _Device) -> float:  # nvmlDeviceGetTotalEnergyConsumption, mJ since driver load
+            return nv.nvmlDeviceGetTotalEnergyConsumption(d.handle) / 1000.0
+
+        def sm_activity(d: _Device) -> float | None:
+            # GPM SM_UTIL between this tick's sample and the last one, percent of SMs busy (Hopper+);
+            # no nvidia-smi equivalent (dcgm's DCGM_FI_PROF_SM_ACTIVE is the closest)
+            previous, current = d.gpm_samples
+            nv.nvmlGpmSampleGet(d.handle, current)
+            d.gpm_samples.reverse()
+            if not d.gpm_primed:
+                d.gpm_primed = True
+                return None
+            request = nv.c_nvmlGpmMetricsGet_t()
+            request.version = nv.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = 1
+            request.sample1 = previous
+            request.sample2 = current
+            request.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
+            nv.nvmlGpmMetricsGet(request)
+            metric = request.metrics[0]
+            if metric.nvmlReturn != nv.NVML_SUCCESS:
+                raise nv.NVMLError(metric.nvmlReturn)
+            return float(metric.value) / 100.0
+
+        def processes(d: _Device) -> list[int]:  # nvmlDeviceGetComputeRunningProcesses, host pids
+            return [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(d.handle)]
+
+        return [
+            (("utilization_ratio", "memory_utilization_ratio"), utilization),
+            (("power_watts",), power),
+            (("power_limit_watts",), power_limit),
+            (("sm_clock_hertz",), sm_clock),
+            (("memory_used_bytes", "memory_total_bytes"), memory),
+            (("temperature_celsius",), temperature),
+            (("clock_event_reasons",), clock_events),
+            (("energy_joules",), energy),
+            (("sm_activity_ratio",), sm_activity),
+            (("pids",), processes),
+        ]

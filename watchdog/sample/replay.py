@@ -1,0 +1,50 @@
+"""Opens any trace the `replay` verb accepts: an nvidia-smi CSV log, a JSON Lines recording, or
+`sim:NAME` for a scripted scenario."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.model import NodeSnapshot
+from watchdog.sample import recording, sim
+from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.smi_csv import read_smi_csv
+
+SIM_PREFIX = "sim:"
+
+
+@dataclass
+class Trace:
+    snapshots: Iterator[NodeSnapshot]
+    naive_time: bool  # nvidia-smi timestamps carry no offset: print them back without one
+    skips: SkipLog = field(default_factory=SkipLog)
+
+
+def scenario(name: str) -> sim.Scenario:
+    try:
+        return sim.SCENARIOS[name]
+    except KeyError:
+        raise TraceError(f"unknown scenario {name!r}; choose one of: {', '.join(sim.SCENARIOS)}") from None
+
+
+@contextmanager
+def open_trace(spec: str, lenient: bool = False, csv_fields: list[str] | None = None) -> Iterator[Trace]:
+    skips = SkipLog()
+    if spec.startswith(SIM_PREFIX):
+        yield Trace(sim.run(scenario(spec[len(SIM_PREFIX):])), naive_time=False, skips=skips)
+        return
+    path = Path(spec)
+    try:
+        stream = path.open(encoding="utf-8", newline="")
+    except OSError as exc:
+        raise TraceError(f"{spec}: cannot open: {exc.strerror or exc}") from None
+    with stream:
+        first = stream.read(1)
+        stream.seek(0)
+        if first == "{":
+            yield Trace(recording.read(stream, spec, lenient, skips), naive_time=False, skips=skips)
+        else:
+            yield Trace(read_smi_csv(stream, spec, csv_fields, lenient, skips), naive_time=True, skips=skips)

@@ -1,0 +1,387 @@
+"""nvidia-smi CSV logs, as people already record them:
+
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,power.draw,... --format=csv[,noheader][,nounits] -l 1
+
+Any subset and order of the usual fields; values with or without units; `[N/A]` and `[Not Supported]`
+read as missing. Without an `index` (or `uuid`) column, nvidia-smi still prints the GPUs of one sample
+in enumeration order a few milliseconds apart: the GPU count is inferred from the timestamp gaps and
+each row gets its position in its sample.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import re
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TextIO
+
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.sample.errors import SkipLog, TraceError
+
+# nvidia-smi field name -> (GpuSample field, unit nvidia-smi uses when the log has no units)
+_NUMERIC: dict[str, tuple[str, str]] = {
+    "utilization.gpu": ("utilization_ratio", "%"),
+    "utilization.memory": ("memory_utilization_ratio", "%"),
+    "power.draw": ("power_watts", "W"),
+    "power.draw.instant": ("power_watts", "W"),
+    "power.draw.average": ("power_watts", "W"),
+    "enforced.power.limit": ("power_limit_watts", "W"),
+    "power.limit": ("power_limit_watts", "W"),
+    "clocks.sm": ("sm_clock_hertz", "MHz"),
+    "clocks.current.sm": ("sm_clock_hertz", "MHz"),
+    "clocks.max.sm": ("sm_clock_max_hertz", "MHz"),
+    "clocks.max.sm_clock": ("sm_clock_max_hertz", "MHz"),
+    "memory.used": ("memory_used_bytes", "MiB"),
+    "memory.total": ("memory_total_bytes", "MiB"),
+    "temperature.gpu": ("temperature_celsius", "C"),
+}
+# Fields that name the same GpuSample field: the first listed wins when a log has both.
+_PREFERENCE = ["enforced.power.limit", "power.limit", "power.draw", "power.draw.instant", "power.draw.average"]
+
+_REASON_BITS = {
+    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100,
+}
+_REASON_PREFIXES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
+
+_SCALE = {
+    "%": 0.01, "W": 1.0, "mW": 0.001, "MiB": 2.0**20, "GiB": 2.0**30, "KiB": 1024.0, "B": 1.0,
+    "MB": 2.0**20, "GB": 2.0**30, "MHz": 1e6, "GHz": 1e9, "kHz": 1e3, "Hz": 1.0, "C": 1.0, "": 1.0,
+}
+_MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
+_LOST = {"[gpu is lost]", "gpu is lost", "[gpu requires reset]"}
+_NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
+_HEADER = re.compile(r"^\s*([A-Za-z_.]+)\s*(?:\[([^\]]*)\])?\s*$")
+_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f",
+                 "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
+_INTEGER_FIELDS = {"memory_used_bytes", "memory_total_bytes"}
+
+
+def parse_timestamp(text: str) -> float:
+    """nvidia-smi's local, offset-less timestamp, read as if UTC (only differences are used)."""
+    text = text.strip()
+    for fmt in _TIME_FORMATS:
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            continue
+    raise ValueError(f"cannot read {text!r} as a timestamp")
+
+
+def parse_number(text: str, unit: str, default_unit: str) -> float | None:
+    """'71.25 W' -> 71.25; '55 %' -> 0.55; '[N/A]' -> None. Units convert to the field's base unit."""
+    lowered = text.strip().lower()
+    if lowered in _MISSING:
+        return None
+    match = _NUMBER.match(text)
+    if match is None:
+        raise ValueError(f"cannot read {text.strip()!r} as a number")
+    value, written = match.groups()
+    scale = _SCALE.get(written or unit or default_unit)
+    if scale is None:
+        raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")
+    return float(value) * scale
+
+
+@dataclass(frozen=True)
+class _Column:
+    position: int
+    name: str  # nvidia-smi field name, lower case
+    unit: str
+    header: str  # as written, for error messages
+
+
+def _parse_header(fields: list[str]) -> list[_Column]:
+    columns = []
+    for position, raw in enumerate(fields):
+        match = _HEADER.match(raw)
+        name, unit = (match.group(1).lower(), match.group(2) or "") if match else (raw.strip().lower(), "")
+        columns.append(_Column(position, name, unit.strip(), raw.strip()))
+    return columns
+
+
+def _looks_like_header(fields: list[str]) -> bool:
+    names = {c.name for c in _parse_header(fields)}
+    return bool(names & (set(_NUMERIC) | {"timestamp", "index", "uuid", "name"}))
+
+
+RowParser = Callable[[list[str]], tuple[float | None, int | None, str | None, GpuSample]]
+
+
+def _row_parser(columns: list[_Column]) -> RowParser:
+    """Build a function turning one CSV row into (time, index, uuid, sample)."""
+    numeric: list[tuple[int, str, str, str, str]] = []
+    claimed: dict[str, str] = {}
+    for col in sorted(columns, key=lambda c: _PREFERENCE.index(c.name) if c.name in _PREFERENCE else 99):
+        if col.name in _NUMERIC:
+            target, default_unit = _NUMERIC[col.name]
+            if target in claimed:
+                continue
+            claimed[target] = col.name
+            numeric.append((col.position, target, col.unit, default_unit, col.header))
+    reasons: list[tuple[int, int, str]] = []
+    active_mask: tuple[int, str] | None = None
+    for col in columns:
+        for prefix in _REASON_PREFIXES:
+            if col.name.startswith(prefix):
+                reason = col.name[len(prefix):]
+                if reason == "active":
+                    active_mask = (col.position, col.header)
+                elif reason in _REASON_BITS:
+                    reasons.append((col.position, _REASON_BITS[reason], col.header))
+    by_name = {c.name: c.position for c in columns}
+    t_pos, i_pos, u_pos, n_pos = (by_name.get(k) for k in ("timestamp", "index", "uuid", "name"))
+    width = len(columns)
+
+    def parse(row: list[str]) -> tuple[float | None, int | None, str | None, GpuSample]:
+        if len(row) != width:
+            raise ValueError(f"expected {width} columns, got {len(row)}")
+        values: dict[str, object] = {}
+        health = GpuHealth.OK
+        for position, target, unit, default_unit, header in numeric:
+            text = row[position]
+            if text.strip().lower() in _LOST:
+                health = GpuHealth.LOST
+                continue
+            try:
+                number = parse_number(text, unit, default_unit)
+            except ValueError as exc:
+                raise ValueError(f"column {header!r}: {exc}") from None
+            if number is not None:
+                values[target] = int(number) if target in _INTEGER_FIELDS else number
+        bits: int | None = None
+        if active_mask is not None:
+            text = row[active_mask[0]].strip()
+            if text.lower() not in _MISSING:
+                try:
+                    bits = int(text, 16)
+                except ValueError:
+                    raise ValueError(f"column {active_mask[1]!r}: cannot read {text!r} as a bit mask") from None
+        for position, bit, header in reasons:
+            text = row[position].strip().lower()
+            if text in _MISSING:
+                continue
+            if text not in ("active", "not active"):
+                raise ValueError(f"column {header!r}: expected 'Active' or 'Not Active', got {text!r}")
+            bits = (bits or 0) | (bit if text == "active" else 0)
+        if bits is not None:
+            values["clock_event_reasons"] = bits
+        t = None
+        if t_pos is not None:
+            try:
+                t = parse_timestamp(row[t_pos])
+            except ValueError as exc:
+                raise ValueError(f"column 'timestamp': {exc}") from None
+        index = None
+        if i_pos is not None:
+            try:
+                index = int(row[i_pos])
+            except ValueError:
+                raise ValueError(f"column 'index': cannot read {row[i_pos].strip()!r} as a GPU index") from None
+        uuid = row[u_pos].strip() if u_pos is not None else None
+        name = row[n_pos].strip() if n_pos is not None else None
+        sample = GpuSample(index=index or 0, uuid=uuid, name=name, health=health, **values)  # type: ignore[arg-type]
+        return t, index, uuid, sample
+
+    return parse
+
+
+_MAX_GPUS = 32
+_CHUNK = 128  # gaps per voting chunk
+
+
+def _score_counts(gaps: list[float]) -> tuple[float, int]:
+    """(how clearly, count): the row count per sample whose block boundaries, at the best phase, fall
+    on large gaps while the gaps inside blocks stay small. The smallest count that explains the gaps
+    wins (2N explains them too)."""
+    floor = 0.0005
+    ordered = sorted(gaps)
+    best: tuple[float, int] = (0.0, 1)
+    for count in range(2, min(_MAX_GPUS, len(gaps) // 3) + 1):
+        # If count is right, the largest 1/count of the gaps are the boundaries; the rest are inside
+        # samples, and almost none of those may be large.
+        inside_high = ordered[int(0.95 * (len(ordered) * (count - 1) // count - 1))]
+        # ... and at the right phase every boundary is a real gap (a low percentile stays large).
+        low_boundary = max(sorted(gaps[phase::count])[len(gaps[phase::count]) // 4] for phase in range(count))
+        score = max(low_boundary, floor) / max(inside_high, floor)
+        if score > best[0] * 1.5:
+            best = (score, count)
+    return best
+
+
+def _infer_gpu_count(times: list[float]) -> int:
+    """GPUs per sample of a log without index or uuid, from the first rows' timestamps. Chunks of the
+    log vote, so a sample that nvidia-smi cut short only spoils its own chunk."""
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    votes: Counter[int] = Counter()
+    for start in range(0, len(gaps), _CHUNK):
+        part = gaps[start:start + _CHUNK]
+        if len(part) >= 6:
+            score, count = _score_counts(part)
+            if score >= 4:
+                votes[count] += 1
+    if votes:
+        return votes.most_common(1)[0][0]
+    ordered = sorted(gaps)
+    if ordered and ordered[len(ordered) // 2] > 0 and ordered[len(ordered) // 10] >= 0.5 * ordered[len(ordered) // 2]:
+        return 1  # no grouping explains the gaps, and they are even: one GPU
+    raise TraceError("cannot tell the GPUs apart: the log has no index or uuid column and its rows are "
+                     "not grouped in time; add index to --query-gpu")
+
+
+def read_smi_csv(
+    stream: TextIO, path: str, fields: list[str] | None = None, lenient: bool = False,
+    skips: SkipLog | None = None,
+) -> Iterator[NodeSnapshot]:
+    """Snapshots from an nvidia-smi CSV log. `fields` gives the columns of a log written with noheader.
+    A malformed row raises TraceError naming path:line, unless `lenient`: then it is skipped and counted
+    in `skips`. Samples nvidia-smi itself cut short are always dropped and counted there."""
+    skips = skips if skips is not None else SkipLog()
+    reader = csv.reader(stream, skipinitialspace=False)
+    try:
+        first = next(reader, None)
+    except csv.Error as exc:
+        raise TraceError(f"{path}:1: not a CSV header ({exc})") from None
+    if first is None:
+        return
+    if _looks_like_header(first):
+        columns = _parse_header(first)
+        pending: list[tuple[int, list[str]]] = []
+    elif fields:
+        columns = _parse_header(fields)
+        pending = [(1, first)]
+    else:
+        raise TraceError(f"{path}:1: no header line; pass --csv-fields with the --query-gpu list the log was "
+                         "written with")
+    names = {c.name for c in columns}
+    if "timestamp" not in names:
+        raise TraceError(f"{path}:1: the log has no timestamp column; add timestamp to --query-gpu")
+    parse = _row_parser(columns)
+    has_identity = "index" in names or "uuid" in names
+
+    def rows() -> Iterator[tuple[int, float, int | None, str | None, GpuSample]]:
+        for line, row in pending:
+            yield from _parsed(line, row)
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                message = f"{path}:{reader.line_num}: not a CSV row ({exc})"
+                if not lenient:
+                    raise TraceError(message) from None
+                skips.skip(message)
+                continue
+            yield from _parsed(reader.line_num, row)
+
+    def _parsed(line: int, row: list[str]) -> Iterator[tuple[int, float, int | None, str | None, GpuSample]]:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            return
+        try:
+            t, index, uuid, sample = parse(row)
+        except ValueError as exc:
+            message = f"{path}:{line}: {exc}"
+            if not lenient:
+                raise TraceError(message) from None
+            skips.skip(message)
+            return
+        assert t is not None
+        yield line, t, index, uuid, sample
+
+    if has_identity:
+        yield from _group_by_identity(rows())
+    else:
+        yield from _group_by_time(rows(), path, skips)
+
+
+def _group_by_identity(
+    rows: Iterator[tuple[int, float, int | None, str | None, GpuSample]],
+) -> Iterator[NodeSnapshot]:
+    ordinals: dict[str, int] = {}
+    group: list[GpuSample] = []
+    seen: set[int] = set()
+    start = 0.0
+    for _line, t, index, uuid, sample in rows:
+        if index is None:
+            index = ordinals.setdefault(uuid or "", len(ordinals))
+            sample = _with_index(sample, index)
+        if index in seen:
+            yield NodeSnapshot(start, tuple(group))
+            group, seen = [], set()
+        if not group:
+            start = t
+        group.append(sample)
+        seen.add(index)
+    if group:
+        yield NodeSnapshot(start, tuple(group))
+
+
+def _with_index(sample: GpuSample, index: int) -> GpuSample:
+    return sample._replace(index=index)
+
+
+_Row = tuple[int, float, "int | None", "str | None", GpuSample]
+_LOOKAHEAD_SAMPLES = 16
+
+
+def _best_phase(times: list[float], previous: float | None, count: int) -> int:
+    """How many leading rows to drop so that block boundaries fall on the largest gaps.
+
+    Decided over a look-ahead of many samples, by the median boundary gap, so one slow nvidia-smi query
+    inside a sample (seen: 4.4 s between GPU 0 and GPU 1) does not shift the phase, while a sample that
+    nvidia-smi cut short (a lone GPU 0 row before a stall) does."""
+    gaps = [times[0] - previous if previous is not None else float("inf")]
+    gaps += [b - a for a, b in zip(times, times[1:])]
+    scores = []
+    for offset in range(count):
+        boundary = sorted(gaps[offset::count])
+        scores.append(boundary[len(boundary) // 2] if boundary else 0.0)
+    best = max(range(count), key=lambda o: scores[o])
+    return best if scores[best] > 2 * max(scores[0], 0.0005) else 0
+
+
+def _group_by_time(rows: Iterator[_Row], path: str, skips: SkipLog) -> Iterator[NodeSnapshot]:
+    """Rows in enumeration order, `count` per sample, the count inferred from the timestamps."""
+    rows = iter(rows)
+    head = list(itertools.islice(rows, 4096))
+    if not head:
+        return
+    try:
+        count = _infer_gpu_count([item[1] for item in head])
+    except TraceError as exc:
+        raise TraceError(f"{path}: {exc}") from None
+    buffer: deque[_Row] = deque(head)
+    look = _LOOKAHEAD_SAMPLES * count
+    previous: float | None = None
+
+    while True:
+        while len(buffer) < look:
+            item = next(rows, None)
+            if item is None:
+                break
+            buffer.append(item)
+        if len(buffer) < count:
+            if buffer:
+                skips.skip(f"{path}:{buffer[0][0]}: last sample has {len(buffer)} of {count} rows (log cut short)")
+            return
+        block_times = [buffer[i][1] for i in range(min(len(buffer), count + 1))]
+        inner = max((b - a for a, b in zip(block_times, block_times[1:count])), default=0.0)
+        after = block_times[count] - block_times[count - 1] if len(block_times) > count else float("inf")
+        before = block_times[0] - previous if previous is not None else float("inf")
+        if inner >= min(before, after):  # a boundary that is not the widest gap around: check the phase
+            drop = _best_phase([item[1] for item in buffer], previous, count)
+            if drop:
+                skips.skip(f"{path}:{buffer[0][0]}: sample cut short by nvidia-smi ({drop} of {count} rows); "
+                       "dropped")
+                for _ in range(drop):
+                    previous = buffer.popleft()[1]
+                continue
+        block = [buffer.popleft() for _ in range(count)]
+        previous = block[-1][1]
+        yield NodeSnapshot(block[0][1], tuple(_with_index(item[4], i) for i, item in enumerate(block)))
