@@ -10,7 +10,7 @@ from watchdog.config import Config, ConfigError, example_yaml, load_config, pars
 
 def test_example_file_is_generated_from_the_defaults() -> None:
     checked_in = (REPO / "config.example.yaml").read_text()
-    assert checked_in == example_yaml(), "regenerate: python -c 'from watchdog.config import example_yaml; print(example_yaml(), end=\"\")' > config.example.yaml"
+    assert checked_in == example_yaml(), "regenerate it: python -m watchdog.config > config.example.yaml"
     assert load_config(REPO / "config.example.yaml") == Config()
 
 

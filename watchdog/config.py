@@ -7,10 +7,11 @@ Unknown keys are rejected and every problem is reported at once with its key pat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 Seconds = Annotated[float, Field(gt=0)]
 SecondsOrZero = Annotated[float, Field(ge=0)]
@@ -172,7 +173,7 @@ def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     path = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
     given = error.get("input")
@@ -180,7 +181,7 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{path}: unknown key; valid keys here: {', '.join(_valid_keys(error['loc'][:-1]))}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
-        limit = next(iter(error["ctx"].values()))
+        limit = next(iter(error.get("ctx", {}).values()))
         return f"{path}: expected a number {op} {limit:g}, got {given!r}"
     if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
         whole = "a whole number" if kind.startswith("int") else "a number"
@@ -244,7 +245,12 @@ def example_yaml() -> str:
                 continue
             if info.description:
                 lines.append(f"{indent}# {info.description}")
-            lines.append(f"{indent}{name}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
+            rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            lines.append(f"{indent}{name}: {rendered}")
 
     walk(Config(), "")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m watchdog.config > config.example.yaml
+    print(example_yaml(), end="")

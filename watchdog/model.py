@@ -55,7 +55,7 @@ class GpuSample(NamedTuple):
     reason for a failed read is in `errors` (field name -> message). A NamedTuple: immutable, and
     cheap to build a million of when a day-long trace is replayed."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # NVML's word for it; shadows tuple.index, which is unused
     uuid: str | None = None
     name: str | None = None
     health: GpuHealth = GpuHealth.OK

@@ -31,7 +31,8 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         return None
     # Cheap pre-gates on the newest sample before the window pass: busy memory or busy SMs now mean
     # real work now (a single skipped tick is absorbed by the episode's hysteresis).
-    if latest.memory_utilization_ratio is not None and latest.memory_utilization_ratio > 2 * cfg.memory_utilization_max_ratio:
+    memory_now = latest.memory_utilization_ratio
+    if memory_now is not None and memory_now > 2 * cfg.memory_utilization_max_ratio:
         return None
     if latest.sm_activity_ratio is not None and latest.sm_activity_ratio > 2 * cfg.sm_activity_max_ratio:
         return None
@@ -58,9 +59,9 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     utils.sort()
     if percentile(utils, 0.5) < floor:
         return None
-    if latest.sm_clock_hertz is not None and latest.sm_clock_max_hertz:
-        if latest.sm_clock_hertz < cfg.clock_min_ratio * latest.sm_clock_max_hertz:
-            return None
+    clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
+    if clock is not None and clock_max and clock < cfg.clock_min_ratio * clock_max:
+        return None
 
     legs: list[str] = []
     facts: dict[str, float | str] = {"utilization": utils[len(utils) // 2]}

@@ -28,9 +28,8 @@ def run_start(window: list[tuple[float, float | None]], holds: Callable[[float],
     from it to the newest hold too. Brief dips inside the run do not move the onset; the samples from
     before the condition began do not pull it earlier."""
     start = window[-1][0]
-    held = total = 0
-    for t, value in reversed(window):
-        total += 1
+    held = 0
+    for total, (t, value) in enumerate(reversed(window), start=1):
         ok = value is not None and holds(value)
         held += ok
         if ok and held >= share * total:

@@ -51,7 +51,9 @@ def summarize(
         if unbroken < elapsed_seconds - 1:
             text += f" (the last {duration_text(unbroken)} without progress)"
         if escalate_after_seconds is not None and unbroken >= escalate_after_seconds:
-            return text + f"; longer than a checkpoint or evaluation should take, so {gpu_list(finding.culprit_gpus)} is the likely culprit{legs}"
+            culprits = gpu_list(finding.culprit_gpus)
+            return (text + "; longer than a checkpoint or evaluation should take, "
+                    f"so {culprits} is the likely culprit{legs}")
         limit = f", critical after {duration_text(escalate_after_seconds)}" if escalate_after_seconds else ""
         return text + f"; a checkpoint or evaluation on the odd GPU is plausible{limit}{legs}"
     if sig is Signature.ZERO_UTIL:

@@ -10,6 +10,7 @@ behind it, and the GPU comes back by itself once the call returns.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import importlib
 import logging
 import threading
@@ -60,9 +61,10 @@ def _text(value: object) -> str:
 
 class NvmlSource:
     def __init__(self, nvml: ModuleType | Any | None = None, call_timeout_seconds: float = 2.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, init_timeout_seconds: float = 10.0):
         self._nvml = nvml
         self._timeout = call_timeout_seconds
+        self._init_timeout = init_timeout_seconds
         self._clock = clock
         self._devices: list[_Device] = []
         self.driver_version: str | None = None
@@ -90,7 +92,7 @@ class NvmlSource:
 
         threading.Thread(target=init, name="nvml-init", daemon=True).start()
         try:
-            result.result(timeout=max(self._timeout, 5.0))
+            result.result(timeout=self._init_timeout)
         except futures.TimeoutError:
             raise NvmlUnavailable("nvmlInit did not return: the NVIDIA driver looks wedged") from None
         except nv.NVMLError as exc:
@@ -113,14 +115,10 @@ class NvmlSource:
             log.warning("GPU %d: cannot get a handle: %s", index, exc)
             return dev
         for attr, call in (("uuid", nv.nvmlDeviceGetUUID), ("name", nv.nvmlDeviceGetName)):
-            try:
+            with contextlib.suppress(nv.NVMLError):
                 setattr(dev, attr, _text(call(dev.handle)))
-            except nv.NVMLError:
-                pass
-        try:  # nvmlDeviceGetMaxClockInfo(SM), MHz; nvidia-smi clocks.max.sm
+        with contextlib.suppress(nv.NVMLError):  # nvmlDeviceGetMaxClockInfo(SM), MHz; clocks.max.sm
             dev.sm_clock_max_hertz = nv.nvmlDeviceGetMaxClockInfo(dev.handle, nv.NVML_CLOCK_SM) * 1e6
-        except nv.NVMLError:
-            pass
         try:  # GPM (Hopper and later): SM activity that a spinning kernel cannot fake
             if nv.nvmlGpmQueryDeviceSupport(dev.handle).isSupportedDevice:
                 dev.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
@@ -138,16 +136,12 @@ class NvmlSource:
                 dev.executor.shutdown(wait=False, cancel_futures=True)
             if nv is not None and dev.pending is None:
                 for gpm in dev.gpm_samples:
-                    try:
+                    with contextlib.suppress(nv.NVMLError):
                         nv.nvmlGpmSampleFree(gpm)
-                    except nv.NVMLError:
-                        pass
         self._devices = []
         if nv is not None:
-            try:
+            with contextlib.suppress(Exception):  # shutting down: nothing left to protect
                 nv.nvmlShutdown()
-            except Exception:  # shutting down: nothing left to protect
-                pass
 
     @property
     def gpu_count(self) -> int:
@@ -172,21 +166,22 @@ class NvmlSource:
             gpus.append(self._collect(dev, future, deadline))
         return NodeSnapshot(now, tuple(gpus))
 
+    @staticmethod
+    def _unread(dev: _Device, health: GpuHealth, field: str, message: str) -> GpuSample:
+        return GpuSample(index=dev.index, uuid=dev.uuid, name=dev.name, health=health, errors=((field, message),))
+
     def _collect(self, dev: _Device, future: futures.Future[GpuSample] | None, deadline: float) -> GpuSample:
-        base = {"index": dev.index, "uuid": dev.uuid, "name": dev.name}
         if dev.handle is None:
-            return GpuSample(**base, health=GpuHealth.LOST, errors=(("handle", "no NVML handle"),))
+            return self._unread(dev, GpuHealth.LOST, "handle", "no NVML handle")
         if future is None:
-            return GpuSample(**base, health=GpuHealth.HUNG,
-                             errors=(("nvml", "an earlier NVML call on this GPU has not returned"),))
+            return self._unread(dev, GpuHealth.HUNG, "nvml", "an earlier NVML call on this GPU has not returned")
         try:
             sample = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except futures.TimeoutError:
-            return GpuSample(**base, health=GpuHealth.HUNG,
-                             errors=(("nvml", f"NVML call did not return within {self._timeout:g} s"),))
+            return self._unread(dev, GpuHealth.HUNG, "nvml", f"NVML call did not return within {self._timeout:g} s")
         except Exception as exc:  # a bug in a reader must not stop the loop; report it on this GPU
             log.exception("GPU %d: reading failed", dev.index)
-            return GpuSample(**base, errors=(("nvml", f"{type(exc).__name__}: {exc}"),))
+            return self._unread(dev, GpuHealth.OK, "nvml", f"{type(exc).__name__}: {exc}")
         dev.pending = None
         return sample
 

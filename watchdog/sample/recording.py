@@ -43,7 +43,7 @@ def encode(snapshot: NodeSnapshot) -> str:
     gpus = snapshot.gpus
     columns: dict[str, list[Any]] = {}
     for position, name in enumerate(_FIELDS):
-        values = [g[position] for g in gpus]
+        values: list[Any] = [g[position] for g in gpus]
         if name == "health":
             if any(v is not GpuHealth.OK for v in values):
                 columns[name] = [v.value for v in values]

@@ -11,7 +11,9 @@ each row gets its position in its sample.
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
+import math
 import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -65,6 +67,14 @@ _INTEGER_FIELDS = {"memory_used_bytes", "memory_total_bytes"}
 def parse_timestamp(text: str) -> float:
     """nvidia-smi's local, offset-less timestamp, read as if UTC (only differences are used)."""
     text = text.strip()
+    # Fast path for nvidia-smi's own "2025/07/27 00:22:27.858": strptime is the slowest part of a row.
+    if len(text) >= 19 and text[4] == "/" and text[7] == "/" and text[13] == ":" and text[16] == ":":
+        try:
+            day = _day_seconds(text[:10])
+            fraction = float(text[19:]) if len(text) > 19 else 0.0
+            return day + int(text[11:13]) * 3600 + int(text[14:16]) * 60 + int(text[17:19]) + fraction
+        except ValueError:
+            pass
     for fmt in _TIME_FORMATS:
         try:
             return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
@@ -73,8 +83,23 @@ def parse_timestamp(text: str) -> float:
     raise ValueError(f"cannot read {text!r} as a timestamp")
 
 
+@functools.lru_cache(maxsize=64)
+def _day_seconds(date: str) -> float:
+    return datetime.strptime(date, "%Y/%m/%d").replace(tzinfo=timezone.utc).timestamp()
+
+
 def parse_number(text: str, unit: str, default_unit: str) -> float | None:
     """'71.25 W' -> 71.25; '55 %' -> 0.55; '[N/A]' -> None. Units convert to the field's base unit."""
+    number, _, written = text.strip().partition(" ")
+    scale = _SCALE.get(written or unit or default_unit)
+    if scale is not None:
+        try:
+            value = float(number)  # the common case: nvidia-smi's own "71.25 W"
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(value):  # float() also takes "nan" and "inf": those go to the strict path
+                return value * scale
     lowered = text.strip().lower()
     if lowered in _MISSING:
         return None

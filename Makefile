@@ -1,0 +1,29 @@
+# The two commands of the README. Both set up everything they need on a fresh machine.
+#   make run    replay a built-in scenario through the detectors (no GPU needed)
+#   make test   lint, type-check and run the tests
+VENV ?= .venv
+PYTHON ?= python3
+BIN = $(VENV)/bin
+
+.PHONY: run test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/stall-watchdog replay sim:odd_rank
+
+test: $(BIN)/.installed
+	$(BIN)/ruff check watchdog tests bench
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/replay_throughput.py
+	$(BIN)/python bench/detector_tick.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,118 @@
+"""Every scripted scenario, end to end through the detector engine: what fires, when, and on whom."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import run_engine
+from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
+from watchdog.sample import sim
+
+START = 1_767_225_600.0
+
+
+def events_of(name: str, **changes: object) -> list[EpisodeEvent]:
+    scenario = dataclasses.replace(sim.SCENARIOS[name], **changes)
+    return run_engine(sim.run(scenario, start_seconds=START))
+
+
+def fired(events: list[EpisodeEvent]) -> list[EpisodeEvent]:
+    return [e for e in events if e.event is not EventKind.RESOLVED]
+
+
+@pytest.mark.parametrize("name", ["healthy", "tp_small_batch"])
+def test_healthy_runs_raise_nothing(name: str) -> None:
+    assert events_of(name) == []
+
+
+@pytest.mark.parametrize(("name", "signature", "hang_at", "gpus"), [
+    ("spin_hang", Signature.BUSY_SPIN, 300, list(range(8))),
+    ("startup_spin", Signature.BUSY_SPIN, 40, list(range(8))),
+    ("zero_util_hang", Signature.ZERO_UTIL, 300, list(range(8))),
+    ("t4_spin", Signature.BUSY_SPIN, 100, list(range(4))),
+])
+def test_all_gpu_hangs_are_critical_within_a_minute(name: str, signature: Signature, hang_at: int,
+                                                    gpus: list[int]) -> None:
+    (event,) = events_of(name)
+    assert (event.event, event.signature, event.severity) == (EventKind.FIRED, signature, Severity.CRITICAL)
+    assert list(event.gpus) == gpus and event.culprit_gpus == ()
+    assert abs(event.onset_seconds - (START + hang_at)) <= 2
+    assert event.at_seconds - (START + hang_at) <= 60
+
+
+def test_checkpoint_wait_warns_names_gpu_0_and_resolves() -> None:
+    events = events_of("checkpoint")
+    assert [(e.event, e.signature, e.severity) for e in events] == [
+        (EventKind.FIRED, Signature.WAITING, Severity.WARNING),
+        (EventKind.RESOLVED, Signature.WAITING, Severity.WARNING),
+    ]
+    assert events[0].culprit_gpus == (0,)
+    assert "waiting on GPU 0" in events[0].summary
+    assert abs(events[1].at_seconds - (START + 450)) <= 15
+
+
+def test_odd_rank_is_named_early_and_escalates_after_the_plausible_wait() -> None:
+    events = events_of("odd_rank")
+    assert [(e.event, e.severity) for e in events] == [(EventKind.FIRED, Severity.WARNING),
+                                                       (EventKind.ESCALATED, Severity.CRITICAL)]
+    warn, crit = events
+    assert warn.culprit_gpus == (4,) and warn.at_seconds - (START + 300) <= 60
+    assert abs(crit.at_seconds - (START + 300 + 900)) <= 3
+    assert "GPU 4 is the likely culprit" in crit.summary
+
+
+def test_shorter_critical_after_escalates_sooner() -> None:
+    scenario = sim.SCENARIOS["odd_rank"]
+    from watchdog.config import parse_config
+
+    config = parse_config({"detectors": {"waiting": {"critical_after_seconds": 120}}})
+    events = run_engine(sim.run(scenario, start_seconds=START), config)
+    escalated = [e for e in events if e.event is EventKind.ESCALATED]
+    assert escalated and abs(escalated[0].at_seconds - (START + 420)) <= 3
+
+
+def test_underuse_is_one_warning_for_the_job() -> None:
+    (event,) = events_of("underuse")
+    assert (event.signature, event.severity, event.gpus) == (Signature.UNDERUSE, Severity.WARNING, tuple(range(8)))
+    assert "35% mean util" in event.summary
+
+
+def test_throttle_warns_and_is_never_a_spin() -> None:
+    events = events_of("throttle")
+    assert [(e.event, e.signature, e.gpus) for e in events] == [
+        (EventKind.FIRED, Signature.THROTTLE, (2,)), (EventKind.RESOLVED, Signature.THROTTLE, (2,))]
+    assert "hw_thermal_slowdown" in events[0].summary
+
+
+def test_lost_gpu_is_critical_at_once_and_the_others_wait_on_it() -> None:
+    events = fired(events_of("gpu_lost"))
+    lost = [e for e in events if e.signature is Signature.GPU_LOST]
+    waiting = [e for e in events if e.signature is Signature.WAITING]
+    assert lost[0].gpus == (5,) and lost[0].severity is Severity.CRITICAL and lost[0].at_seconds == START + 300
+    assert waiting[0].culprit_gpus == (5,)
+
+
+def test_a_lost_gpu_that_comes_back_resolves() -> None:
+    scenario = dataclasses.replace(
+        sim.SCENARIOS["gpu_lost"], timeline=sim.SCENARIOS["healthy"].timeline + ((300, (5,), "lost"),
+                                                                                 (320, (5,), "train")))
+    events = run_engine(sim.run(scenario, start_seconds=START))
+    assert [(e.event, e.signature) for e in events] == [(EventKind.FIRED, Signature.GPU_LOST),
+                                                        (EventKind.RESOLVED, Signature.GPU_LOST)]
+
+
+def test_disabled_detector_stays_silent() -> None:
+    from watchdog.config import parse_config
+
+    config = parse_config({"detectors": {"busy_spin": {"enabled": False}}})
+    assert run_engine(sim.run(sim.SCENARIOS["spin_hang"], start_seconds=START), config) == []
+
+
+def test_a_hang_that_ends_resolves() -> None:
+    scenario = dataclasses.replace(sim.SCENARIOS["spin_hang"],
+                                   timeline=sim.SCENARIOS["spin_hang"].timeline + ((500, None, "train"),))
+    events = run_engine(sim.run(scenario, start_seconds=START))
+    assert [e.event for e in events] == [EventKind.FIRED, EventKind.RESOLVED]
+    assert abs(events[1].at_seconds - (START + 500)) <= 15

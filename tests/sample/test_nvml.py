@@ -1,0 +1,148 @@
+"""The live NVML source, against the faithful fake of pynvml in tests/fakes."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+
+import pynvml
+import pytest
+
+from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+from watchdog.model import GpuHealth
+from watchdog.sample.nvml import FUNCTIONS, NvmlSource, NvmlUnavailable
+
+
+def opened(*gpus: FakeGpu, timeout: float = 0.5, **kwargs: object) -> tuple[NvmlSource, FakeNvml]:
+    fake = FakeNvml(list(gpus), **kwargs)  # type: ignore[arg-type]
+    source = NvmlSource(nvml=fake, call_timeout_seconds=timeout, clock=lambda: 1000.0)
+    source.open()
+    return source, fake
+
+
+def test_fake_implements_the_port_with_pynvml_signatures() -> None:
+    fake = FakeNvml([])
+    for name in FUNCTIONS:
+        real, ours = getattr(pynvml, name), getattr(fake, name)
+        real_params = [p for p in inspect.signature(real).parameters.values()
+                       if p.default is inspect.Parameter.empty]
+        our_params = [p for p in inspect.signature(ours).parameters.values()
+                      if p.default is inspect.Parameter.empty]
+        assert [p.name for p in our_params] == [p.name for p in real_params], name
+
+
+def test_readings_are_converted_to_base_units() -> None:
+    source, _ = opened(FakeGpu(util_percent=100, memory_util_percent=3, power_mw=151_250, power_limit_mw=700_000,
+                               sm_clock_mhz=1980, memory_used=40 * 2**30, temperature_c=41, energy_mj=5_000,
+                               clock_event_reasons=0x40, pids=[4711, 4712], sm_activity_percent=2.5))
+    first = source.sample()
+    g = source.sample().gpus[0]
+    assert first.time_seconds == 1000.0 and first.gpus[0].sm_activity_ratio is None  # GPM needs two samples
+    assert g.utilization_ratio == 1.0 and g.memory_utilization_ratio == 0.03
+    assert g.power_watts == 151.25 and g.power_limit_watts == 700.0
+    assert g.sm_clock_hertz == 1.98e9 and g.sm_clock_max_hertz == 1.98e9
+    assert g.memory_used_bytes == 40 * 2**30 and g.temperature_celsius == 41.0 and g.energy_joules == 5.0
+    assert g.clock_event_reasons == 0x40 and g.pids == (4711, 4712)
+    assert g.sm_activity_ratio == pytest.approx(0.025)
+    assert (g.uuid, g.name, g.health) == ("GPU-00000000-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3",
+                                          GpuHealth.OK)
+    source.close()
+
+
+def test_not_supported_is_remembered_and_not_asked_again() -> None:
+    gpu = FakeGpu(not_supported={"nvmlDeviceGetTotalEnergyConsumption"}, gpm=False)
+    source, _ = opened(gpu)
+    for _ in range(3):
+        sample = source.sample().gpus[0]
+        assert sample.energy_joules is None and sample.sm_activity_ratio is None and sample.errors == ()
+    assert gpu.calls.count("nvmlDeviceGetTotalEnergyConsumption") == 1
+    source.close()
+
+
+def test_old_driver_falls_back_to_throttle_reasons() -> None:
+    gpu = FakeGpu(clock_event_reasons=0x8)
+    source, _ = opened(gpu, missing={"nvmlDeviceGetCurrentClocksEventReasons"})
+    assert source.sample().gpus[0].clock_event_reasons == 0x8
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" in gpu.calls
+    source.close()
+
+
+def test_other_errors_are_kept_per_field_and_the_gpu_stays_ok() -> None:
+    gpu = FakeGpu(errors={"nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NO_PERMISSION})
+    source, _ = opened(gpu)
+    sample = source.sample().gpus[0]
+    assert sample.health is GpuHealth.OK and sample.power_watts is None
+    assert ("power_watts", "Insufficient Permissions") in sample.errors
+    assert sample.utilization_ratio == 0.0
+    source.close()
+
+
+def test_gpu_lost_mid_run_is_a_typed_state_and_others_keep_reading() -> None:
+    a, b = FakeGpu(util_percent=50), FakeGpu(util_percent=60, uuid="GPU-b")
+    source, _ = opened(a, b)
+    assert source.sample().gpus[1].health is GpuHealth.OK
+    b.lost = True
+    snap = source.sample()
+    assert snap.gpus[0].utilization_ratio == 0.5 and snap.gpus[0].health is GpuHealth.OK
+    assert snap.gpus[1].health is GpuHealth.LOST and snap.gpus[1].uuid == "GPU-b"
+    assert snap.gpus[1].errors == (("nvml", "GPU is lost"),)
+    source.close()
+
+
+def test_unknown_error_counts_as_lost() -> None:
+    gpu = FakeGpu(errors={"nvmlDeviceGetUtilizationRates": pynvml.NVML_ERROR_UNKNOWN})
+    source, _ = opened(gpu)
+    assert source.sample().gpus[0].health is GpuHealth.LOST
+    source.close()
+
+
+def test_a_hung_call_is_bounded_and_the_gpu_recovers() -> None:
+    stuck, fine = FakeGpu(hang_in="nvmlDeviceGetPowerUsage"), FakeGpu(util_percent=70)
+    source, _ = opened(stuck, fine, timeout=0.3)
+    started = time.monotonic()
+    snap = source.sample()
+    assert time.monotonic() - started < 1.0
+    assert snap.gpus[0].health is GpuHealth.HUNG and snap.gpus[1].utilization_ratio == 0.7
+    # The next tick does not queue behind the stuck call: it answers at once.
+    started = time.monotonic()
+    assert source.sample().gpus[0].health is GpuHealth.HUNG
+    assert time.monotonic() - started < 0.2
+    stuck.hang_in = None
+    stuck.release.set()
+    deadline = time.monotonic() + 2
+    while source.sample().gpus[0].health is not GpuHealth.OK:
+        assert time.monotonic() < deadline, "the GPU did not come back after the call returned"
+        time.sleep(0.05)
+    source.close()
+
+
+def test_init_failure_says_what_to_check() -> None:
+    fake = FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(NvmlUnavailable, match="Driver Not Loaded.*nvidia-smi"):
+        NvmlSource(nvml=fake).open()
+
+
+def test_init_that_hangs_is_bounded() -> None:
+    release = threading.Event()
+    fake = FakeNvml([])
+    fake.nvmlInit = lambda: release.wait()  # type: ignore[method-assign]
+    source = NvmlSource(nvml=fake, init_timeout_seconds=0.2)
+    started = time.monotonic()
+    with pytest.raises(NvmlUnavailable, match="wedged"):
+        source.open()
+    assert time.monotonic() - started < 1
+    release.set()
+
+
+def test_real_library_missing_is_a_clear_error() -> None:
+    """On this machine there is no NVIDIA driver: the real pynvml must end in NvmlUnavailable."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present here")
+    with pytest.raises(NvmlUnavailable, match="NVML could not start"):
+        NvmlSource().open()

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.sample import recording, sim
+from watchdog.sample.errors import SkipLog, TraceError
+
+HEAD = recording.header("test", "2026-01-01T00:00:00+00:00")
+
+
+def roundtrip(snapshots: list[NodeSnapshot]) -> list[NodeSnapshot]:
+    buf = io.StringIO()
+    recording.write(buf, HEAD, snapshots)
+    buf.seek(0)
+    return list(recording.read(buf, "rec.jsonl"))
+
+
+ratio = st.none() | st.floats(0, 1, allow_nan=False)
+watts = st.none() | st.floats(0, 2000, allow_nan=False)
+gpu_samples = st.builds(
+    GpuSample,
+    index=st.integers(0, 63),
+    uuid=st.none() | st.text(max_size=20),
+    name=st.none() | st.text(max_size=30),
+    health=st.sampled_from(list(GpuHealth)),
+    utilization_ratio=ratio, memory_utilization_ratio=ratio, power_watts=watts, power_limit_watts=watts,
+    sm_clock_hertz=st.none() | st.floats(0, 3e9, allow_nan=False), sm_clock_max_hertz=watts,
+    memory_used_bytes=st.none() | st.integers(0, 2**40), memory_total_bytes=st.none() | st.integers(0, 2**40),
+    temperature_celsius=watts, energy_joules=watts,
+    clock_event_reasons=st.none() | st.integers(0, 0x1FF), sm_activity_ratio=ratio,
+    pids=st.lists(st.integers(1, 2**22), max_size=3).map(tuple),
+    errors=st.lists(st.tuples(st.sampled_from(["power_watts", "nvml"]), st.text(max_size=10)),
+                    max_size=2, unique_by=lambda e: e[0]).map(tuple),
+)
+
+
+times = st.floats(0, 2e9, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(times, st.lists(gpu_samples, min_size=1, max_size=8)), max_size=5))
+def test_roundtrip_keeps_every_field(raw: list[tuple[float, list[GpuSample]]]) -> None:
+    snapshots = [NodeSnapshot(t, tuple(gpus)) for t, gpus in sorted(raw, key=lambda r: r[0])]
+    assert roundtrip(snapshots) == snapshots
+
+
+def test_simulated_trace_roundtrips() -> None:
+    snapshots = list(sim.run(sim.SCENARIOS["gpu_lost"]))[:400]
+    assert roundtrip(snapshots) == snapshots
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("{nope", "rec.jsonl:3: not valid JSON"),
+    ('{"t": "x", "gpus": {"index": [0]}}', "rec.jsonl:3: 't' must be a number of seconds"),
+    ('{"t": 2, "gpus": [{"index": 0}]}', "rec.jsonl:3: 'gpus' must be an object of columns"),
+    ('{"t": 2, "gpus": {"index": [0], "power_watts": ["150"]}}',
+     "'power_watts' entries must be numbers or null, got '150'"),
+    ('{"t": 2, "gpus": {"index": [0], "power_watts": [true]}}', "'power_watts' entries must be numbers"),
+    ('{"t": 2, "gpus": {"index": [0, 1], "power_watts": [1.0]}}',
+     "'power_watts' must be a list with one entry per GPU (2)"),
+    ('{"t": 2, "gpus": {"index": [0], "watts": [1.0]}}', "unknown GPU field(s) watts"),
+    ('{"t": 2, "gpus": {"index": [0], "health": ["dead"]}}', "'health' entries must be ok, lost or hung"),
+    ('{"t": 2, "gpus": {"index": [0], "pids": [["1"]]}}', "'pids' entries must be lists of integers"),
+    ('{"t": 0.5, "gpus": {"index": [0]}}', "rec.jsonl:3: time goes backwards"),
+])
+def test_malformed_line_names_the_line(line: str, message: str) -> None:
+    text = "\n".join([recording.json.dumps(HEAD), '{"t": 1, "gpus": {"index": [0]}}', line]) + "\n"
+    with pytest.raises(TraceError) as info:
+        list(recording.read(io.StringIO(text), "rec.jsonl"))
+    assert message in str(info.value)
+
+
+def test_lenient_counts_what_it_skips() -> None:
+    text = "\n".join([recording.json.dumps(HEAD), '{"t": 1, "gpus": {"index": [0]}}', "{nope",
+                      '{"t": 3, "gpus": {"index": [0]}}']) + "\n"
+    skips = SkipLog()
+    got = list(recording.read(io.StringIO(text), "rec.jsonl", lenient=True, skips=skips))
+    assert [s.time_seconds for s in got] == [1.0, 3.0]
+    assert skips.count == 1 and skips.first[0].startswith("rec.jsonl:3:")
+
+
+@pytest.mark.parametrize("first", ["", "{}", '{"stall_watchdog_recording": 99}', "timestamp, index"])
+def test_header_is_required(first: str) -> None:
+    with pytest.raises(TraceError, match="rec.jsonl:1:"):
+        list(recording.read(io.StringIO(first + "\n"), "rec.jsonl"))

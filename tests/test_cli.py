@@ -1,0 +1,115 @@
+"""The command as a user runs it: a real subprocess, real files, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, realdata
+
+SCHEMA = {"event", "signature", "severity", "gpus", "culprit_gpus", "onset", "at", "summary"}
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "watchdog", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_replay_json_schema_on_a_scenario() -> None:
+    result = cli("replay", "sim:odd_rank", "--json")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["fired", "escalated"]
+    for e in events:
+        assert e.keys() >= SCHEMA
+        assert e["signature"] == "waiting" and e["culprit_gpus"] == [4]
+        assert e["onset"] == "2026-01-01T00:05:00.000+00:00"
+    assert events[1]["severity"] == "critical"
+
+
+def test_replay_text_timeline() -> None:
+    result = cli("replay", "sim:spin_hang")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert "FIRED" in lines[0] and "busy_spin" in lines[0] and "Busy-spin hang on GPUs 0-7" in lines[0]
+    assert "1 episode(s) fired: 1 critical, 0 warning" in lines[-1]
+    assert "Still open at the end: busy_spin (critical) on GPUs 0-7" in lines[-1]
+
+
+def test_replay_real_nvidia_smi_log_names_times_as_in_the_trace() -> None:
+    path = realdata("telemetry", "grantwilkins-training_profile", "h100-traces", "ckpt1.csv")
+    result = cli("replay", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    first = json.loads(result.stdout.splitlines()[0])
+    assert first["onset"].startswith("2025-07-27T00:24:") and "+" not in first["onset"]
+    assert first["severity"] == "warning" and first["culprit_gpus"] == [0]
+
+
+def test_record_simulated_then_replay(tmp_path: Path) -> None:
+    out = tmp_path / "spin.jsonl"
+    result = cli("record", "--simulate", "spin_hang", "--duration-seconds", "400", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "recorded 401 samples" in result.stderr
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["stall_watchdog_recording"] == 1 and header["source"] == "sim:spin_hang"
+    replayed = cli("replay", str(out), "--json")
+    (event,) = [json.loads(line) for line in replayed.stdout.splitlines()]
+    assert event["signature"] == "busy_spin" and event["severity"] == "critical"
+
+
+def test_record_without_a_driver_explains_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "live.jsonl"
+    result = cli("record", "--out", str(out), "--duration-seconds", "1")
+    assert result.returncode == 1
+    assert "NVML could not start" in result.stderr and "--simulate" in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_malformed_trace_line_is_named_and_lenient_goes_on(tmp_path: Path) -> None:
+    log = tmp_path / "gpus.csv"
+    log.write_text("timestamp, index, utilization.gpu [%], power.draw [W]\n"
+                   "2025/01/01 00:00:00.000, 0, 100 %, 150 W\n"
+                   "2025/01/01 00:00:01.000, 0, 10O %, 150 W\n"
+                   "2025/01/01 00:00:02.000, 0, 100 %, 150 W\n")
+    strict = cli("replay", str(log))
+    assert strict.returncode == 1 and f"{log}:3: column 'utilization.gpu [%]'" in strict.stderr
+    lenient = cli("replay", str(log), "--lenient")
+    assert lenient.returncode == 0 and "1 line(s) or sample(s) skipped" in lenient.stderr
+    assert "2 samples of 1 GPUs" in lenient.stdout
+
+
+def test_check_config_exit_codes(tmp_path: Path) -> None:
+    good = cli("check-config", str(REPO / "config.example.yaml"))
+    assert good.returncode == 0 and good.stdout.strip().endswith(": ok")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("detectors:\n  busy_spin:\n    for_seconds: 30s\n")
+    result = cli("check-config", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}: detectors.busy_spin.for_seconds: expected a number of seconds, got '30s'" in result.stderr
+
+
+@pytest.mark.parametrize("args", [("replay", "sim:nope"), ("replay", "/nonexistent.csv")])
+def test_bad_trace_is_a_runtime_failure_with_a_message(args: tuple[str, ...]) -> None:
+    result = cli(*args)
+    assert result.returncode == 1 and result.stderr.startswith("stall-watchdog: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_usage_errors_exit_2() -> None:
+    assert cli().returncode == 2
+    assert cli("replay").returncode == 2
+    assert cli("record", "--interval-seconds", "0").returncode == 2
+
+
+@pytest.mark.parametrize("verb", ["replay", "record", "check-config"])
+def test_every_verb_has_help_with_an_example(verb: str) -> None:
+    result = cli(verb, "--help")
+    assert result.returncode == 0 and "Example" in result.stdout
+
+
+def test_replay_help_lists_the_scenarios() -> None:
+    assert "sim:odd_rank" in cli("replay", "--help").stdout
