@@ -106,11 +106,11 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
     match = _NUMBER.match(text)
     if match is None:
         raise ValueError(f"cannot read {text.strip()!r} as a number")
-    value, written = match.groups()
+    digits, written = match.groups()
     scale = _SCALE.get(written or unit or default_unit)
     if scale is None:
         raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")
-    return float(value) * scale
+    return float(digits) * scale
 
 
 @dataclass(frozen=True)
