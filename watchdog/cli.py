@@ -11,14 +11,14 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from types import FrameType
 from typing import TextIO
 
 from watchdog import __version__
-from watchdog.config import Config, ConfigError, load_config
+from watchdog.config import ConfigError, load_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.export.timeline import TextTimeline, json_line
 from watchdog.model import NodeSnapshot, gpu_list
@@ -35,13 +35,9 @@ def _error(message: str) -> None:
     print(f"stall-watchdog: {message}", file=sys.stderr)
 
 
-def _config(path: str | None) -> Config:
-    return load_config(path)
-
-
 # -- replay --------------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    config = _config(args.config)
+    config = load_config(args.config)
     fields = [f.strip() for f in args.csv_fields.split(",")] if args.csv_fields else None
     engine = DetectorEngine(config)
     out = sys.stdout
@@ -83,13 +79,13 @@ class _Stop:
         self.requested = True
 
 
-def _live(interval: float, duration: float | None, source_sample: object, stop: _Stop) -> Iterator[NodeSnapshot]:
+def _live(interval: float, duration: float | None, sample: Callable[[], NodeSnapshot], stop: _Stop
+          ) -> Iterator[NodeSnapshot]:
     """Samples on the monotonic clock with no drift; a late tick is skipped, not bunched up."""
-    sample = source_sample  # a callable returning a NodeSnapshot
     started = time.monotonic()
     next_tick = started
     while not stop.requested:
-        yield sample()  # type: ignore[operator]
+        yield sample()
         if duration is not None and time.monotonic() - started >= duration:
             return
         next_tick += interval
@@ -137,7 +133,7 @@ def _output(path: str) -> Iterator[TextIO]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    config = _config(args.config)
+    config = load_config(args.config)
     interval = args.interval_seconds or config.sample.interval_seconds
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     stop = _Stop()
@@ -180,7 +176,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 # -- check-config --------------------------------------------------------------------------------
 def cmd_check_config(args: argparse.Namespace) -> int:
-    _config(args.file)
+    load_config(args.file)
     print(f"{args.file}: ok")
     return EXIT_OK
 

@@ -78,8 +78,8 @@ def test_malformed_line_names_the_line(line: str, message: str) -> None:
 def test_lenient_counts_what_it_skips() -> None:
     text = "\n".join([recording.json.dumps(HEAD), '{"t": 1, "gpus": {"index": [0]}}', "{nope",
                       '{"t": 3, "gpus": {"index": [0]}}']) + "\n"
-    skips = SkipLog()
-    got = list(recording.read(io.StringIO(text), "rec.jsonl", lenient=True, skips=skips))
+    skips = SkipLog(lenient=True)
+    got = list(recording.read(io.StringIO(text), "rec.jsonl", skips=skips))
     assert [s.time_seconds for s in got] == [1.0, 3.0]
     assert skips.count == 1 and skips.first[0].startswith("rec.jsonl:3:")
 

@@ -104,8 +104,8 @@ def test_wrong_column_count_names_the_line() -> None:
 def test_lenient_skips_and_counts() -> None:
     text = ("timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0, 100 W\n"
             "garbage\n2024/01/02 03:04:07.000, 0, 100 W\n")
-    skips = SkipLog()
-    snaps = read(text, lenient=True, skips=skips)
+    skips = SkipLog(lenient=True)
+    snaps = read(text, skips=skips)
     assert len(snaps) == 2 and skips.count == 1 and "log.csv:3" in skips.first[0]
 
 

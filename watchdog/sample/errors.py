@@ -11,8 +11,10 @@ class TraceError(Exception):
 
 @dataclass
 class SkipLog:
-    """Lines skipped under --lenient: counted, the first few kept for the warning."""
+    """What a reader left out: counted, the first few kept for the warning. `lenient` decides whether a
+    malformed line stops the replay (the default) or is skipped too."""
 
+    lenient: bool = False
     count: int = 0
     first: list[str] = field(default_factory=list)
 
@@ -20,3 +22,9 @@ class SkipLog:
         self.count += 1
         if len(self.first) < 5:
             self.first.append(message)
+
+    def malformed(self, message: str) -> None:
+        """A line that cannot be read: an error naming it, or under --lenient a counted skip."""
+        if not self.lenient:
+            raise TraceError(message)
+        self.skip(message)

@@ -128,8 +128,7 @@ def decode(line: str) -> NodeSnapshot:
     return NodeSnapshot(float(t), tuple(new(GpuSample, row) for row in zip(*columns)))
 
 
-def read(stream: TextIO, path: str, lenient: bool = False, skips: SkipLog | None = None
-         ) -> Iterator[NodeSnapshot]:
+def read(stream: TextIO, path: str, skips: SkipLog | None = None) -> Iterator[NodeSnapshot]:
     skips = skips if skips is not None else SkipLog()
     first = stream.readline()
     try:
@@ -150,10 +149,7 @@ def read(stream: TextIO, path: str, lenient: bool = False, skips: SkipLog | None
             if snapshot.time_seconds < previous:
                 raise ValueError(f"time goes backwards ({snapshot.time_seconds} after {previous})")
         except ValueError as exc:
-            message = f"{path}:{number}: {exc}"
-            if not lenient:
-                raise TraceError(message) from None
-            skips.skip(message)
+            skips.malformed(f"{path}:{number}: {exc}")
             continue
         previous = snapshot.time_seconds
         yield snapshot

@@ -32,7 +32,7 @@ def scenario(name: str) -> sim.Scenario:
 
 @contextmanager
 def open_trace(spec: str, lenient: bool = False, csv_fields: list[str] | None = None) -> Iterator[Trace]:
-    skips = SkipLog()
+    skips = SkipLog(lenient=lenient)
     if spec.startswith(SIM_PREFIX):
         yield Trace(sim.run(scenario(spec[len(SIM_PREFIX):])), naive_time=False, skips=skips)
         return
@@ -45,6 +45,6 @@ def open_trace(spec: str, lenient: bool = False, csv_fields: list[str] | None = 
         first = stream.read(1)
         stream.seek(0)
         if first == "{":
-            yield Trace(recording.read(stream, spec, lenient, skips), naive_time=False, skips=skips)
+            yield Trace(recording.read(stream, spec, skips), naive_time=False, skips=skips)
         else:
-            yield Trace(read_smi_csv(stream, spec, csv_fields, lenient, skips), naive_time=True, skips=skips)
+            yield Trace(read_smi_csv(stream, spec, csv_fields, skips), naive_time=True, skips=skips)

@@ -260,12 +260,11 @@ def _infer_gpu_count(times: list[float]) -> int:
 
 
 def read_smi_csv(
-    stream: TextIO, path: str, fields: list[str] | None = None, lenient: bool = False,
-    skips: SkipLog | None = None,
+    stream: TextIO, path: str, fields: list[str] | None = None, skips: SkipLog | None = None,
 ) -> Iterator[NodeSnapshot]:
     """Snapshots from an nvidia-smi CSV log. `fields` gives the columns of a log written with noheader.
-    A malformed row raises TraceError naming path:line, unless `lenient`: then it is skipped and counted
-    in `skips`. Samples nvidia-smi itself cut short are always dropped and counted there."""
+    A malformed row raises TraceError naming path:line, unless `skips` is lenient: then it is skipped and
+    counted. Samples nvidia-smi itself cut short are always dropped and counted in `skips`."""
     skips = skips if skips is not None else SkipLog()
     reader = csv.reader(stream, skipinitialspace=False)
     try:
@@ -298,10 +297,7 @@ def read_smi_csv(
             except StopIteration:
                 return
             except csv.Error as exc:
-                message = f"{path}:{reader.line_num}: not a CSV row ({exc})"
-                if not lenient:
-                    raise TraceError(message) from None
-                skips.skip(message)
+                skips.malformed(f"{path}:{reader.line_num}: not a CSV row ({exc})")
                 continue
             yield from _parsed(reader.line_num, row)
 
@@ -311,10 +307,7 @@ def read_smi_csv(
         try:
             t, index, uuid, sample = parse(row)
         except ValueError as exc:
-            message = f"{path}:{line}: {exc}"
-            if not lenient:
-                raise TraceError(message) from None
-            skips.skip(message)
+            skips.malformed(f"{path}:{line}: {exc}")
             return
         assert t is not None
         yield line, t, index, uuid, sample
