@@ -113,3 +113,35 @@ def test_every_verb_has_help_with_an_example(verb: str) -> None:
 
 def test_replay_help_lists_the_scenarios() -> None:
     assert "sim:odd_rank" in cli("replay", "--help").stdout
+
+
+# -- the live record loop, through the faithful NVML fake -------------------------------------------
+def test_record_live_keeps_its_cadence_and_writes_a_replayable_trace(tmp_path: Path) -> None:
+    import io
+
+    from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+    from watchdog.cli import _Stop, record_live
+    from watchdog.sample import recording
+    from watchdog.sample.nvml import NvmlSource
+
+    source = NvmlSource(nvml=FakeNvml([FakeGpu(util_percent=100, power_mw=150_000), FakeGpu()]))
+    source.open()
+    out = io.StringIO()
+    try:
+        written, dropped = record_live(source, out.write, "now", interval=0.05, duration=0.5, stop=_Stop())
+    finally:
+        source.close()
+    assert dropped == 0 and written >= 10
+    out.seek(0)
+    snapshots = list(recording.read(out, "live.jsonl"))
+    assert len(snapshots) == written - 1 and all(len(s.gpus) == 2 for s in snapshots)
+    assert snapshots[0].gpus[0].power_watts == 150.0
+    gaps = [b.time_seconds - a.time_seconds for a, b in zip(snapshots, snapshots[1:])]
+    assert max(gaps) < 0.15, gaps  # on the monotonic schedule, no drift piling up
+
+
+def test_record_to_a_full_disk_drops_lines_and_says_so() -> None:
+    result = cli("record", "--simulate", "healthy", "--duration-seconds", "5", "--out", "/dev/full")
+    assert result.returncode == 1
+    assert "cannot write the recording" in result.stderr and "line(s) could not be written" in result.stderr
+    assert result.stderr.count("cannot write the recording") == 1  # said once, not per line

@@ -7,7 +7,9 @@ configuration error.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import signal
 import sys
 import time
@@ -15,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from types import FrameType
-from typing import TextIO
+from typing import Protocol
 
 from watchdog import __version__
 from watchdog.config import ConfigError, load_config
@@ -98,7 +100,8 @@ def _live(interval: float, duration: float | None, sample: Callable[[], NodeSnap
             time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
 
-def _write_lines(out: TextIO, head: dict[str, object], snapshots: Iterator[NodeSnapshot]) -> tuple[int, int]:
+def _write_lines(write: Callable[[str], object], head: dict[str, object], snapshots: Iterator[NodeSnapshot]
+                 ) -> tuple[int, int]:
     """Write a recording; a write error (a full disk) drops that line, says so once, and goes on."""
     written = dropped = 0
     warned: set[str] = set()
@@ -107,9 +110,10 @@ def _write_lines(out: TextIO, head: dict[str, object], snapshots: Iterator[NodeS
         lines.append(recording.encode(snapshot))
         for line in lines:
             try:
-                out.write(line + "\n")
-                out.flush()
+                write(line + "\n")
                 written += 1
+            except BrokenPipeError:
+                raise  # the reader went away (`| head`): stop, nothing to report
             except OSError as exc:
                 dropped += 1
                 if str(exc) not in warned:
@@ -119,17 +123,46 @@ def _write_lines(out: TextIO, head: dict[str, object], snapshots: Iterator[NodeS
     return written, dropped
 
 
+class LiveSource(Protocol):
+    driver_version: str | None
+
+    @property
+    def gpu_count(self) -> int: ...
+
+    def sample(self) -> NodeSnapshot: ...
+
+
+def record_live(source: LiveSource, write: Callable[[str], object], started: str, interval: float,
+                duration: float | None, stop: _Stop) -> tuple[int, int]:
+    """The record loop over an opened source: (lines written, lines dropped)."""
+    head = recording.header("nvml", started, interval_seconds=interval,
+                            driver_version=source.driver_version, gpus=source.gpu_count)
+    return _write_lines(write, head, _live(interval, duration, source.sample, stop))
+
+
 @contextmanager
-def _output(path: str) -> Iterator[TextIO]:
+def _output(path: str) -> Iterator[Callable[[str], None]]:
+    """A line writer straight to the file descriptor: no buffer, so a line that fails to write (a full
+    disk) is gone and nothing is left over to fail again at close."""
     if path == "-":
-        yield sys.stdout
-        return
+        sys.stdout.flush()
+        fd, owned = sys.stdout.fileno(), False
+    else:
+        try:
+            fd, owned = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), True
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+    def write(line: str) -> None:
+        data = memoryview(line.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data):]
+
     try:
-        stream = open(path, "w", encoding="utf-8")  # noqa: SIM115
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    with stream:
-        yield stream
+        yield write
+    finally:
+        if owned:
+            os.close(fd)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -145,9 +178,16 @@ def cmd_record(args: argparse.Namespace) -> int:
         snapshots: Iterator[NodeSnapshot] = sim.run(chosen, interval_seconds=interval)
         if args.duration_seconds is not None:
             limit = args.duration_seconds
-            snapshots = (s for i, s in enumerate(snapshots) if i * interval <= limit)
-        with _output(args.out) as out:
-            written, dropped = _write_lines(out, head, snapshots)
+            first: float | None = None
+
+            def within(snapshot: NodeSnapshot) -> bool:
+                nonlocal first
+                first = snapshot.time_seconds if first is None else first
+                return snapshot.time_seconds - first <= limit
+
+            snapshots = itertools.takewhile(within, snapshots)
+        with _output(args.out) as write:
+            written, dropped = _write_lines(write, head, snapshots)
     else:
         from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
 
@@ -159,11 +199,8 @@ def cmd_record(args: argparse.Namespace) -> int:
                    "`stall-watchdog replay sim:odd_rank`.")
             return EXIT_FAILURE
         try:
-            head = recording.header("nvml", started, interval_seconds=interval,
-                                    driver_version=source.driver_version, gpus=source.gpu_count)
-            with _output(args.out) as out:
-                written, dropped = _write_lines(
-                    out, head, _live(interval, args.duration_seconds, source.sample, stop))
+            with _output(args.out) as write:
+                written, dropped = record_live(source, write, started, interval, args.duration_seconds, stop)
         finally:
             source.close()
     if dropped:
