@@ -24,6 +24,7 @@ test: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python bench/replay_throughput.py
 	$(BIN)/python bench/detector_tick.py
+	$(BIN)/python bench/capture_stacks.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,3 +36,54 @@ def run_engine(snapshots: Iterable[NodeSnapshot], config: Config | None = None) 
     for snapshot in snapshots:
         events.extend(engine.observe(snapshot))
     return events
+
+
+TARGETS = REPO / "tests" / "targets"
+
+
+def wait_for(paths: list[Path], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"targets did not start: {[str(p) for p in paths if not p.exists()]}"
+        time.sleep(0.05)
+
+
+@contextmanager
+def python_target(mode: str, tmp: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    """A real Python process (tests/targets/stuck.py) that has reached its stuck point."""
+    ready = tmp / f"ready-{mode}-{time.monotonic_ns()}"
+    process = subprocess.Popen([sys.executable, str(TARGETS / "stuck.py"), mode, str(ready)], text=True,
+                               stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
+    try:
+        wait_for([ready], 30)
+        time.sleep(0.2)  # from the ready file to the blocking call
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def gloo_job(scenario: str, tmp: Path, ranks: int = 4, odd_rank: int = 2) -> Iterator[list[subprocess.Popen[str]]]:
+    """A real torch.distributed job on CPU (tests/targets/gloo_job.py), launched the way torchrun launches
+    workers, held at its stall."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    processes = []
+    try:
+        for rank in range(ranks):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
+                   "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "TORCHELASTIC_RUN_ID": f"test-{port}", "ODD_RANK": str(odd_rank), "NCCL_DEBUG": "WARN"}
+            processes.append(subprocess.Popen([sys.executable, str(TARGETS / "gloo_job.py"), scenario, str(tmp)],
+                                              env=env, text=True, stderr=subprocess.DEVNULL))
+        wait_for([tmp / f"rank-{r}" for r in range(ranks)])
+        time.sleep(1.5)  # from "ready" to blocking in the stall
+        assert all(p.poll() is None for p in processes), "a rank died before the test looked at it"
+        yield processes
+    finally:
+        for p in processes:
+            p.kill()
+        for p in processes:
+            p.wait()

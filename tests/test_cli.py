@@ -105,9 +105,9 @@ def test_usage_errors_exit_2() -> None:
     assert cli("record", "--interval-seconds", "0").returncode == 2
 
 
-@pytest.mark.parametrize("verb", ["replay", "record", "check-config"])
+@pytest.mark.parametrize("verb", ["replay", "record", "check-config", "stacks dump", "stacks analyze"])
 def test_every_verb_has_help_with_an_example(verb: str) -> None:
-    result = cli(verb, "--help")
+    result = cli(*verb.split(), "--help")
     assert result.returncode == 0 and "Example" in result.stdout
 
 
@@ -145,3 +145,25 @@ def test_record_to_a_full_disk_drops_lines_and_says_so() -> None:
     assert result.returncode == 1
     assert "cannot write the recording" in result.stderr and "line(s) could not be written" in result.stderr
     assert result.stderr.count("cannot write the recording") == 1  # said once, not per line
+
+
+def test_stacks_analyze_real_dump_json_schema() -> None:
+    path = realdata("hang_stacks", "bigscience-tr11-176B-chronicles-2022-04-30-node48.txt")
+    result = cli("stacks", "analyze", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {"groups", "outliers", "summary", "verdict"} <= report.keys()
+    assert report["outliers"] == ["pid 688514"]
+    assert all({"members", "activity", "frames"} <= g.keys() for g in report["groups"])
+
+
+def test_stacks_errors_are_clear(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("nothing to see\n")
+    result = cli("stacks", "analyze", str(bad))
+    assert result.returncode == 1 and "no stack found" in result.stderr and "Traceback" not in result.stderr
+    assert cli("stacks", "dump").returncode == 2  # choose --pid, --gpu or --all
+    gone = cli("stacks", "dump", "--pid", "999999")
+    assert gone.returncode == 1 and "no such process: 999999" in gone.stderr
+    nvml = cli("stacks", "dump", "--gpu", "0")
+    assert nvml.returncode == 1 and "--gpu needs NVML" in nvml.stderr

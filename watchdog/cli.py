@@ -16,16 +16,23 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
 from watchdog import __version__
-from watchdog.config import ConfigError, load_config
+from watchdog.act.stack_formats import StackFormatError
+from watchdog.act.stack_formats import load as load_dumps
+from watchdog.act.stack_report import StackReport, capture_job, report_saved, write_captures
+from watchdog.act.stacks import StackCapturer
+from watchdog.config import Config, ConfigError, load_config
 from watchdog.detect.engine import DetectorEngine
+from watchdog.export.stack_text import render as render_stacks
 from watchdog.export.timeline import TextTimeline, json_line
 from watchdog.model import NodeSnapshot, gpu_list
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import TraceError
+from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
 from watchdog.sample.replay import SIM_PREFIX, open_trace, scenario
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -211,6 +218,75 @@ def cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- stacks --------------------------------------------------------------------------------------
+def _print_reports(reports: list[StackReport], as_json: bool) -> None:
+    for number, report in enumerate(reports):
+        if as_json:
+            print(json.dumps(report.to_json()))
+        else:
+            print(("\n" if number else "") + render_stacks(report))
+
+
+def cmd_stacks_dump(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    discovery = RankDiscovery()
+    if args.pid:
+        ranks = [r for r in (discovery.describe(pid) for pid in args.pid) if r is not None]
+        missing = sorted(set(args.pid) - {r.pid for r in ranks})
+        if missing:
+            _error(f"warning: no such process: {', '.join(map(str, missing))}")
+    else:
+        found = _ranks_on_gpus(discovery, args.gpu, config)
+        if found is None:
+            return EXIT_FAILURE
+        ranks = found
+    if not ranks:
+        _error("no training ranks found (looked for processes on the GPUs, or with RANK/LOCAL_RANK and WORLD_SIZE "
+               "in their environment); name them with --pid")
+        return EXIT_FAILURE
+    s = config.stacks
+    capturer = StackCapturer(s.py_spy_command, s.timeout_seconds, s.native, s.max_parallel)
+    reports = [capture_job(job, capturer, discovery, s.observe_seconds, s.flight_recorder)
+               for job in group_jobs(ranks)]
+    _print_reports(reports, args.json)
+    if args.out:
+        for report in reports:
+            folder = Path(args.out) / report.job.replace(":", "_").replace("/", "_") if len(reports) > 1 else args.out
+            written = write_captures(folder, report)
+            print(f"wrote {len(written)} files to {folder}", file=sys.stderr)
+    if all(c.result != "ok" for r in reports for c in r.captures):
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _ranks_on_gpus(discovery: RankDiscovery, gpus: list[int] | None, config: Config) -> list[RankInfo] | None:
+    """--gpu N / --all: the compute processes NVML lists; without NVML, --all scans for launched ranks."""
+    from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
+
+    source = NvmlSource(call_timeout_seconds=config.sample.nvml_call_timeout_seconds)
+    try:
+        source.open()
+    except NvmlUnavailable as exc:
+        if gpus:
+            _error(f"--gpu needs NVML: {exc}. Name the processes with --pid instead.")
+            return None
+        return discovery.scan()
+    try:
+        snapshot = source.sample()
+    finally:
+        source.close()
+    if gpus:
+        snapshot = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in gpus))
+    return discovery.from_snapshot(snapshot) or ([] if gpus else discovery.scan())
+
+
+def cmd_stacks_analyze(args: argparse.Namespace) -> int:
+    dumps = [dump for path in args.files for dump in load_dumps(path)]
+    name = args.files[0] if len(args.files) == 1 else f"{len(args.files)} files"
+    _print_reports([report_saved(dumps, name)], args.json)
+    return EXIT_OK
+
+
 # -- check-config --------------------------------------------------------------------------------
 def cmd_check_config(args: argparse.Namespace) -> int:
     load_config(args.file)
@@ -271,6 +347,41 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--config", metavar="FILE", help="YAML configuration")
     record.set_defaults(func=cmd_record)
 
+    stacks = verbs.add_parser(
+        "stacks", help="capture or analyse the training ranks' Python stacks and name the odd one out",
+        description="Where is every rank, and which one is different? `dump` captures live stacks with py-spy; "
+                    "`analyze` reads saved ones.")
+    stack_verbs = stacks.add_subparsers(dest="stacks_verb", metavar="VERB")
+    stack_verbs.required = True
+    dump = stack_verbs.add_parser(
+        "dump", help="capture the ranks' stacks now (py-spy, nonblocking) and name the outliers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Capture every selected rank's Python stack with py-spy in parallel, watch their CPU and "
+                    "I/O for a second, group identical stacks, name the ranks the others wait on, and say "
+                    "whether it is a hang or a wait. Needs the same user as the ranks, or root / CAP_SYS_PTRACE.",
+        epilog="Examples:\n  stall-watchdog stacks dump --all\n  stall-watchdog stacks dump --gpu 3 --gpu 4 --json\n"
+               "  stall-watchdog stacks dump --pid 4711 --pid 4712 --out /tmp/stacks\n")
+    chosen = dump.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--pid", type=int, action="append", metavar="PID", help="a process to capture (repeat)")
+    chosen.add_argument("--gpu", type=int, action="append", metavar="N",
+                        help="the processes NVML lists on GPU N (repeat)")
+    chosen.add_argument("--all", action="store_true",
+                        help="every GPU process; without NVML, every process with RANK and WORLD_SIZE set")
+    dump.add_argument("--json", action="store_true", help="one JSON object per job")
+    dump.add_argument("--out", metavar="DIR", help="also write each rank's py-spy JSON and the analysis here")
+    dump.add_argument("--config", metavar="FILE", help="YAML configuration (the stacks section)")
+    dump.set_defaults(func=cmd_stacks_dump)
+    analyse = stack_verbs.add_parser(
+        "analyze", help="group saved stack dumps and name the outliers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read saved dumps (py-spy --json output, py-spy text as pasted into issues, or a folder "
+                    "written by `stacks dump --out`) and print the grouped picture with the outliers.",
+        epilog="Examples:\n  stall-watchdog stacks analyze node48.txt\n"
+               "  stall-watchdog stacks analyze /tmp/stacks --json\n")
+    analyse.add_argument("files", nargs="+", metavar="FILE")
+    analyse.add_argument("--json", action="store_true", help="a JSON object: groups, outliers, summary, verdict")
+    analyse.set_defaults(func=cmd_stacks_analyze)
+
     check = verbs.add_parser(
         "check-config", help="validate a configuration file",
         description="Validate a YAML configuration and report every problem with its key path.",
@@ -297,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _error(f"invalid configuration:\n{exc}")
         return EXIT_USAGE
-    except TraceError as exc:
+    except (TraceError, StackFormatError) as exc:
         _error(str(exc))
         return EXIT_FAILURE
     except BrokenPipeError:

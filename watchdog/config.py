@@ -148,10 +148,27 @@ class SampleConfig(_Section):
     )
 
 
+class StacksConfig(_Section):
+    """Capturing the ranks' Python stacks with py-spy."""
+
+    py_spy_command: list[str] | None = Field(
+        None, description="How to start py-spy, as an argv list; null: the py-spy installed with stall-watchdog, "
+        "else the one on PATH.")
+    timeout_seconds: Seconds = Field(5.0, description="A capture still running after this long is killed.")
+    native: bool = Field(
+        False, description="Add C/C++ frames (NCCL, CUDA). Needs a blocking read: pauses each rank for milliseconds.")
+    max_parallel: Annotated[int, Field(ge=1, le=256)] = Field(16, description="Captures running at once.")
+    observe_seconds: Annotated[float, Field(ge=0)] = Field(
+        1.0, description="How long to watch each rank's CPU time and I/O around the capture.")
+    flight_recorder: bool = Field(
+        True, description="Ask PyTorch to dump its NCCL Flight Recorder when a rank enables the debug pipe.")
+
+
 class Config(_Section):
     sample: SampleConfig = SampleConfig()
     job: JobConfig = JobConfig()
     detectors: DetectorsConfig = DetectorsConfig()
+    stacks: StacksConfig = StacksConfig()
 
 
 class ConfigError(Exception):

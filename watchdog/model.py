@@ -157,3 +157,56 @@ def gpu_list(gpus: tuple[int, ...] | list[int]) -> str:
     if items and items == list(range(items[0], items[-1] + 1)):
         return f"GPUs {items[0]}-{items[-1]}"
     return "GPUs " + ", ".join(str(i) for i in items)
+
+
+# -- stacks -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Frame:
+    function: str  # as the dump names it; py-spy's JSON qualifies methods ("Queue.get")
+    file: str = ""  # empty where the dump names no file (a built-in, a digest)
+    line: int | None = None
+
+    @property
+    def short(self) -> str:
+        """'queue.get', 'Queue.get', 'broadcast': the name a person recognises."""
+        if "." in self.function or not self.file:
+            return self.function
+        stem = self.file.rsplit("/", 1)[-1].removesuffix(".py")
+        return f"{stem}.{self.function}" if stem and not stem.startswith("<") else self.function
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    thread_id: int | None
+    name: str | None
+    state: str | None  # "active" | "idle" | None when the dump does not say
+    frames: tuple[Frame, ...]  # innermost first
+
+
+@dataclass(frozen=True, slots=True)
+class StackDump:
+    """One process's threads, from a live capture or a saved dump. `member` is how reports name it:
+    'rank 3' when the rank is known, else 'pid 688514' (or a digest's 'host#2')."""
+
+    member: str
+    threads: tuple[ThreadStack, ...]
+    pid: int | None = None
+    rank: int | None = None
+    gpus: tuple[int, ...] = ()
+    source: str = ""
+    count: int = 1  # processes this dump stands for ("6 processes are in:" above one representative)
+
+    @property
+    def main_thread(self) -> ThreadStack | None:
+        for thread in self.threads:
+            if thread.name == "MainThread":
+                return thread
+        return self.threads[0] if self.threads else None
+
+
+def member_id(pid: int | None, rank: int | None) -> str:
+    return f"rank {rank}" if rank is not None else f"pid {pid}"

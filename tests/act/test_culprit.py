@@ -1,0 +1,161 @@
+"""The odd one out: activity rules, grouping, outliers and verdicts, on real and hand-made pictures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import realdata
+from watchdog.act.culprit import (
+    BACKWARD,
+    CHECKPOINT_IO,
+    COLLECTIVE,
+    DATA_LOADING,
+    EVALUATION,
+    GENERATION,
+    IDLE_WAIT,
+    UNKNOWN,
+    analyze,
+    classify,
+    verdict,
+)
+from watchdog.act.stack_formats import load
+from watchdog.model import Frame, Severity, StackDump, ThreadStack
+from watchdog.sample.ranks import HostActivity
+
+
+def stack(*frames: tuple[str, str]) -> ThreadStack:
+    return ThreadStack(1, "MainThread", "idle", tuple(Frame(f, file, 1) for f, file in frames))
+
+
+TD = "torch/distributed/distributed_c10d.py"
+
+
+@pytest.mark.parametrize(("frames", "activity", "collective"), [
+    ([("all_reduce", TD), ("train_step", "train.py")], COLLECTIVE, "all_reduce"),
+    ([("broadcast", TD), ("evaluate", "train.py")], COLLECTIVE, "broadcast"),  # a collective inside eval
+    ([("all_gather_into_tensor", TD)], COLLECTIVE, "all_gather"),
+    ([("_reduce_scatter_base", TD)], COLLECTIVE, "reduce_scatter"),
+    ([("barrier", TD)], COLLECTIVE, "barrier"),
+    ([("recv", TD), ("recv", "deepspeed/runtime/pipe/p2p.py")], COLLECTIVE, "send/recv"),
+    ([("synchronize", "torch/cuda/__init__.py"), ("fetch_sub_module", "deepspeed/zero.py")], COLLECTIVE,
+     "synchronize"),
+    ([("<built-in method allreduce of PyCapsule object at remote 0x7f>", "")], COLLECTIVE, "all_reduce"),
+    ([("write", "train.py"), ("_save", "torch/serialization.py"), ("save", "torch/serialization.py")],
+     CHECKPOINT_IO, None),
+    ([("save_file", "safetensors/torch.py")], CHECKPOINT_IO, None),
+    ([("Condition.wait", "threading.py"), ("Queue.get", "queue.py"),
+      ("_MultiProcessingDataLoaderIter.__next__", "torch/utils/data/dataloader.py")], DATA_LOADING, None),
+    ([("Queue.get", "queue.py"), ("BatchLoader.__next__", "train.py")], DATA_LOADING, None),
+    ([("generate", "vllm/entrypoints/llm.py")], GENERATION, None),
+    ([("eval_batch", "deepspeed/runtime/pipe/engine.py")], EVALUATION, None),
+    ([("backward", "torch/autograd/__init__.py")], BACKWARD, None),
+    ([("Queue.get", "queue.py"), ("run", "worker.py")], IDLE_WAIT, None),
+    ([("wait", "")], IDLE_WAIT, None),  # a digest's bare "wait" is not a collective
+    ([("send", "mail.py")], UNKNOWN, None),  # a function called send outside torch.distributed
+])
+def test_activity_rules(frames: list[tuple[str, str]], activity: str, collective: str | None) -> None:
+    result = classify(stack(*frames))
+    assert (result.name, result.collective) == (activity, collective)
+
+
+def dumps(*groups: tuple[int, list[tuple[str, str]]]) -> list[StackDump]:
+    out, rank = [], 0
+    for count, frames in groups:
+        for _ in range(count):
+            out.append(StackDump(f"rank {rank}", (stack(*frames),), pid=100 + rank, rank=rank, gpus=(rank,)))
+            rank += 1
+    return out
+
+
+WAIT = [("all_reduce", TD), ("train_step", "train.py")]
+LOADER = [("Condition.wait", "threading.py"), ("Queue.get", "queue.py"), ("Loader.__next__", "train.py")]
+SAVE = [("write", "x.py"), ("save", "torch/serialization.py"), ("checkpoint", "train.py")]
+
+
+def test_the_rank_outside_the_collective_is_the_outlier() -> None:
+    picture = dumps((3, WAIT), (1, LOADER))
+    a = analyze(picture, idle_seconds={"rank 3": 312})
+    assert a.outliers == ("rank 3",)
+    assert a.summary == ("3 of 4 ranks wait in all_reduce (train.py:1); rank 3 (pid 103, GPU 3) is in "
+                         "Loader.__next__ -> Queue.get, idle for 312 s")
+    assert verdict(a).severity is Severity.CRITICAL
+
+
+def test_a_checkpoint_writer_making_progress_is_a_wait() -> None:
+    a = analyze(dumps((1, SAVE), (3, WAIT)))
+    assert a.outliers == ("rank 0",)
+    progress = {"rank 0": HostActivity(0.1, 0, 8 * 2**20)}
+    v = verdict(a, progress, observed_seconds=1.0)
+    assert (v.kind, v.severity) == ("waiting", Severity.WARNING) and "wrote 8.0 MiB in 1.0 s" in v.sentence
+    stalled = {"rank 0": HostActivity(0.0, 0, 0)}
+    assert verdict(a, stalled).kind == "hang"
+
+
+def test_all_ranks_in_one_collective_is_a_hang_or_a_remote_wait() -> None:
+    a = analyze(dumps((4, WAIT)))
+    assert a.outliers == ()
+    assert verdict(a).kind == "hang"
+    assert verdict(a, spans_other_nodes=True).kind == "remote"
+
+
+def test_a_different_collective_is_named() -> None:
+    a = analyze(dumps((3, WAIT), (1, [("broadcast", TD), ("eval", "train.py")])))
+    assert a.outliers == ("rank 3",)
+    assert "another collective" in verdict(a).sentence
+
+
+def test_no_clear_majority_names_nobody() -> None:
+    a = analyze(dumps((2, WAIT), (2, [("recv", TD), ("stage", "pipe.py")])))
+    assert a.outliers == () and "split with no clear odd one out" in a.summary
+
+
+def test_healthy_picture_is_no_stall() -> None:
+    a = analyze(dumps((4, [("forward", "torch/nn/modules/module.py"), ("train", "train.py")])))
+    assert a.outliers == () and verdict(a).kind == "no_stall"
+
+
+# -- the real multi-rank pictures from the BLOOM-176B training logs -------------------------------
+HANG = "hang_stacks"
+
+
+def test_bloom_node48_names_the_rank_in_the_dataloader() -> None:
+    a = analyze(load(realdata(HANG, "bigscience-tr11-176B-chronicles-2022-04-30-node48.txt")))
+    assert a.outliers == ("pid 688514",)
+    assert a.member_activity["pid 688514"].name == DATA_LOADING
+    assert a.summary.startswith("7 of 8 processes wait in broadcast")
+    assert "pid 688514 is in dataloader.__next__ -> queue.get, idle" in a.summary
+    assert verdict(a).kind == "hang"
+
+
+def test_bloom_384_gpu_digest_and_the_deadlocked_rank() -> None:
+    digest = load(realdata(HANG, "bigscience-tr11-176B-chronicles-2022-05-18-all-nodes-summary.txt"))
+    a = analyze(digest)
+    assert a.outliers == ("trace-jean-zay-iam52#8",)  # the one rank at `wait` among 40 in collectives
+    culprit = load(realdata(HANG, "bigscience-tr11-176B-chronicles-2022-05-18-deadlocked-rank.txt"))
+    b = analyze(digest + culprit)
+    assert "pid 1439102" in b.outliers and b.member_activity["pid 1439102"].name == DATA_LOADING
+
+
+def test_bloom_hang_debug_names_the_two_still_in_broadcast() -> None:
+    a = analyze(load(realdata(HANG, "bigscience-tr11-176B-hang-debug-nodes0-1.txt")))
+    assert a.outliers == ("pid 835995",)
+    assert "pid 835995 x2 is in broadcast" in a.summary
+
+
+def test_bloom_node49_pipeline_stages_are_not_blamed() -> None:
+    a = analyze(load(realdata(HANG, "bigscience-tr11-176B-chronicles-2022-04-30-node49.txt")))
+    assert a.outliers == ()
+    assert {g.activity.collective for g in a.groups} == {"all_reduce", "send/recv"}
+
+
+@pytest.mark.parametrize(("name", "activity"), [
+    ("ami-data-companion-140-1.json", DATA_LOADING),
+    ("DeepSpeed-1969-1.json", COLLECTIVE),
+    ("DeepSpeed-851-1.json", COLLECTIVE),
+    ("LlamaFactory-7767-1.json", COLLECTIVE),
+    ("accelerate-3104-1.json", BACKWARD),
+    ("vllm-50835-1.json", GENERATION),
+])
+def test_real_single_dumps_are_classified(name: str, activity: str) -> None:
+    (dump,) = load(realdata(HANG, name))
+    assert classify(dump.main_thread).name == activity

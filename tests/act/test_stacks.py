@@ -1,0 +1,105 @@
+"""Real py-spy against real processes: a capture, and every way one fails."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import python_target
+from watchdog.act.stacks import GONE, NO_PY_SPY, NOT_PYTHON, OK, PERMISSION, TIMEOUT, StackCapturer, Target, find_py_spy
+
+
+def test_py_spy_is_installed_with_the_package() -> None:
+    assert find_py_spy() is not None
+
+
+def test_capture_reads_the_stack_without_pausing(tmp_path: Path) -> None:
+    with python_target("queue", tmp_path) as process:
+        (capture,) = StackCapturer().capture([Target(process.pid, rank=5, gpus=(5,))])
+    assert capture.result == OK and not capture.blocking
+    dump = capture.dump
+    assert dump is not None and (dump.member, dump.pid, dump.gpus) == ("rank 5", process.pid, (5,))
+    names = [f.function for f in dump.main_thread.frames]  # type: ignore[union-attr]
+    assert "Queue.get" in names and "BatchLoader.__next__" in names and names[-1] == "<module>"
+    assert capture.raw and capture.raw[0]["pid"] == process.pid
+
+
+def test_captures_run_in_parallel(tmp_path: Path) -> None:
+    with python_target("queue", tmp_path) as a, python_target("queue", tmp_path) as b, \
+            python_target("queue", tmp_path) as c:
+        started = time.monotonic()
+        captures = StackCapturer().capture([Target(p.pid) for p in (a, b, c)])
+        wall = time.monotonic() - started
+    assert [x.result for x in captures] == [OK, OK, OK]
+    assert wall < sum(x.seconds for x in captures) + 0.05 or wall < 0.5
+
+
+def test_gone_process() -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    (capture,) = StackCapturer().capture([Target(process.pid)])
+    assert capture.result == GONE and "exited" in capture.message
+
+
+def test_not_python() -> None:
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        (capture,) = StackCapturer().capture([Target(process.pid)])
+    finally:
+        process.kill()
+        process.wait()
+    assert capture.result == NOT_PYTHON and "not a Python process" in capture.message
+
+
+def test_permission_denied_says_cap_sys_ptrace(tmp_path: Path) -> None:
+    py_spy = find_py_spy()
+    assert py_spy is not None
+    if os.geteuid() == 0:
+        # py-spy run as nobody cannot read a root-owned process: a real permission failure.
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", py_spy]
+        with python_target("queue", tmp_path) as process:
+            (capture,) = StackCapturer(command).capture([Target(process.pid)])
+    else:
+        (capture,) = StackCapturer([py_spy]).capture([Target(1)])  # init, owned by root
+    assert capture.result == PERMISSION and "CAP_SYS_PTRACE" in capture.message
+
+
+def test_a_hung_py_spy_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    hung = tmp_path / "py-spy"
+    hung.write_text("#!/bin/sh\nsleep 300 &\nwait\n")  # a py-spy stuck forever, with a child of its own
+    hung.chmod(hung.stat().st_mode | stat.S_IXUSR)
+    started = time.monotonic()
+    (capture,) = StackCapturer([str(hung)], timeout_seconds=0.5).capture([Target(os.getpid())])
+    assert capture.result == TIMEOUT and time.monotonic() - started < 3
+    time.sleep(0.2)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]]
+    assert leftovers == [], "the hung py-spy's process group was not killed"
+
+
+def test_missing_py_spy_is_reported() -> None:
+    (capture,) = StackCapturer(["/nonexistent/py-spy"]).capture([Target(os.getpid())])
+    assert capture.result == NO_PY_SPY
+
+
+def test_native_frames_need_a_blocking_read(tmp_path: Path) -> None:
+    with python_target("queue", tmp_path) as process:
+        (capture,) = StackCapturer(native=True).capture([Target(process.pid)])
+    if capture.result == OK:
+        assert capture.blocking
+    else:  # some kernels forbid the unwinder; the failure must still be classified, never a crash
+        assert capture.result in (PERMISSION, "failed") and capture.message
+
+
+def test_a_rank_dying_during_capture_is_classified(tmp_path: Path) -> None:
+    with python_target("queue", tmp_path) as process:
+        capturer = StackCapturer()
+        process.kill()
+        process.wait()
+        (capture,) = capturer.capture([Target(process.pid)])
+    assert capture.result == GONE

@@ -1,0 +1,90 @@
+"""A real torch.distributed job on CPU (gloo) that trains a few steps, then stalls in a chosen way.
+
+Launched like torchrun launches workers: one process per rank, with RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR and MASTER_PORT in its environment. Usage: gloo_job.py SCENARIO READY_DIR
+
+  dataloader   the odd rank blocks in its data loader (a queue nobody fills); the rest in all_reduce
+  collective   the odd rank enters broadcast; the rest enter all_reduce
+  checkpoint   rank 0 writes a checkpoint slowly with torch.save; the rest wait in all_reduce
+  healthy      every rank keeps training
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ODD_RANK = int(os.environ.get("ODD_RANK", "2"))
+
+
+class FakeLoader:
+    """Stands in for a DataLoader whose worker died: the next batch never arrives."""
+
+    def __init__(self) -> None:
+        self.batches: queue.Queue[torch.Tensor] = queue.Queue()
+
+    def __iter__(self) -> FakeLoader:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        return self.batches.get()
+
+
+class SlowFile:
+    """A file on slow storage: every write takes a while, so saving takes minutes."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("wb")
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for start in range(0, len(view), 256 * 1024):
+            self.file.write(view[start:start + 256 * 1024])
+            self.file.flush()
+            time.sleep(0.05)
+        return len(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def train_step(model: torch.Tensor) -> None:
+    grad = torch.ones_like(model)
+    dist.all_reduce(grad)
+    model -= 0.01 * grad
+
+
+def save_checkpoint(model: torch.Tensor, folder: Path) -> None:
+    torch.save({"model": model.repeat(64)}, SlowFile(folder / "checkpoint.pt"))
+
+
+def main() -> None:
+    scenario, ready = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.zeros(1 << 18)
+    for _ in range(3):
+        train_step(model)
+    (ready / f"rank-{rank}").write_text(str(os.getpid()))
+    if scenario == "healthy":
+        while True:
+            train_step(model)
+    elif scenario == "dataloader" and rank == ODD_RANK:
+        for batch in FakeLoader():
+            model += batch
+    elif scenario == "collective" and rank == ODD_RANK:
+        dist.broadcast(model, src=ODD_RANK)
+    elif scenario == "checkpoint" and rank == 0:
+        save_checkpoint(model, ready)
+    train_step(model)  # the ranks that wait: all_reduce, until the odd one arrives
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Reading stack dumps in the forms people have them:
+
+- py-spy's JSON (`py-spy dump --json`): a list of threads, each with its pid;
+- py-spy's text, as pasted into issues: `Process N:` / `Thread T (idle): "MainThread"` headers and
+  `    function (file:line)` frames, including the grouped form where several `Thread` headers share one
+  frame list ("4 in: ..."), code fences and prose around it, and per-node digests of top frames;
+- the JSON fact files of ../shared/realdata/hang_stacks (`{"processes": [{"pid", "threads": [...]}]}`).
+
+Frames are innermost first everywhere. A line that is none of these is prose and is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from watchdog.model import Frame, StackDump, ThreadStack, member_id
+
+
+class StackFormatError(Exception):
+    """A dump that cannot be read; the message names the file (and line)."""
+
+
+_PROCESS = re.compile(r"^Process (\d+):")
+_THREAD = re.compile(r'^\s*Thread (0x[0-9A-Fa-f]+|\d+) \(([\w+]+)\)(?:: "(.*)")?\s*$')
+_FRAME = re.compile(r"^\s+(\S.*?) \((.*?)(?::(\d+))?\)\s*$")
+_BARE_FRAME = re.compile(r"^\s+([A-Za-z_<][\w.<>]*)\s*$")
+_DIGEST_HOST = re.compile(r"^([A-Za-z][\w.-]*)\s*$")
+_LOCALS = re.compile(r"^\s+(Arguments|Locals):\s*$")
+_GROUP = re.compile(r"^\s*(\d+) (?:processes |ranks |procs )?(?:are )?in:?\s*$")
+
+
+def _thread_id(text: str) -> int:
+    return int(text, 16) if text.lower().startswith("0x") else int(text)
+
+
+def parse_text(text: str, source: str = "") -> list[StackDump]:
+    """py-spy text output, grouped or not, or a digest of top frames per host."""
+    dumps: list[StackDump] = []
+    process_pid: int | None = None
+    process_threads: list[ThreadStack] = []
+    headers: list[tuple[int, str, str | None]] = []  # Thread lines waiting for their frames
+    frames: list[Frame] = []
+    digest_host: str | None = None
+    digest_count = 0
+    in_locals = False
+    group_size = 0  # "6 processes are in:" before a group of headers
+
+
+    def flush_threads() -> None:
+        nonlocal headers, frames, group_size
+        # One representative header for "6 processes are in:" stands for all six.
+        extra = max(0, group_size - len(headers)) if headers else 0
+        group_size = 0
+        for position, (tid, state, name) in enumerate(headers):
+            weight = 1 + (extra if position == 0 else 0)
+            thread = ThreadStack(tid, name, state if state in ("active", "idle") else None, tuple(frames))
+            if process_pid is not None:
+                process_threads.append(thread)
+            elif name == "MainThread" or not dumps:
+                # No "Process N:" line: a main thread's id is its process id on Linux.
+                pid = tid if name == "MainThread" else None
+                dumps.append(StackDump(member_id(pid, None) if pid else f"thread {tid}", (thread,), pid=pid,
+                                       source=source, count=weight))
+            else:
+                last = dumps[-1]
+                dumps[-1] = StackDump(last.member, last.threads + (thread,), last.pid, source=source)
+        headers, frames = [], []
+
+    def flush_process() -> None:
+        nonlocal process_pid, process_threads
+        flush_threads()
+        if process_pid is not None and process_threads:
+            dumps.append(StackDump(member_id(process_pid, None), tuple(process_threads), process_pid,
+                                   source=source))
+        process_pid, process_threads = None, []
+
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if (match := _GROUP.match(line)) is not None:
+            if frames:
+                flush_threads()
+            group_size = int(match.group(1))
+            continue
+        if (match := _PROCESS.match(line)) is not None:
+            flush_process()
+            process_pid = int(match.group(1))
+            digest_host = None
+            continue
+        if (match := _THREAD.match(line)) is not None:
+            if frames:
+                flush_threads()
+            state = match.group(2).split("+")[0]  # py-spy prints "active+gil" for the GIL holder
+            headers.append((_thread_id(match.group(1)), state, match.group(3)))
+            in_locals = False
+            continue
+        if headers:
+            if _LOCALS.match(line):
+                in_locals = True
+                continue
+            if (match := _FRAME.match(line)) is not None and not (in_locals and raw.startswith(" " * 8)):
+                in_locals = False
+                function, file, number = match.groups()
+                frames.append(Frame(function, file, int(number) if number else None))
+                continue
+            if in_locals and raw.startswith(" " * 8):
+                continue  # a local variable under --locals
+            if frames:
+                flush_threads()
+            continue
+        # Digest form: a host name alone on a line, then one top frame per rank, indented.
+        if (match := _DIGEST_HOST.match(line)) is not None and not line.startswith(" "):
+            digest_host, digest_count = match.group(1), 0
+            continue
+        if digest_host is not None and (match := _BARE_FRAME.match(line)) is not None:
+            name = match.group(1)
+            thread = ThreadStack(None, None, None, (Frame(name),))
+            dumps.append(StackDump(f"{digest_host}#{digest_count}", (thread,), source=source))
+            digest_count += 1
+            continue
+    flush_process()
+    return dumps
+
+
+def _frames(raw: list[dict[str, Any]], key_function: str, key_file: str) -> tuple[Frame, ...]:
+    return tuple(Frame(str(f.get(key_function) or ""), str(f.get(key_file) or ""),
+                       f.get("line") if isinstance(f.get("line"), int) else None) for f in raw)
+
+
+def parse_pyspy_json(data: list[dict[str, Any]], source: str = "", rank: int | None = None,
+                     gpus: tuple[int, ...] = ()) -> list[StackDump]:
+    """`py-spy dump --json`: threads, each naming its pid. Threads group into one dump per pid."""
+    by_pid: dict[int | None, list[ThreadStack]] = {}
+    for thread in data:
+        state = "active" if thread.get("active") else "idle" if "active" in thread else None
+        frames = _frames(thread.get("frames") or [], "name", "filename")
+        by_pid.setdefault(thread.get("pid"), []).append(
+            ThreadStack(thread.get("thread_id"), thread.get("thread_name"), state, frames))
+    return [StackDump(member_id(pid, rank), tuple(threads), pid, rank, gpus, source)
+            for pid, threads in by_pid.items()]
+
+
+def parse_fact_json(data: dict[str, Any], source: str = "") -> list[StackDump]:
+    """The hang_stacks fact files: {"processes": [{"pid", "threads": [{"thread_id", "name", "state",
+    "frames": [{"function", "file", "line"}]}]}]}."""
+    dumps = []
+    for number, process in enumerate(data.get("processes") or []):
+        threads = tuple(ThreadStack(t.get("thread_id"), t.get("name"), t.get("state"),
+                                    _frames(t.get("frames") or [], "function", "file"))
+                        for t in process.get("threads") or [])
+        pid = process.get("pid")
+        member = member_id(pid, None) if pid is not None else f"{Path(source).stem or 'process'}#{number}"
+        dumps.append(StackDump(member, threads, pid, source=source))
+    return dumps
+
+
+def parse_capture(data: dict[str, Any], source: str = "") -> list[StackDump]:
+    """A file written by `stall-watchdog stacks dump --out`: py-spy's JSON with the rank it belongs to."""
+    return parse_pyspy_json(data.get("threads") or [], source, data.get("rank"), tuple(data.get("gpus") or ()))
+
+
+def load(path: str | Path) -> list[StackDump]:
+    """Any of the forms above, told apart by content. A folder written by `stacks dump --out` is read
+    as all the rank dumps in it."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.json") if p.name != "analysis.json")
+        if not files:
+            raise StackFormatError(f"{path}: no dumps in this folder")
+        return [dump for file in files for dump in load(file)]
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise StackFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    stripped = text.lstrip()
+    if stripped.startswith(("[", "{")):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StackFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        if isinstance(data, list):
+            dumps = parse_pyspy_json(data, str(path))
+        elif isinstance(data, dict) and "processes" in data:
+            dumps = parse_fact_json(data, str(path))
+        elif isinstance(data, dict) and "threads" in data:
+            dumps = parse_capture(data, str(path))
+        elif isinstance(data, dict) and "outliers" in data:
+            raise StackFormatError(f"{path}: an analysis written by stall-watchdog, not a dump; analyze the "
+                                   "rank-*.json / pid-*.json files beside it (or the folder)")
+        else:
+            raise StackFormatError(f"{path}: JSON, but not a py-spy dump (expected a list of threads)")
+    else:
+        dumps = parse_text(text, str(path))
+    if not dumps:
+        raise StackFormatError(f"{path}: no stack found (expected py-spy output: 'Thread N (idle): ...')")
+    return dumps

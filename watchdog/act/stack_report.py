@@ -1,0 +1,104 @@
+"""One job's picture: observe its ranks' host activity, capture their stacks, analyse, decide.
+
+This is what `stacks dump` prints and what an incident bundle will hold. It is also how saved dumps
+are analysed (`stacks analyze`), without the live parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.act.culprit import Analysis, Verdict, analyze, verdict
+from watchdog.act.flight_recorder import FlightRecorder, trigger
+from watchdog.act.stacks import OK, Capture, StackCapturer, Target
+from watchdog.model import StackDump
+from watchdog.sample.ranks import HostActivity, Job, RankDiscovery
+
+
+@dataclass
+class StackReport:
+    job: str
+    world_size: int | None
+    spans_other_nodes: bool
+    analysis: Analysis
+    verdict: Verdict
+    captures: list[Capture] = field(default_factory=list)
+    host: dict[str, HostActivity] = field(default_factory=dict)  # per member, over the observation
+    observed_seconds: float = 0.0
+    flight_recorder: list[FlightRecorder] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"job": self.job, "world_size": self.world_size,
+                                  "spans_other_nodes": self.spans_other_nodes}
+        out.update(self.analysis.to_json())
+        out["verdict"] = self.verdict.to_json()
+        if self.captures:
+            out["captures"] = [c.to_json() for c in self.captures]
+        if self.host:
+            out["host_activity"] = {m: {"cpu_seconds": round(h.cpu_seconds, 3), "read_bytes": h.read_bytes,
+                                        "write_bytes": h.write_bytes, "threads": dict(h.threads)}
+                                    for m, h in self.host.items()}
+            out["observed_seconds"] = round(self.observed_seconds, 3)
+        if self.flight_recorder:
+            out["flight_recorder"] = [f.to_json() for f in self.flight_recorder]
+        return out
+
+
+def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, observe_seconds: float = 1.0,
+                flight_recorder: bool = True) -> StackReport:
+    started = time.monotonic()
+    ranks = job.ranks
+    recorders = [trigger(r, discovery.proc_root) for r in ranks] if flight_recorder else []
+    captures = capturer.capture(Target(r.pid, r.rank, r.gpus) for r in ranks)
+    remaining = observe_seconds - (time.monotonic() - started)
+    if remaining > 0:
+        time.sleep(remaining)
+    observed = time.monotonic() - started
+    host: dict[str, HostActivity] = {}
+    dumps: list[StackDump] = []
+    for rank, capture in zip(ranks, captures):
+        if capture.result == OK and capture.dump is not None:
+            dumps.append(capture.dump)
+        after = discovery.describe(rank.pid, rank.gpus, expect_create_time=rank.create_time)
+        if after is not None and after.activity is not None and rank.activity is not None:
+            member = capture.dump.member if capture.dump is not None else (
+                f"rank {rank.rank}" if rank.rank is not None else f"pid {rank.pid}")
+            host[member] = after.activity.since(rank.activity)
+    analysis = analyze(dumps)
+    decided = verdict(analysis, host, observed, job.spans_other_nodes)
+    return StackReport(job.key, job.world_size, job.spans_other_nodes, analysis, decided, captures, host, observed,
+                       [f for f in recorders if f.result != "not_configured"])
+
+
+def report_saved(dumps: Sequence[StackDump], name: str = "saved dumps") -> StackReport:
+    analysis = analyze(dumps)
+    return StackReport(name, None, False, analysis, verdict(analysis))
+
+
+def write_captures(directory: str | Path, report: StackReport) -> list[Path]:
+    """Raw py-spy JSON per rank plus the analysis, files 0600 (stacks name paths and functions)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for capture in report.captures:
+        if capture.raw is None:
+            continue
+        target = capture.target
+        name = f"rank-{target.rank}-pid-{target.pid}.json" if target.rank is not None else f"pid-{target.pid}.json"
+        written.append(_write_private(folder / name, {"pid": target.pid, "rank": target.rank,
+                                                      "gpus": list(target.gpus), "threads": capture.raw}))
+    written.append(_write_private(folder / "analysis.json", report.to_json()))
+    return written
+
+
+def _write_private(path: Path, data: object) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    return path

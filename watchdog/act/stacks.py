@@ -1,0 +1,166 @@
+"""Capture the ranks' Python stacks with py-spy, in parallel, each bounded by a timeout.
+
+`py-spy dump --json --nonblocking` reads the target's memory without pausing it; if that read fails
+(the stack changed under it) one blocking attempt follows, which pauses the rank for milliseconds.
+`--native` (C/C++ frames, e.g. inside NCCL) needs a blocking read. `--locals` is never used: locals
+hold tokens and data. Failures are classified so that the message says what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.act.stack_formats import parse_pyspy_json
+from watchdog.model import StackDump
+
+OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT, FAILED, NO_PY_SPY = (
+    "ok", "permission", "gone", "not_python", "timeout", "failed", "no_py_spy")
+
+_ADVICE = {
+    PERMISSION: "py-spy may not read this process: run the watchdog as root or grant it CAP_SYS_PTRACE "
+                "(systemd: AmbientCapabilities=CAP_SYS_PTRACE; containers: --cap-add SYS_PTRACE)",
+    GONE: "the process exited before its stack was read",
+    NOT_PYTHON: "not a Python process (py-spy found no interpreter in it)",
+    NO_PY_SPY: "py-spy is not installed next to stall-watchdog nor on PATH",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    pid: int
+    rank: int | None = None
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Capture:
+    target: Target
+    result: str  # one of OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT, FAILED, NO_PY_SPY
+    message: str
+    seconds: float
+    blocking: bool  # a blocking read was used (the rank was paused briefly)
+    dump: StackDump | None = None
+    raw: list[dict[str, object]] | None = None  # py-spy's JSON, as written to an incident bundle
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.target.pid, "rank": self.target.rank, "gpus": list(self.target.gpus),
+                "result": self.result, "message": self.message, "seconds": round(self.seconds, 3),
+                "blocking": self.blocking}
+
+
+def find_py_spy() -> str | None:
+    """The py-spy installed with this package (the same venv) first, then PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def classify_failure(stderr: str) -> str:
+    text = stderr.lower()
+    if "permission denied" in text or "operation not permitted" in text:
+        return PERMISSION
+    if "no such process" in text or "check that the process is running" in text or "failed to find process" in text:
+        return GONE
+    if "failed to find python version" in text or "not a python process" in text or "python interpreter" in text:
+        return NOT_PYTHON
+    return FAILED
+
+
+def _first_line(stderr: str) -> str:
+    for line in stderr.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Stack backtrace", "Caused by")):
+            return line.removeprefix("Error: ")
+    return "py-spy failed without a message"
+
+
+class StackCapturer:
+    """`command` is how to start py-spy (a prefix may run it as another user); `timeout_seconds` bounds
+    each capture, after which py-spy's whole process group is killed."""
+
+    def __init__(self, command: Sequence[str] | None = None, timeout_seconds: float = 5.0, native: bool = False,
+                 max_parallel: int = 16, nonblocking: bool = True):
+        if command is None:
+            found = find_py_spy()
+            command = [found] if found else []
+        self.command = list(command)
+        self.timeout = timeout_seconds
+        self.native = native
+        self.max_parallel = max_parallel
+        self.nonblocking = nonblocking and not native  # --native needs a blocking read
+
+    def capture(self, targets: Iterable[Target]) -> list[Capture]:
+        targets = list(targets)
+        if not targets:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(targets)),
+                                thread_name_prefix="py-spy") as pool:
+            return list(pool.map(self.capture_one, targets))
+
+    def capture_one(self, target: Target) -> Capture:
+        started = time.monotonic()
+        if not self.command:
+            return Capture(target, NO_PY_SPY, _ADVICE[NO_PY_SPY], 0.0, False)
+        attempts = [False, True] if self.nonblocking else [True]  # nonblocking first, then one blocking try
+        result = Capture(target, FAILED, "not attempted", 0.0, False)
+        for blocking in attempts:
+            result = self._run(target, blocking, started)
+            if result.result in (OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT):
+                return result
+        return result
+
+    def _run(self, target: Target, blocking: bool, started: float) -> Capture:
+        args = [*self.command, "dump", "--pid", str(target.pid), "--json"]
+        if not blocking:
+            args.append("--nonblocking")
+        if self.native:
+            args.append("--native")
+        try:
+            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       start_new_session=True)
+        except OSError as exc:
+            return Capture(target, NO_PY_SPY, f"cannot start py-spy: {exc}", time.monotonic() - started, blocking)
+        remaining = max(0.1, self.timeout - (time.monotonic() - started))
+        try:
+            stdout, stderr = process.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            return Capture(target, TIMEOUT, f"py-spy did not finish within {self.timeout:g} s; killed",
+                           time.monotonic() - started, blocking)
+        seconds = time.monotonic() - started
+        if process.returncode != 0:
+            kind = classify_failure(stderr)
+            detail = _first_line(stderr)
+            message = f"{_ADVICE[kind]} ({detail})" if kind in _ADVICE else detail
+            return Capture(target, kind, message, seconds, blocking)
+        try:
+            raw = json.loads(stdout)
+            dumps = parse_pyspy_json(raw, "py-spy", target.rank, target.gpus)
+        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+            return Capture(target, FAILED, f"py-spy printed something that is not its JSON ({exc})", seconds,
+                           blocking)
+        dump = next((d for d in dumps if d.pid == target.pid), dumps[0] if dumps else None)
+        if dump is None:
+            return Capture(target, FAILED, "py-spy returned no threads", seconds, blocking)
+        return Capture(target, OK, "ok", seconds, blocking, dump, raw)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.communicate(timeout=2)

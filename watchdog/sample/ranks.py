@@ -1,0 +1,255 @@
+"""Training ranks: which processes run on each GPU, which rank and job each is, and what it does on
+the host (CPU time, I/O, thread states).
+
+NVML reports host pids per GPU; without a GPU (or to find ranks NVML does not list) a scan finds the
+processes that a launcher gave a rank (RANK/LOCAL_RANK with WORLD_SIZE: torchrun, Slurm, DeepSpeed).
+Environment variables are kept for diagnosis only; they are never exported as metric labels.
+A process that exits, a reused pid or an unreadable /proc file is counted and reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from watchdog.model import NodeSnapshot
+
+# Launch variables read from each rank's environment.
+RANK_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "CUDA_VISIBLE_DEVICES",
+)
+KEPT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class HostActivity:
+    """A rank's host-side counters at one instant (cumulative since the process started)."""
+
+    cpu_seconds: float
+    read_bytes: int | None  # rchar: bytes passed to read syscalls, cache hits included
+    write_bytes: int | None  # wchar: bytes passed to write syscalls (a checkpoint writer grows it)
+    threads: Mapping[str, int] = field(default_factory=dict)  # thread state letter (R, S, D...) -> count
+
+    def since(self, earlier: HostActivity) -> HostActivity:
+        def delta(now: int | None, then: int | None) -> int | None:
+            return None if now is None or then is None else now - then
+
+        return HostActivity(self.cpu_seconds - earlier.cpu_seconds, delta(self.read_bytes, earlier.read_bytes),
+                            delta(self.write_bytes, earlier.write_bytes), self.threads)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    pid: int
+    create_time: float
+    cmdline: tuple[str, ...]
+    gpus: tuple[int, ...]
+    env: Mapping[str, str]  # launch variables plus NCCL_*, TORCH_NCCL_*, GLOO_*; diagnosis only
+    activity: HostActivity | None
+    container: str | None = None
+    problems: tuple[str, ...] = ()  # what could not be read
+
+    def _int(self, name: str) -> int | None:
+        value = self.env.get(name)
+        try:
+            return int(value) if value is not None else None
+        except ValueError:
+            return None
+
+    @property
+    def rank(self) -> int | None:
+        rank = self._int("RANK")
+        return rank if rank is not None else self._int("SLURM_PROCID")
+
+    @property
+    def local_rank(self) -> int | None:
+        return self._int("LOCAL_RANK")
+
+    @property
+    def world_size(self) -> int | None:
+        return self._int("WORLD_SIZE")
+
+    @property
+    def job_key(self) -> str:
+        """Ranks of one job share this: the elastic run id, else the rendezvous address, else Slurm's job."""
+        env = self.env
+        if env.get("TORCHELASTIC_RUN_ID") and env["TORCHELASTIC_RUN_ID"] != "none":
+            return f"run:{env['TORCHELASTIC_RUN_ID']}"
+        if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+            return f"master:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        if env.get("SLURM_JOB_ID"):
+            return f"slurm:{env['SLURM_JOB_ID']}"
+        return f"pid:{self.pid}"
+
+    @property
+    def label(self) -> str:
+        """How a person names this process: 'rank 4 (pid 688514, GPU 4)'."""
+        where = [f"pid {self.pid}"] + ([f"GPU {', '.join(map(str, self.gpus))}"] if self.gpus else [])
+        head = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+        return f"{head} ({', '.join(where)})" if self.rank is not None else (
+            f"{head} ({where[1]})" if len(where) > 1 else head)
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str
+    ranks: tuple[RankInfo, ...]
+    world_size: int | None
+
+    @property
+    def spans_other_nodes(self) -> bool:
+        """More ranks in the job than on this node: an all-local wait may be a wait on a remote rank."""
+        return self.world_size is not None and self.world_size > len(self.ranks)
+
+
+def group_jobs(ranks: Iterable[RankInfo]) -> list[Job]:
+    by_key: dict[str, list[RankInfo]] = {}
+    for rank in ranks:
+        by_key.setdefault(rank.job_key, []).append(rank)
+    jobs = []
+    for key, members in by_key.items():
+        members.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
+        sizes = Counter(r.world_size for r in members if r.world_size is not None)
+        jobs.append(Job(key, tuple(members), sizes.most_common(1)[0][0] if sizes else None))
+    return jobs
+
+
+class RankDiscovery:
+    """Describes processes. `proc_root` is where environ, cgroup and thread states are read from (tests
+    point it at a fixture tree); psutil supplies the rest."""
+
+    def __init__(self, proc_root: str | Path = "/proc"):
+        self.proc_root = Path(proc_root)
+        self.counters: Counter[str] = Counter()  # gone, pid_reused, unreadable_environ, ...
+
+    def _read(self, pid: int, name: str) -> bytes:
+        return (self.proc_root / str(pid) / name).read_bytes()
+
+    def environment(self, pid: int) -> tuple[dict[str, str], str | None]:
+        """(kept variables, problem). Reads /proc/<pid>/environ: the environment the process started with."""
+        try:
+            raw = self._read(pid, "environ")
+        except PermissionError:
+            self.counters["unreadable_environ"] += 1
+            return {}, "environ: permission denied (the watchdog needs the same user or CAP_SYS_PTRACE)"
+        except OSError as exc:
+            self.counters["unreadable_environ"] += 1
+            return {}, f"environ: {exc.strerror or exc}"
+        env = {}
+        for entry in raw.split(b"\0"):
+            key, sep, value = entry.partition(b"=")
+            if not sep:
+                continue
+            name = key.decode(errors="replace")
+            if name in RANK_VARIABLES or name.startswith(KEPT_PREFIXES):
+                env[name] = value.decode(errors="replace")
+        return env, None
+
+    def container(self, pid: int) -> str | None:
+        try:
+            text = self._read(pid, "cgroup").decode(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            path = line.rpartition(":")[2]
+            found = _CONTAINER_ID.findall(path)
+            if found:
+                return found[-1][:12]
+            if path not in ("", "/") and not path.startswith("/user.slice") and not path.startswith("/init.scope"):
+                return path
+        return None
+
+    def thread_states(self, pid: int) -> dict[str, int]:
+        states: Counter[str] = Counter()
+        try:
+            tasks = list((self.proc_root / str(pid) / "task").iterdir())
+        except OSError:
+            return {}
+        for task in tasks:
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # the thread ended while we looked
+            # "tid (comm) S ...": the comm may hold spaces and parentheses; the state follows the last ')'
+            states[stat.rpartition(")")[2].split()[0]] += 1
+        return dict(states)
+
+    def activity(self, process: psutil.Process) -> HostActivity:
+        with process.oneshot():
+            times = process.cpu_times()
+            try:
+                io = process.io_counters()
+                read, write = getattr(io, "read_chars", io.read_bytes), getattr(io, "write_chars", io.write_bytes)
+            except (psutil.AccessDenied, AttributeError):
+                read = write = None
+        return HostActivity(times.user + times.system, read, write, self.thread_states(process.pid))
+
+    def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None
+                 ) -> RankInfo | None:
+        """The process now, or None when it is gone (or its pid now belongs to another process)."""
+        try:
+            process = psutil.Process(pid)
+            create_time = process.create_time()
+            if expect_create_time is not None and abs(create_time - expect_create_time) > 0.01:
+                self.counters["pid_reused"] += 1
+                return None
+            try:
+                cmdline = tuple(process.cmdline())
+            except psutil.AccessDenied:
+                cmdline = ()
+            activity = self.activity(process)
+        except psutil.NoSuchProcess:
+            self.counters["gone"] += 1
+            return None
+        except psutil.AccessDenied:
+            self.counters["access_denied"] += 1
+            return RankInfo(pid, 0.0, (), gpus, {}, None, problems=("process: access denied",))
+        env, problem = self.environment(pid)
+        return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(pid),
+                        problems=(problem,) if problem else ())
+
+    def from_snapshot(self, snapshot: NodeSnapshot) -> list[RankInfo]:
+        """The compute processes NVML lists on each GPU."""
+        gpus_of: dict[int, list[int]] = {}
+        for gpu in snapshot.gpus:
+            for pid in gpu.pids:
+                gpus_of.setdefault(pid, []).append(gpu.index)
+        ranks = (self.describe(pid, tuple(gpus)) for pid, gpus in sorted(gpus_of.items()))
+        return [r for r in ranks if r is not None]
+
+    def scan(self) -> list[RankInfo]:
+        """Every process a launcher gave a rank: RANK or LOCAL_RANK (or SLURM_PROCID) with WORLD_SIZE."""
+        found = []
+        own = os.getpid()
+        for pid in sorted(int(p.name) for p in self.proc_root.iterdir() if p.name.isdigit()):
+            if pid == own:
+                continue
+            env, _ = self.environment(pid)
+            if "WORLD_SIZE" in env and ({"RANK", "LOCAL_RANK", "SLURM_PROCID"} & env.keys()):
+                rank = self.describe(pid, _visible_gpus(env))
+                if rank is not None:
+                    found.append(rank)
+        self.counters["unreadable_environ"] = 0  # a scan reads every process: most are not ours to read
+        return found
+
+
+def _visible_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
+    """Without NVML, the GPU a rank uses is a guess: its LOCAL_RANK-th visible device. Returned only
+    when CUDA_VISIBLE_DEVICES lists indexes."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    local = env.get("LOCAL_RANK")
+    if visible is None or local is None or not local.isdigit():
+        return ()
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    position = int(local)
+    if position < len(devices) and devices[position].isdigit():
+        return (int(devices[position]),)
+    return ()
