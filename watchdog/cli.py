@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-from watchdog import __version__
+from watchdog import __version__, logfmt
 from watchdog.act.stack_formats import StackFormatError
 from watchdog.act.stack_formats import load as load_dumps
 from watchdog.act.stack_report import StackReport, capture_job, report_saved, write_captures
@@ -287,6 +287,56 @@ def cmd_stacks_analyze(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- run -----------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from watchdog.daemon import Daemon, Source
+    from watchdog.export.server import Endpoint, EndpointError
+    from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
+
+    logfmt.setup()
+    config = load_config(args.config)
+    source: Source
+    if config.source.kind == "sim":
+        source = sim.SimSource(scenario(config.source.scenario), config.sample.interval_seconds,
+                               config.source.start_offset_seconds, config.source.pids or None)
+    else:
+        source = NvmlSource(call_timeout_seconds=config.sample.nvml_call_timeout_seconds)
+    try:
+        source.open()
+    except NvmlUnavailable as exc:
+        _error(f"{exc}\nNo NVIDIA GPU here? To see the watchdog work without one, set `source: {{kind: sim, "
+               "scenario: spin_hang}` in the config, or run `stall-watchdog replay sim:odd_rank`.")
+        return EXIT_FAILURE
+    try:
+        daemon = Daemon(config, source, config_path=args.config)
+    except ValueError as exc:  # a receiver's secret that cannot be read
+        _error(str(exc))
+        return EXIT_USAGE
+    try:
+        endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
+    except EndpointError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop_requested.set())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop_requested.set())
+    signal.signal(signal.SIGHUP, lambda *_: daemon.reload_requested.set())
+    endpoint.start()
+
+    def ready() -> None:
+        status = f"watching {source.gpu_count} GPUs ({config.source.kind}); metrics on {endpoint.url}"
+        daemon.notifier.ready(status)
+        logfmt.event("started", gpus=source.gpu_count, source=config.source.kind, metrics=endpoint.url,
+                     bundles=config.bundles.directory, systemd=daemon.notifier.enabled or None)
+
+    try:
+        daemon.run(on_ready=ready, max_ticks=args.max_ticks)
+    finally:
+        logfmt.event("stopping", ticks=daemon.ticks)
+        endpoint.stop()
+        daemon.shutdown()
+    return EXIT_OK
+
+
 # -- check-config --------------------------------------------------------------------------------
 def cmd_check_config(args: argparse.Namespace) -> int:
     load_config(args.file)
@@ -381,6 +431,19 @@ def build_parser() -> argparse.ArgumentParser:
     analyse.add_argument("files", nargs="+", metavar="FILE")
     analyse.add_argument("--json", action="store_true", help="a JSON object: groups, outliers, summary, verdict")
     analyse.set_defaults(func=cmd_stacks_analyze)
+
+    run = verbs.add_parser(
+        "run", help="the daemon: sample, detect, capture, alert and serve /metrics until stopped",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Sample every GPU each interval, run the detectors, and when an episode fires capture the "
+                    "job's stacks, write an incident bundle and alert. Serves /metrics and /healthz. SIGHUP "
+                    "reloads the configuration; SIGTERM stops. Under systemd (Type=notify) it reports readiness "
+                    "and pings the watchdog from the loop.",
+        epilog="Examples:\n  stall-watchdog run --config /etc/stall-watchdog/config.yaml\n"
+               "  stall-watchdog run --config sim.yaml   # with source: {kind: sim, scenario: spin_hang}\n")
+    run.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
+    run.add_argument("--max-ticks", type=int, metavar="N", help=argparse.SUPPRESS)
+    run.set_defaults(func=cmd_run)
 
     check = verbs.add_parser(
         "check-config", help="validate a configuration file",

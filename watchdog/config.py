@@ -7,7 +7,7 @@ Unknown keys are rejected and every problem is reported at once with its key pat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -164,11 +164,80 @@ class StacksConfig(_Section):
         True, description="Ask PyTorch to dump its NCCL Flight Recorder when a rank enables the debug pipe.")
 
 
+class SourceConfig(_Section):
+    """Where `run` reads the GPUs from."""
+
+    kind: Literal["nvml", "sim"] = Field("nvml", description="nvml: the real GPUs; sim: a built-in scenario played in "
+                                         "real time (tests, demos).")
+    scenario: str = Field("spin_hang", description="With kind sim: the scenario (see `stall-watchdog replay --help`).")
+    start_offset_seconds: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="With kind sim: start this far into the scenario.")
+    pids: dict[int, list[int]] = Field(
+        default_factory=dict, description="With kind sim: real processes to treat as running on each simulated GPU "
+        "(GPU index -> pids), so stacks can be captured.")
+
+
+class ExportConfig(_Section):
+    """The Prometheus endpoint (/metrics, /healthz)."""
+
+    listen_address: str = Field("127.0.0.1:9944", description="host:port to serve on. Loopback by default.")
+    tls_cert_file: str | None = Field(None, description="Serve HTTPS with this certificate (PEM).")
+    tls_key_file: str | None = Field(None, description="The certificate's private key (PEM).")
+    basic_auth_user: str | None = Field(None, description="Require HTTP basic auth with this user name.")
+    basic_auth_password_file: str | None = Field(None, description="File holding the basic auth password.")
+    basic_auth_password_env: str | None = Field(None, description="Environment variable holding the password.")
+    stale_after_seconds: Seconds = Field(10.0, description="/healthz fails when the last sample is older than this.")
+
+
+class BundlesConfig(_Section):
+    """Incident bundles: one folder per fired episode, with everything an on-call engineer needs."""
+
+    directory: str = Field("/var/lib/stall-watchdog/incidents", description="Where bundles are written (mode 0700).")
+    max_total_bytes: Annotated[int, Field(ge=0)] = Field(
+        1 << 30, description="Disk budget: the oldest bundles are removed to stay under it.")
+    max_count: Annotated[int, Field(ge=1)] = Field(200, description="Keep at most this many bundles.")
+    telemetry_window_seconds: Seconds = Field(300.0, description="Telemetry kept before the onset, in the bundle.")
+    capture_stacks: bool = Field(True, description="Capture the affected job's stacks with py-spy when an episode "
+                                 "fires.")
+
+
+class ReceiverConfig(_Section):
+    """One alert receiver."""
+
+    type: Literal["webhook", "alertmanager", "command"] = Field(description="Which kind of receiver.")
+    name: str = Field(description="Name used in logs and the alerts_total metric.")
+    url: str | None = Field(None, description="webhook / alertmanager: the URL (no secrets here: use url_file).")
+    url_file: str | None = Field(None, description="File holding the URL (for URLs that carry a key).")
+    url_env: str | None = Field(None, description="Environment variable holding the URL.")
+    token_file: str | None = Field(None, description="File holding a bearer token sent as Authorization.")
+    token_env: str | None = Field(None, description="Environment variable holding a bearer token.")
+    argv: list[str] | None = Field(None, description="command: the program and its arguments; no shell. The alert "
+                                   "JSON comes on standard input, the bundle path as the last argument.")
+    timeout_seconds: Seconds = Field(10.0, description="One delivery attempt is abandoned after this long.")
+    min_severity: Literal["warning", "critical"] = Field("warning", description="Send only alerts at least this "
+                                                         "severe.")
+
+
+class AlertsConfig(_Section):
+    """Alert delivery. Deliveries run off the loop; a dead receiver is counted and logged, nothing waits on it."""
+
+    receivers: list[ReceiverConfig] = Field(default_factory=list, description="Where alerts go (several at once).")
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = Field(4, description="Attempts per alert, with backoff.")
+    backoff_seconds: Seconds = Field(2.0, description="First retry delay; doubles each attempt.")
+    rate_limit_per_minute: Annotated[int, Field(ge=1)] = Field(
+        20, description="At most this many alerts per receiver per minute; the rest are counted as dropped.")
+    instance: str | None = Field(None, description="The `instance` label on alerts; default: this host's name.")
+
+
 class Config(_Section):
     sample: SampleConfig = SampleConfig()
+    source: SourceConfig = SourceConfig()
     job: JobConfig = JobConfig()
     detectors: DetectorsConfig = DetectorsConfig()
     stacks: StacksConfig = StacksConfig()
+    export: ExportConfig = ExportConfig()
+    bundles: BundlesConfig = BundlesConfig()
+    alerts: AlertsConfig = AlertsConfig()
 
 
 class ConfigError(Exception):

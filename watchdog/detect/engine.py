@@ -33,6 +33,18 @@ class DetectorEngine:
         self.tracker = EpisodeTracker({sig: getattr(d, sig.value) for sig in Signature})
         self.last_findings: list[Finding] = []
 
+    def reconfigure(self, config: Config) -> None:
+        """Apply a reloaded configuration without forgetting the windows, baselines or open episodes."""
+        self.config = config
+        d = config.detectors
+        self._short_seconds = max(d.busy_spin.window_seconds, d.zero_util.window_seconds)
+        self._long_seconds = d.underuse.window_seconds
+        for window in self._windows.values():
+            window.short_seconds, window.long_seconds = self._short_seconds, self._long_seconds
+            window.memory_min_bytes = config.job.memory_min_bytes
+        self._sections = [(name, fn, getattr(d, name)) for name, fn in DETECTORS.items()]
+        self.tracker.retime({sig: getattr(d, sig.value) for sig in Signature})
+
     def observe(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
         t = snapshot.time_seconds
         windows = self._windows

@@ -36,6 +36,9 @@ class EpisodeTracker:
         self.episodes: dict[str, Episode] = {}
         self._resolved_at: dict[str, float] = {}
 
+    def retime(self, timing: Mapping[Signature, EpisodeTiming]) -> None:
+        self._timing = timing
+
     def _escalate_after(self, signature: Signature) -> float | None:
         timing = self._timing[signature]
         return timing.critical_after_seconds if isinstance(timing, WaitingConfig) else None

@@ -8,7 +8,8 @@ GPU 0 sits near 0-7% util while the other ranks spin (the real ckpt1.csv log).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, NodeSnapshot
@@ -157,22 +158,61 @@ def _behaviour_at(s: Scenario, gpu: int, t: float) -> tuple[str, float]:
     return name, since
 
 
+def snapshot_at(scenario: Scenario, t: float, rng: random.Random, stamp: float,
+                pids: Mapping[int, Sequence[int]] | None = None) -> NodeSnapshot:
+    """The node `t` seconds into the scenario (its last behaviours hold past its end), stamped `stamp`."""
+    m = MODELS[scenario.model]
+    gpus = []
+    for index in range(scenario.gpus):
+        name, since = _behaviour_at(scenario, index, t)
+        own = tuple(pids[index]) if pids is not None and index in pids else None
+        gpus.append(_sample(index, m, BEHAVIOURS[name](rng, m, t - since), scenario.gpm, own))
+    return NodeSnapshot(stamp, tuple(gpus))
+
+
 def run(scenario: Scenario, start_seconds: float = 1_767_225_600.0, interval_seconds: float = 1.0,
         seed: int = 0) -> Iterator[NodeSnapshot]:
     """Snapshots every interval_seconds of simulated time, deterministic for a seed."""
     rng = random.Random(seed)
-    m = MODELS[scenario.model]
     steps = int(scenario.duration_seconds / interval_seconds)
     for step in range(steps + 1):
         t = step * interval_seconds
-        gpus = []
-        for index in range(scenario.gpus):
-            name, since = _behaviour_at(scenario, index, t)
-            gpus.append(_sample(index, m, BEHAVIOURS[name](rng, m, t - since), scenario.gpm, pid=1000 + index))
-        yield NodeSnapshot(start_seconds + t, tuple(gpus))
+        yield snapshot_at(scenario, t, rng, start_seconds + t)
 
 
-def _sample(index: int, m: GpuModel, r: dict[str, object], gpm: bool, pid: int) -> GpuSample:
+class SimSource:
+    """A scenario played in real time, for `run` without GPUs: each sample() is the scenario's next
+    interval, stamped with the wall clock. `pids` puts real processes on simulated GPUs."""
+
+    driver_version: str | None = "simulated"
+
+    def __init__(self, scenario: Scenario, interval_seconds: float = 1.0, start_offset_seconds: float = 0.0,
+                 pids: Mapping[int, Sequence[int]] | None = None, clock: Callable[[], float] = time.time,
+                 seed: int = 0):
+        self.scenario = scenario
+        self.interval = interval_seconds
+        self.t = start_offset_seconds
+        self.pids = pids
+        self.clock = clock
+        self.rng = random.Random(seed)
+
+    @property
+    def gpu_count(self) -> int:
+        return self.scenario.gpus
+
+    def open(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def sample(self) -> NodeSnapshot:
+        snapshot = snapshot_at(self.scenario, self.t, self.rng, self.clock(), self.pids)
+        self.t += self.interval
+        return snapshot
+
+
+def _sample(index: int, m: GpuModel, r: dict[str, object], gpm: bool, pids: tuple[int, ...] | None) -> GpuSample:
     uuid = f"GPU-{index:08x}-5157-4a1e-9d7c-000000000000"
     if r.get("lost"):
         return GpuSample(index=index, uuid=uuid, name=m.name, health=GpuHealth.LOST,
@@ -193,5 +233,5 @@ def _sample(index: int, m: GpuModel, r: dict[str, object], gpm: bool, pid: int) 
         temperature_celsius=float(r.get("temp", 40.0 + 30 * util)),  # type: ignore[arg-type]
         clock_event_reasons=int(r.get("reasons", 0)),  # type: ignore[call-overload]
         sm_activity_ratio=(float(r.get("sm_activity", util * 0.8)) if gpm else None),  # type: ignore[arg-type]
-        pids=(pid,) if used else (),
+        pids=pids if pids is not None else ((1000 + index,) if used else ()),
     )

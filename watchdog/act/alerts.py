@@ -1,0 +1,264 @@
+"""Alert delivery: a generic JSON webhook (with a Slack-compatible `text`), Alertmanager's v2 API, and
+a local command. Each receiver has its own worker and queue, so a dead one delays only itself; the
+loop only enqueues. Alerts are deduplicated (the same episode and status goes out once), rate limited,
+retried with exponential backoff, and resolved when the episode ends. URLs and tokens can come from
+files or environment variables and never appear in a log line or an error (receivers are named).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from watchdog import logfmt
+from watchdog.config import AlertsConfig, ReceiverConfig
+from watchdog.export.metrics import Counters
+from watchdog.model import iso_time
+
+_SEVERITY_RANK = {"warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class Alert:
+    key: str  # one per episode: the same key fires, escalates and resolves
+    status: str  # firing | resolved
+    signature: str
+    severity: str
+    gpus: tuple[int, ...]
+    culprit_gpus: tuple[int, ...]
+    summary: str
+    onset: float
+    at: float
+    instance: str
+    job: str = "unknown"
+    bundle: str | None = None
+
+    @property
+    def alertname(self) -> str:
+        return "StallWatchdog" + "".join(part.title() for part in self.signature.split("_"))
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "status": self.status, "alertname": self.alertname, "signature": self.signature,
+                "severity": self.severity, "gpus": list(self.gpus), "culprit_gpus": list(self.culprit_gpus),
+                "summary": self.summary, "onset": iso_time(self.onset), "at": iso_time(self.at),
+                "instance": self.instance, "job": self.job, "bundle": self.bundle}
+
+    def text(self) -> str:
+        head = "RESOLVED" if self.status == "resolved" else self.severity.upper()
+        where = f" Bundle: {self.bundle}" if self.bundle else ""
+        return f"[{head}] {self.instance}: {self.summary}.{where}"
+
+
+class DeliveryError(Exception):
+    """One attempt failed; the message names no secret."""
+
+
+class Receiver(Protocol):
+    name: str
+    min_severity: str
+
+    def send(self, alert: Alert) -> None: ...
+
+
+def _secret(cfg: ReceiverConfig, value: str | None, file: str | None, env: str | None, what: str) -> str | None:
+    if file:
+        try:
+            return Path(file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"receiver {cfg.name}: cannot read its {what} file: {exc.strerror or exc}") from None
+    if env:
+        found = os.environ.get(env)
+        if found is None:
+            raise ValueError(f"receiver {cfg.name}: environment variable {env} ({what}) is not set")
+        return found
+    return value
+
+
+def _post(url: str, body: object, token: str | None, timeout: float) -> None:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (configured URL)
+            response.read()
+    except urllib.error.HTTPError as exc:
+        raise DeliveryError(f"HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise DeliveryError(f"unreachable ({type(reason).__name__}: {getattr(reason, 'strerror', None) or reason})"
+                            if not isinstance(reason, str) else f"unreachable ({reason})") from None
+
+
+class WebhookReceiver:
+    def __init__(self, cfg: ReceiverConfig):
+        self.name, self.timeout = cfg.name, cfg.timeout_seconds
+        self.min_severity: str = cfg.min_severity
+        url = _secret(cfg, cfg.url, cfg.url_file, cfg.url_env, "URL")
+        if not url:
+            raise ValueError(f"receiver {cfg.name}: a webhook needs url, url_file or url_env")
+        self._url = url
+        self._token = _secret(cfg, None, cfg.token_file, cfg.token_env, "token")
+
+    def send(self, alert: Alert) -> None:
+        _post(self._url, {"text": alert.text(), "alert": alert.to_json()}, self._token, self.timeout)
+
+
+class AlertmanagerReceiver:
+    """POST /api/v2/alerts. The labels identify the alert, so firing and resolved carry the same ones."""
+
+    def __init__(self, cfg: ReceiverConfig):
+        self.name, self.timeout = cfg.name, cfg.timeout_seconds
+        self.min_severity: str = cfg.min_severity
+        url = _secret(cfg, cfg.url, cfg.url_file, cfg.url_env, "URL")
+        if not url:
+            raise ValueError(f"receiver {cfg.name}: alertmanager needs url, url_file or url_env")
+        self._url = url.rstrip("/") + "/api/v2/alerts"
+        self._token = _secret(cfg, None, cfg.token_file, cfg.token_env, "token")
+        self._labels: dict[str, dict[str, str]] = {}
+
+    def send(self, alert: Alert) -> None:
+        labels = self._labels.get(alert.key) or {
+            "alertname": alert.alertname, "severity": alert.severity, "signature": alert.signature,
+            "gpu": ",".join(map(str, alert.gpus)), "instance": alert.instance, "job": alert.job}
+        if alert.status == "firing":
+            labels = {**labels, "severity": alert.severity}
+            self._labels[alert.key] = labels
+        body: dict[str, object] = {
+            "labels": labels,
+            "annotations": {"summary": alert.summary, "bundle": alert.bundle or "",
+                            "culprit_gpus": ",".join(map(str, alert.culprit_gpus))},
+            "startsAt": iso_time(alert.onset),
+        }
+        if alert.status == "resolved":
+            body["endsAt"] = iso_time(alert.at)
+            self._labels.pop(alert.key, None)
+        _post(self._url, [body], self._token, self.timeout)
+
+
+class CommandReceiver:
+    """Runs argv (no shell) with the alert JSON on stdin and the bundle path as the last argument."""
+
+    def __init__(self, cfg: ReceiverConfig):
+        self.name, self.timeout = cfg.name, cfg.timeout_seconds
+        self.min_severity: str = cfg.min_severity
+        if not cfg.argv:
+            raise ValueError(f"receiver {cfg.name}: a command needs argv")
+        self.argv = list(cfg.argv)
+
+    def send(self, alert: Alert) -> None:
+        try:
+            result = subprocess.run([*self.argv, alert.bundle or ""], input=json.dumps(alert.to_json()),
+                                    text=True, capture_output=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise DeliveryError(f"did not finish within {self.timeout:g} s") from None
+        except OSError as exc:
+            raise DeliveryError(f"cannot start: {exc.strerror or exc}") from None
+        if result.returncode != 0:
+            raise DeliveryError(f"exit status {result.returncode}")
+
+
+def build_receiver(cfg: ReceiverConfig) -> Receiver:
+    if cfg.type == "webhook":
+        return WebhookReceiver(cfg)
+    if cfg.type == "alertmanager":
+        return AlertmanagerReceiver(cfg)
+    return CommandReceiver(cfg)
+
+
+def build_receivers(cfg: AlertsConfig) -> list[Receiver]:
+    return [build_receiver(r) for r in cfg.receivers]
+
+
+class _Lane:
+    """One receiver's queue and worker."""
+
+    def __init__(self, receiver: Receiver, cfg: AlertsConfig, counters: Counters, stop: threading.Event):
+        self.receiver, self.cfg, self.counters, self.stop = receiver, cfg, counters, stop
+        self.queue: queue.Queue[Alert | None] = queue.Queue(maxsize=256)
+        self.sent: set[tuple[str, str, str]] = set()  # (key, status, severity) already accepted
+        self.recent: deque[float] = deque()
+        self.thread = threading.Thread(target=self._work, name=f"alerts-{receiver.name}", daemon=True)
+        self.thread.start()
+
+    def offer(self, alert: Alert) -> None:
+        name = self.receiver.name
+        if _SEVERITY_RANK[alert.severity] < _SEVERITY_RANK[self.receiver.min_severity]:
+            return
+        identity = (alert.key, alert.status, alert.severity)
+        if identity in self.sent:
+            self.counters.inc("alerts_total", name, "deduplicated")
+            return
+        now = time.monotonic()
+        while self.recent and now - self.recent[0] > 60:
+            self.recent.popleft()
+        if alert.status == "firing" and len(self.recent) >= self.cfg.rate_limit_per_minute:
+            self.counters.inc("alerts_total", name, "rate_limited")
+            logfmt.event("alert_dropped", level=30, receiver=name, reason="rate limit", key=alert.key)
+            return
+        try:
+            self.queue.put_nowait(alert)
+        except queue.Full:
+            self.counters.inc("alerts_total", name, "dropped")
+            return
+        self.sent.add(identity)
+        self.recent.append(now)
+
+    def _work(self) -> None:
+        while True:
+            alert = self.queue.get()
+            if alert is None:
+                return
+            self._deliver(alert)
+
+    def _deliver(self, alert: Alert) -> None:
+        name = self.receiver.name
+        delay = self.cfg.backoff_seconds
+        for attempt in range(1, self.cfg.max_attempts + 1):
+            try:
+                self.receiver.send(alert)
+            except DeliveryError as exc:
+                logfmt.event("alert_attempt_failed", level=30, receiver=name, key=alert.key, status=alert.status,
+                             attempt=attempt, error=str(exc))
+                if attempt == self.cfg.max_attempts or self.stop.wait(delay):
+                    break
+                delay *= 2
+                continue
+            self.counters.inc("alerts_total", name, "sent")
+            logfmt.event("alert_sent", receiver=name, key=alert.key, status=alert.status, severity=alert.severity)
+            return
+        self.counters.inc("alerts_total", name, "failed")
+        logfmt.event("alert_failed", level=40, receiver=name, key=alert.key, status=alert.status)
+
+
+class AlertDispatcher:
+    def __init__(self, cfg: AlertsConfig, counters: Counters, receivers: list[Receiver] | None = None):
+        self._stop = threading.Event()
+        self.lanes = [_Lane(r, cfg, counters, self._stop) for r in (receivers if receivers is not None
+                                                                    else build_receivers(cfg))]
+
+    def submit(self, alert: Alert) -> None:
+        """Never blocks: each receiver's lane takes it or counts it as dropped."""
+        for lane in self.lanes:
+            lane.offer(alert)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Deliver what is queued within `timeout`, then stop retrying."""
+        for lane in self.lanes:
+            with contextlib.suppress(queue.Full):
+                lane.queue.put_nowait(None)
+        deadline = time.monotonic() + timeout
+        for lane in self.lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()))
+        self._stop.set()

@@ -1,0 +1,146 @@
+"""Incident bundles: one folder per fired episode holding what an on-call engineer needs at 3 a.m.
+
+    summary.json      the episode, the verdict sentence, where every rank was, what went wrong
+    telemetry.jsonl   the node's samples around the onset (the recording format: `replay` reads it)
+    stacks.json       the grouped stacks and outliers per job; stacks/<rank>.json: py-spy's raw JSON
+    environment.json  each rank's command line and NCCL/CUDA environment
+
+Written into a hidden folder and renamed into place (a reader never sees half a bundle), folders 0700
+and files 0600 (stacks and environments name paths and settings). A disk budget and a count limit
+remove the oldest bundles first. A full or read-only disk costs that one bundle, not the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog import logfmt
+from watchdog.act.stack_report import StackReport
+from watchdog.config import BundlesConfig
+from watchdog.export.metrics import Counters
+from watchdog.model import EpisodeEvent, NodeSnapshot, iso_time
+from watchdog.sample import recording
+from watchdog.sample.ranks import RankInfo
+
+
+@dataclass
+class Incident:
+    event: EpisodeEvent
+    telemetry: Sequence[NodeSnapshot]
+    reports: list[StackReport] = field(default_factory=list)
+    ranks: list[RankInfo] = field(default_factory=list)
+    sentence: str = ""
+    severity: str = ""
+    partial: bool = False  # stopped before everything was gathered (shutdown, no time)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.event.onset_seconds))
+        gpus = "-".join(map(str, self.event.gpus[:8])) or "node"
+        return f"{stamp}-{self.event.signature.value}-gpu{gpus}"
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "event": self.event.to_json(), "severity": self.severity or self.event.severity.value,
+            "verdict": self.sentence or self.event.summary, "partial": self.partial, "notes": self.notes,
+            "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key} for r in self.ranks],
+            "stacks": [{"job": rep.job, "summary": rep.analysis.summary, "outliers": list(rep.analysis.outliers),
+                        "verdict": rep.verdict.to_json()} for rep in self.reports],
+            "written": iso_time(time.time()),
+        }
+
+
+class BundleStore:
+    def __init__(self, cfg: BundlesConfig, counters: Counters):
+        self.cfg = cfg
+        self.counters = counters
+        self.root = Path(cfg.directory)
+
+    def write(self, incident: Incident) -> Path | None:
+        final = self.root / incident.name
+        temporary = self.root / f".partial-{incident.name}-{os.getpid()}"
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if temporary.exists():
+                shutil.rmtree(temporary)
+            temporary.mkdir(mode=0o700)
+            self._json(temporary / "summary.json", incident.summary())
+            self._telemetry(temporary / "telemetry.jsonl", incident)
+            if incident.reports:
+                self._json(temporary / "stacks.json", [r.to_json() for r in incident.reports])
+                stacks = temporary / "stacks"
+                stacks.mkdir(mode=0o700)
+                for report in incident.reports:
+                    for capture in report.captures:
+                        if capture.raw is not None:
+                            who = f"rank-{capture.target.rank}" if capture.target.rank is not None else "pid"
+                            self._json(stacks / f"{who}-pid-{capture.target.pid}.json", capture.raw)
+            if incident.ranks:
+                self._json(temporary / "environment.json", [
+                    {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),
+                     "container": r.container, "env": dict(r.env), "problems": list(r.problems)}
+                    for r in incident.ranks])
+            if final.exists():
+                final = self.root / f"{incident.name}-{int(time.time() * 1000) % 100000}"
+            os.rename(temporary, final)
+        except OSError as exc:
+            shutil.rmtree(temporary, ignore_errors=True)
+            self.counters.inc("bundles_total", "failed")
+            logfmt.event("bundle_failed", level=40, signature=incident.event.signature.value,
+                         directory=str(self.root), error=exc.strerror or str(exc))
+            return None
+        self.counters.inc("bundles_total", "partial" if incident.partial else "written")
+        self.rotate(keep=final)
+        return final
+
+    def _json(self, path: Path, data: object) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, default=str)
+            f.write("\n")
+
+    def _telemetry(self, path: Path, incident: Incident) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            head = recording.header("bundle", iso_time(incident.event.onset_seconds),
+                                    onset=incident.event.onset_seconds)
+            recording.write(f, head, incident.telemetry)
+
+    def bundles(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return []
+
+    def disk_bytes(self) -> int:
+        return sum(_size(p) for p in self.bundles())
+
+    def rotate(self, keep: Path | None = None) -> None:
+        """Oldest first, until under the count and the disk budget; the newest bundle always stays."""
+        bundles = self.bundles()
+        sizes = {p: _size(p) for p in bundles}
+        total = sum(sizes.values())
+        for old in bundles:
+            if old == keep or (len(bundles) <= self.cfg.max_count and total <= self.cfg.max_total_bytes):
+                continue
+            shutil.rmtree(old, ignore_errors=True)
+            bundles = [b for b in bundles if b != old]
+            total -= sizes[old]
+            logfmt.event("bundle_removed", bundle=str(old), reason="disk budget or count")
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed while we looked
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total

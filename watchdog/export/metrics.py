@@ -1,0 +1,209 @@
+"""Prometheus metrics: one table of every series, and the collector that renders the daemon's last
+published state from it. A scrape never touches NVML; a GPU that vanished simply stops appearing.
+
+Names are an API: prefix stall_watchdog_, base units in the name, ratios 0-1, counters end in _total,
+labels bounded (gpu, uuid; rank/pid/job only on the small rank_info series; no hostname).
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from watchdog import __version__
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, Severity, Signature
+
+PREFIX = "stall_watchdog_"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # without the prefix
+    kind: str  # gauge | counter
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+GPU = ("gpu", "uuid")
+# The per-GPU readings: metric name -> the GpuSample field it renders.
+READINGS: dict[str, str] = {
+    "gpu_utilization_ratio": "utilization_ratio",
+    "gpu_memory_utilization_ratio": "memory_utilization_ratio",
+    "gpu_power_watts": "power_watts",
+    "gpu_power_limit_watts": "power_limit_watts",
+    "gpu_sm_clock_hertz": "sm_clock_hertz",
+    "gpu_sm_clock_max_hertz": "sm_clock_max_hertz",
+    "gpu_memory_used_bytes": "memory_used_bytes",
+    "gpu_memory_total_bytes": "memory_total_bytes",
+    "gpu_temperature_celsius": "temperature_celsius",
+    "gpu_sm_activity_ratio": "sm_activity_ratio",
+}
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("gpu_utilization_ratio", "gauge", "Fraction of the last sample period a kernel ran (NVML).", GPU),
+    MetricSpec("gpu_memory_utilization_ratio", "gauge", "Fraction of time device memory was read or written.", GPU),
+    MetricSpec("gpu_power_watts", "gauge", "Power draw.", GPU),
+    MetricSpec("gpu_power_limit_watts", "gauge", "Enforced power limit.", GPU),
+    MetricSpec("gpu_sm_clock_hertz", "gauge", "SM clock.", GPU),
+    MetricSpec("gpu_sm_clock_max_hertz", "gauge", "Maximum SM clock.", GPU),
+    MetricSpec("gpu_memory_used_bytes", "gauge", "Device memory in use.", GPU),
+    MetricSpec("gpu_memory_total_bytes", "gauge", "Device memory in total.", GPU),
+    MetricSpec("gpu_temperature_celsius", "gauge", "GPU temperature.", GPU),
+    MetricSpec("gpu_sm_activity_ratio", "gauge", "GPM SM activity (Hopper and later): SMs doing work.", GPU),
+    MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
+    MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
+               "slowdown.", GPU),
+    MetricSpec("gpu_health", "gauge", "1 for the GPU's current NVML health: ok, lost (fell off the bus) or hung "
+               "(an NVML call did not return).", GPU + ("health",)),
+    MetricSpec("gpu_info", "gauge", "Static facts about each GPU, always 1.", GPU + ("name",)),
+    MetricSpec("episode_state", "gauge", "Each GPU's episode per signature: 0 ok, 1 suspect, 2 warning, 3 critical.",
+               ("gpu", "signature")),
+    MetricSpec("episode_culprit", "gauge", "1 on the GPUs the others wait on, while a waiting episode is active.",
+               ("gpu", "signature")),
+    MetricSpec("episode_start_time_seconds", "gauge", "Unix time of the first sample of the GPU's active episode.",
+               ("gpu", "signature")),
+    MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
+               ("signature", "severity")),
+    MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1.", ("gpu", "pid", "rank", "job")),
+    MetricSpec("stack_captures_total", "counter", "py-spy stack captures by result.", ("result",)),
+    MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
+    MetricSpec("bundles_total", "counter", "Incident bundles by result (written, partial, failed).", ("result",)),
+    MetricSpec("bundle_disk_bytes", "gauge", "Disk used by the incident bundles kept."),
+    MetricSpec("component_up", "gauge", "1 if the component's last run succeeded.", ("component",)),
+    MetricSpec("component_errors_total", "counter", "Failures caught at a component's boundary.", ("component",)),
+    MetricSpec("last_sample_timestamp_seconds", "gauge", "Unix time of the last completed sample."),
+    MetricSpec("tick_duration_seconds", "gauge", "Wall time of the last sample-detect-act-export tick."),
+    MetricSpec("tick_overruns_total", "counter", "Ticks that took longer than the sampling interval."),
+    MetricSpec("build_info", "gauge", "The running stall-watchdog, always 1.", ("version", "python")),
+)
+SPECS = {spec.name: spec for spec in METRICS}
+_STATE = {None: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
+
+
+@dataclass(frozen=True)
+class EpisodeView:
+    signature: Signature
+    severity: Severity | None  # None while suspect
+    gpus: tuple[int, ...]
+    culprit_gpus: tuple[int, ...]
+    onset_wall: float
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the loop swaps in after each tick; the collector renders only this."""
+
+    snapshot: NodeSnapshot | None = None
+    episodes: tuple[EpisodeView, ...] = ()
+    ranks: tuple[tuple[int, int, int | None, str], ...] = ()  # gpu, pid, rank, job
+    component_up: Mapping[str, bool] = field(default_factory=dict)
+    last_sample_wall: float | None = None
+    tick_seconds: float | None = None
+    bundle_disk_bytes: int | None = None
+
+
+class Counters:
+    """Thread-safe counters shared by the loop and its workers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, Counter[tuple[str, ...]]] = {
+            spec.name: Counter() for spec in METRICS if spec.kind == "counter"}
+
+    def inc(self, name: str, *labels: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self._values[name][labels] += amount  # type: ignore[assignment]
+
+    def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
+        with self._lock:
+            return {name: dict(values) for name, values in self._values.items()}
+
+    def get(self, name: str, *labels: str) -> float:
+        with self._lock:
+            return self._values[name][labels]
+
+
+def _family(spec: MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
+    name = PREFIX + spec.name
+    if spec.kind == "counter":
+        return CounterMetricFamily(name.removesuffix("_total"), spec.help, labels=spec.labels)
+    return GaugeMetricFamily(name, spec.help, labels=spec.labels)
+
+
+class WatchdogCollector(Collector):
+    def __init__(self, published: Callable[[], Published], counters: Counters):
+        self._published = published
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._published()
+        families = {spec.name: _family(spec) for spec in METRICS}
+        snapshot = state.snapshot
+        if snapshot is not None:
+            for sample in snapshot.gpus:
+                self._gpu(families, sample)
+        indexes = [g.index for g in snapshot.gpus] if snapshot is not None else []
+        self._episodes(families, state.episodes, indexes)
+        for gpu, pid, rank, job in state.ranks:
+            families["rank_info"].add_metric([str(gpu), str(pid), "" if rank is None else str(rank), job], 1)
+        for component, up in sorted(state.component_up.items()):
+            families["component_up"].add_metric([component], 1 if up else 0)
+        if state.last_sample_wall is not None:
+            families["last_sample_timestamp_seconds"].add_metric([], state.last_sample_wall)
+        if state.tick_seconds is not None:
+            families["tick_duration_seconds"].add_metric([], state.tick_seconds)
+        if state.bundle_disk_bytes is not None:
+            families["bundle_disk_bytes"].add_metric([], state.bundle_disk_bytes)
+        families["build_info"].add_metric([__version__, platform.python_version()], 1)
+        for name, values in self._counters.snapshot().items():
+            for labels, value in sorted(values.items()):
+                families[name].add_metric(list(labels), value)
+        yield from families.values()
+
+    @staticmethod
+    def _gpu(families: dict[str, GaugeMetricFamily | CounterMetricFamily], gpu: GpuSample) -> None:
+        labels = [str(gpu.index), gpu.uuid or ""]
+        for metric, attribute in READINGS.items():
+            value = getattr(gpu, attribute)
+            if value is not None:
+                families[metric].add_metric(labels, value)
+        if gpu.energy_joules is not None:
+            families["gpu_energy_joules_total"].add_metric(labels, gpu.energy_joules)
+        if gpu.clock_event_reasons is not None:
+            families["gpu_throttle"].add_metric(labels, 1 if gpu.throttle_reasons else 0)
+        for health in GpuHealth:
+            families["gpu_health"].add_metric(labels + [health.value], 1 if gpu.health is health else 0)
+        families["gpu_info"].add_metric(labels + [gpu.name or ""], 1)
+
+    @staticmethod
+    def _episodes(families: dict[str, GaugeMetricFamily | CounterMetricFamily], episodes: tuple[EpisodeView, ...],
+                  gpus: list[int]) -> None:
+        state: dict[tuple[int, Signature], int] = {}
+        for episode in episodes:
+            for gpu in episode.gpus:
+                key = (gpu, episode.signature)
+                state[key] = max(state.get(key, 0), _STATE[episode.severity])
+                if episode.severity is not None:
+                    families["episode_start_time_seconds"].add_metric([str(gpu), episode.signature.value],
+                                                                      episode.onset_wall)
+            if episode.signature is Signature.WAITING and episode.severity is not None:
+                for gpu in episode.culprit_gpus:
+                    families["episode_culprit"].add_metric([str(gpu), episode.signature.value], 1)
+        for gpu in gpus:
+            for signature in Signature:
+                families["episode_state"].add_metric([str(gpu), signature.value], state.get((gpu, signature), 0))
+
+
+def metric_list_markdown() -> str:
+    """The README's metric list, generated from METRICS (a test keeps the README in step)."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in METRICS:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+        rows.append(f"| `{PREFIX}{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+    return "\n".join(rows)
