@@ -39,6 +39,20 @@ def run_engine(snapshots: Iterable[NodeSnapshot], config: Config | None = None) 
 
 
 TARGETS = REPO / "tests" / "targets"
+SERVER_PACKAGES = "apt-get install prometheus prometheus-alertmanager (Debian packages; .ci/run installs them)"
+
+
+def need_tool(name: str) -> str:
+    """A server or tool users have (promtool, prometheus, alertmanager, systemd-analyze). A newcomer
+    without it is told what to install; in CI (CI=true) its absence is a failure, never a skip."""
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is missing in CI: {SERVER_PACKAGES}")
+    pytest.skip(f"{name} not installed: {SERVER_PACKAGES}")
 
 
 def wait_for(paths: list[Path], timeout: float = 90.0) -> None:

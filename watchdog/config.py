@@ -335,6 +335,13 @@ def example_yaml() -> str:
             lines.append(f"{indent}{name}: {rendered}")
 
     walk(Config(), "")
+    lines += [
+        "# Receivers, for example (secrets from files or the environment, never in this file):",
+        "#   receivers:",
+        "#     - {type: alertmanager, name: am, url: 'http://alertmanager:9093'}",
+        "#     - {type: webhook, name: slack, url_file: /etc/stall-watchdog/slack-url}",
+        "#     - {type: command, name: page, argv: [/usr/local/bin/page-oncall, --team, ml-infra]}",
+    ]
     return "\n".join(lines) + "\n"
 
 

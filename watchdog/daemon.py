@@ -28,6 +28,7 @@ from watchdog.detect.engine import DetectorEngine
 from watchdog.export.metrics import Counters, EpisodeView, Published, WatchdogCollector
 from watchdog.export.systemd import SystemdNotifier
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
+from watchdog.sample.ranks import RankDiscovery
 
 T = TypeVar("T")
 COMPONENTS = ("sample", "detect", "act", "export")
@@ -69,7 +70,8 @@ class Daemon:
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self.ticks = 0
-        self._onsets: dict[str, float] = {}
+        self.discovery = RankDiscovery()
+        self._rank_cache: dict[int, tuple[int | None, str]] = {}  # pid -> (rank, job)
 
     # -- one tick ----------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -116,12 +118,24 @@ class Daemon:
             EpisodeView(ep.finding.signature, ep.fired_severity, ep.finding.gpus, ep.finding.culprit_gpus,
                         ep.onset)
             for ep in self.engine.tracker.episodes.values())
-        ranks = tuple((g.index, pid, None, "") for g in (snapshot.gpus if snapshot else ()) for pid in g.pids)
+        ranks = self._ranks(snapshot)
         last = snapshot.time_seconds if snapshot is not None else self.published.last_sample_wall
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks,
                                    dict(self.component_up), last, tick_seconds, self.bundles.disk_bytes()
                                    if self.ticks % 30 == 0 or self.published.bundle_disk_bytes is None
                                    else self.published.bundle_disk_bytes)
+
+    def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[tuple[int, int, int | None, str], ...]:
+        """gpu, pid, rank, job for rank_info. A pid is described once (psutil and /proc), then cached."""
+        if snapshot is None:
+            return self.published.ranks
+        pids = {pid for g in snapshot.gpus for pid in g.pids}
+        for pid in pids - self._rank_cache.keys():
+            info = self.discovery.describe(pid)
+            self._rank_cache[pid] = (info.rank, info.job_key) if info is not None else (None, "")
+        for gone in self._rank_cache.keys() - pids:
+            del self._rank_cache[gone]
+        return tuple((g.index, pid, *self._rank_cache[pid]) for g in snapshot.gpus for pid in g.pids)
 
     # -- health --------------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:

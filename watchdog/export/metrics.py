@@ -2,7 +2,7 @@
 published state from it. A scrape never touches NVML; a GPU that vanished simply stops appearing.
 
 Names are an API: prefix stall_watchdog_, base units in the name, ratios 0-1, counters end in _total,
-labels bounded (gpu, uuid; rank/pid/job only on the small rank_info series; no hostname).
+labels bounded (gpu, uuid; rank/pid/training_job only on the small rank_info series; no hostname).
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ METRICS: tuple[MetricSpec, ...] = (
                ("gpu", "signature")),
     MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
                ("signature", "severity")),
-    MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1.", ("gpu", "pid", "rank", "job")),
+    MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
+               "run id, rendezvous address or Slurm job (not `job`, which Prometheus gives the scrape job).",
+               ("gpu", "pid", "rank", "training_job")),
     MetricSpec("stack_captures_total", "counter", "py-spy stack captures by result.", ("result",)),
     MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
     MetricSpec("bundles_total", "counter", "Incident bundles by result (written, partial, failed).", ("result",)),

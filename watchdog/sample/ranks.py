@@ -87,7 +87,7 @@ class RankInfo:
             return f"master:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
         if env.get("SLURM_JOB_ID"):
             return f"slurm:{env['SLURM_JOB_ID']}"
-        return f"pid:{self.pid}"
+        return "unlaunched"  # no launcher variables: the processes chosen (or on the GPUs) form one picture
 
     @property
     def label(self) -> str:

@@ -165,7 +165,7 @@ def snapshot_at(scenario: Scenario, t: float, rng: random.Random, stamp: float,
     gpus = []
     for index in range(scenario.gpus):
         name, since = _behaviour_at(scenario, index, t)
-        own = tuple(pids[index]) if pids is not None and index in pids else None
+        own = tuple(pids.get(index, ())) if pids is not None else None
         gpus.append(_sample(index, m, BEHAVIOURS[name](rng, m, t - since), scenario.gpm, own))
     return NodeSnapshot(stamp, tuple(gpus))
 
@@ -192,7 +192,7 @@ class SimSource:
         self.scenario = scenario
         self.interval = interval_seconds
         self.t = start_offset_seconds
-        self.pids = pids
+        self.pids = pids if pids is not None else {}  # live: no made-up pids that could name a real process
         self.clock = clock
         self.rng = random.Random(seed)
 

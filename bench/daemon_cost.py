@@ -1,0 +1,83 @@
+"""The daemon's own cost: CPU (share of one core) and resident memory while it runs at 1 Hz over a
+simulated node of 8 and 64 GPUs (healthy, then a busy-spin hang, so detectors, bundles and alerts
+all run), and the latency of a /metrics scrape.
+
+    python bench/daemon_cost.py [SECONDS]
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+CHILD = """
+import sys
+from watchdog.config import parse_config
+from watchdog.daemon import Daemon
+from watchdog.export.server import Endpoint
+from watchdog.sample import sim
+gpus, port, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+scenario = sim.Scenario("bench", "", "h100", gpus, 3600, ((0, None, "train"), (40, None, "spin")), gpm=True)
+config = parse_config({"export": {"listen_address": f"127.0.0.1:{port}"},
+                       "bundles": {"directory": folder, "capture_stacks": False}})
+daemon = Daemon(config, sim.SimSource(scenario))
+endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
+endpoint.start()
+daemon.run()
+"""
+
+
+def measure(gpus: int, seconds: float, folder: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpus), str(port), str(folder / f"b{gpus}")])
+    process = psutil.Process(child.pid)
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the daemon did not start"
+            time.sleep(0.2)
+    warm = process.cpu_times()
+    started = time.monotonic()
+    scrapes = []
+    rss = []
+    while time.monotonic() - started < seconds:
+        t0 = time.perf_counter()
+        body = urllib.request.urlopen(url, timeout=5).read()
+        scrapes.append(time.perf_counter() - t0)
+        rss.append(process.memory_info().rss)
+        time.sleep(5)
+    cpu_after = process.cpu_times()
+    elapsed = time.monotonic() - started
+    child.terminate()
+    child.wait(timeout=20)
+    used = (cpu_after.user + cpu_after.system) - (warm.user + warm.system)
+    # The scrapes themselves cost CPU in the daemon too: they are included, as in production.
+    print(f"{gpus:>3} GPUs over {elapsed:.0f} s at 1 Hz: CPU {used / elapsed * 100:.2f}% of one core, "
+          f"RSS {max(rss) / 2**20:.0f} MiB (max), scrape {statistics.median(scrapes) * 1000:.1f} ms median / "
+          f"{max(scrapes) * 1000:.1f} ms max, {len(body) / 1024:.0f} KiB per scrape")
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for gpus in (8, 64):
+            measure(gpus, seconds, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Builders for daemon tests: a config on loopback with bundles in a temporary folder, a source that
+fails on demand, and a local HTTP receiver that can answer 500 or hang."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from watchdog.config import Config, parse_config
+from watchdog.model import NodeSnapshot
+
+
+def daemon_config(tmp: Path, **sections: Any) -> Config:
+    base: dict[str, Any] = {
+        "sample": {"interval_seconds": 0.2},
+        "source": {"kind": "sim", "scenario": "spin_hang", "start_offset_seconds": 285},
+        "export": {"listen_address": "127.0.0.1:0"},
+        "bundles": {"directory": str(tmp / "incidents"), "capture_stacks": False},
+        "alerts": {"backoff_seconds": 0.1, "max_attempts": 2},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return parse_config(base)
+
+
+def stepping_clock(start: float = 1.9e9, step: float = 1.0) -> Callable[[], float]:
+    """A wall clock that moves one sample interval per reading: ticks run faster than real time while
+    the detectors see seconds pass."""
+    now = [start - step]
+
+    def clock() -> float:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
+class FlakySource:
+    """Wraps a source; raises while `failing` is set (a bug or a driver error in the sampling step)."""
+
+    driver_version = "flaky"
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.failing = False
+
+    @property
+    def gpu_count(self) -> int:
+        return int(self.inner.gpu_count)
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def sample(self) -> NodeSnapshot:
+        if self.failing:
+            raise RuntimeError("sampling exploded")
+        return self.inner.sample()  # type: ignore[no-any-return]
+
+
+class Receiver:
+    """A real HTTP server on loopback that records requests; `mode` is ok, fail (500) or hang."""
+
+    def __init__(self, mode: str = "ok"):
+        self.mode = mode
+        self.requests: list[tuple[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests.append((self.path, json.loads(body)))
+                if outer.mode == "hang":
+                    time.sleep(5)
+                self.send_response(500 if outer.mode == "fail" else 200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,74 @@
+"""The exposition: a golden file from a scripted scenario, linted by promtool; the table is the API."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from tests.conftest import REPO, need_tool
+from tests.daemon_helpers import daemon_config, stepping_clock
+from watchdog.daemon import Daemon
+from watchdog.export.metrics import METRICS, PREFIX, metric_list_markdown
+from watchdog.sample import sim
+
+GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"
+# Values that depend on the machine, not on the scenario.
+_VOLATILE = re.compile(r'^(stall_watchdog_build_info\{.*|stall_watchdog_tick_duration_seconds|'
+                       r'stall_watchdog_bundle_disk_bytes)( .*)$', re.M)
+
+
+def scripted_exposition(tmp_path: Path) -> str:
+    """odd_rank, 40 s into the wait on GPU 4: a waiting warning with its culprit, one bundle written."""
+    ticks = iter(float(n) * 0.001 for n in range(10**6))
+    daemon = Daemon(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
+                    sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 260, clock=stepping_clock(1.9e9)),
+                    monotonic=lambda: next(ticks))
+    for _ in range(80):
+        daemon.tick()
+    daemon.shutdown(timeout=5)
+    daemon.tick()
+    return generate_latest(daemon.registry).decode()
+
+
+def test_exposition_matches_the_golden_file(tmp_path: Path) -> None:
+    text = _VOLATILE.sub(lambda m: m.group(1) + " <varies>", scripted_exposition(tmp_path))
+    if not GOLDEN.exists():
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "the exposition changed: review it, then delete the golden file to renew"
+    assert 'stall_watchdog_episode_culprit{gpu="4",signature="waiting"} 1.0' in text
+    assert 'stall_watchdog_episode_state{gpu="0",signature="waiting"} 2.0' in text
+    assert 'stall_watchdog_episodes_total{severity="warning",signature="waiting"} 1.0' in text
+
+
+def test_promtool_lints_the_exposition(tmp_path: Path) -> None:
+    promtool = need_tool("promtool")
+    result = subprocess.run([promtool, "check", "metrics"], input=scripted_exposition(tmp_path).encode(),
+                            capture_output=True)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_names_follow_the_conventions() -> None:
+    for spec in METRICS:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", spec.name)
+        assert (spec.kind == "counter") == spec.name.endswith("_total"), spec.name
+        assert "hostname" not in spec.labels and "host" not in spec.labels
+        # Prometheus owns `job` and `instance` (scrape target labels): a metric label by those names is renamed.
+        assert not {"job", "instance"} & set(spec.labels), spec.name
+        if {"rank", "pid", "training_job"} & set(spec.labels):
+            assert spec.name.endswith("_info"), f"{spec.name}: rank/pid/training_job labels only on an _info series"
+
+
+def test_readme_lists_every_metric_from_the_table() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert metric_list_markdown() in readme, "regenerate the README's metric list from watchdog.export.metrics"
+
+
+@pytest.mark.parametrize("rules", ["deploy/prometheus/rules.yml", "deploy/grafana/stall-watchdog.json"])
+def test_deploy_files_use_only_metrics_in_the_table(rules: str) -> None:
+    known = {PREFIX + s.name for s in METRICS}
+    used = set(re.findall(r"\b(stall_watchdog_[a-z0-9_]+)", (REPO / rules).read_text()))
+    assert used and used <= known, f"unknown metrics: {used - known}"

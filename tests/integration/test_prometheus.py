@@ -1,0 +1,163 @@
+"""Real Prometheus and Alertmanager on loopback, scraping real `stall-watchdog run` daemons:
+
+- node A plays a busy-spin hang: the shipped rule StallWatchdogBusySpinHang fires in Prometheus, and
+  the daemon's own Alertmanager receiver delivers an alert that Alertmanager's API lists;
+- node B plays one odd rank (GPU 4) with real processes on its GPUs: culprit and rank series appear;
+- every Grafana panel query returns data from that Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import REPO, TARGETS, need_tool, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def until(check, timeout: float, what: str) -> object:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except OSError as exc:
+            last = exc
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    prometheus, alertmanager = need_tool("prometheus"), need_tool("prometheus-alertmanager")
+    tmp = tmp_path_factory.mktemp("stack")
+    ports = {name: free_port() for name in ("prom", "am", "a", "b")}
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(args: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=(tmp / log).open("wb"),
+                                   env={**os.environ, **(env or {})})
+        processes.append(process)
+        return process
+
+    try:
+        # Real processes standing in for node B's ranks (one per GPU), launched with rank variables.
+        readies = []
+        pids: dict[int, list[int]] = {}
+        for gpu in range(8):
+            ready = tmp / f"rank-{gpu}"
+            readies.append(ready)
+            rank = start([sys.executable, str(TARGETS / "stuck.py"), "queue", str(ready)], f"rank{gpu}.log",
+                         {"RANK": str(gpu), "WORLD_SIZE": "8", "LOCAL_RANK": str(gpu),
+                          "TORCHELASTIC_RUN_ID": "llm-42"})
+            pids[gpu] = [rank.pid]
+        wait_for(readies)
+
+        (tmp / "am.yml").write_text("route: {receiver: sink}\nreceivers: [{name: sink}]\n")
+        start([alertmanager, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",
+               f"--web.listen-address=127.0.0.1:{ports['am']}", "--cluster.listen-address="], "am.log")
+        am_url = f"http://127.0.0.1:{ports['am']}"
+        until(lambda: get_json(am_url + "/api/v2/status"), 60, "Alertmanager to start")
+
+        for node, scenario, extra in (("a", "spin_hang", ""), ("b", "odd_rank", f"  pids: {json.dumps(pids)}\n")):
+            (tmp / f"{node}.yaml").write_text(
+                f"source:\n  kind: sim\n  scenario: {scenario}\n  start_offset_seconds: 292\n{extra}"
+                f"export: {{listen_address: '127.0.0.1:{ports[node]}'}}\n"
+                f"bundles: {{directory: '{tmp / ('incidents-' + node)}'}}\n"
+                f"stacks: {{observe_seconds: 0.2}}\n"
+                f"alerts:\n  instance: node-{node}\n  receivers:\n"
+                f"    - {{type: alertmanager, name: am, url: '{am_url}'}}\n")
+            start([sys.executable, "-m", "watchdog", "run", "--config", str(tmp / f"{node}.yaml")], f"{node}.log")
+
+        (tmp / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: ['{REPO / 'deploy' / 'prometheus' / 'rules.yml'}']\n"
+            "scrape_configs:\n  - job_name: stall-watchdog\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{ports['a']}', '127.0.0.1:{ports['b']}']\n")
+        start([prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+               f"--web.listen-address=127.0.0.1:{ports['prom']}"], "prom.log")
+        prom_url = f"http://127.0.0.1:{ports['prom']}"
+        until(lambda: get_json(prom_url + "/-/ready") if False else urllib.request.urlopen(prom_url + "/-/ready"),
+              60, "Prometheus to start")
+        yield {"prom": prom_url, "am": am_url, "tmp": tmp, "node_a": f"127.0.0.1:{ports['a']}"}
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def query(prom: str, expr: str) -> list[dict[str, object]]:
+    data = get_json(f"{prom}/api/v1/query?query={urllib.parse.quote(expr)}")
+    assert data["status"] == "success", data  # type: ignore[index]
+    return data["data"]["result"]  # type: ignore[index,no-any-return]
+
+
+def test_prometheus_scrapes_and_the_shipped_spin_rule_fires(stack: dict[str, object]) -> None:
+    prom = str(stack["prom"])
+    until(lambda: len(query(prom, 'up{job="stall-watchdog"} == 1')) == 2, 60, "both watchdogs scraped")
+
+    def firing() -> list[dict[str, object]]:
+        alerts = get_json(prom + "/api/v1/alerts")["data"]["alerts"]  # type: ignore[index]
+        return [a for a in alerts if a["labels"]["alertname"] == "StallWatchdogBusySpinHang"
+                and a["state"] == "firing"]
+
+    (alert,) = until(firing, 120, "StallWatchdogBusySpinHang to fire")  # type: ignore[misc]
+    assert alert["labels"]["instance"] == stack["node_a"] and alert["labels"]["severity"] == "critical"
+
+
+def test_the_daemons_alert_reaches_alertmanager(stack: dict[str, object]) -> None:
+    am = str(stack["am"])
+
+    def listed() -> list[dict[str, object]]:
+        alerts = get_json(am + "/api/v2/alerts")
+        return [a for a in alerts if a["labels"].get("alertname") == "StallWatchdogBusySpin"]  # type: ignore[union-attr]
+
+    (alert,) = until(listed, 120, "the daemon's alert in Alertmanager")  # type: ignore[misc]
+    labels, annotations = alert["labels"], alert["annotations"]
+    assert labels["severity"] == "critical" and labels["instance"] == "node-a" and labels["gpu"] == "0,1,2,3,4,5,6,7"
+    assert "Busy-spin hang on GPUs 0-7" in annotations["summary"]
+    assert annotations["bundle"].startswith(str(stack["tmp"]))
+
+
+def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> None:
+    prom = str(stack["prom"])
+    until(lambda: query(prom, "stall_watchdog_episode_culprit == 1"), 120, "node B's culprit series")
+    until(lambda: query(prom, "stall_watchdog_stack_captures_total"), 60, "node B's stack captures")
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$instance", ".*")
+            if not query(prom, expr):
+                empty.append(f"{panel['title']}: {expr}")
+    assert not empty, "panels with no data:\n" + "\n".join(empty)
+    culprits = query(prom, dashboard["panels"][5]["targets"][0]["expr"].replace("$instance", ".*"))
+    assert [c["metric"]["rank"] for c in culprits] == ["4"]  # type: ignore[index]
+    assert culprits[0]["metric"]["training_job"] == "run:llm-42"  # type: ignore[index]
+    job_view = query(prom, 'stall_watchdog:job_culprit_nodes:count{training_job="run:llm-42"}')
+    assert [s["value"][1] for s in job_view] == ["1"]  # type: ignore[index]

@@ -1,0 +1,205 @@
+"""The daemon's loop: the tick, its cadence, and every fault that must not stop it."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from tests.daemon_helpers import FlakySource, Receiver, daemon_config, stepping_clock
+from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+from watchdog.daemon import Daemon
+from watchdog.sample import sim
+from watchdog.sample.nvml import NvmlSource
+
+
+def spin_source(offset: float = 285) -> sim.SimSource:
+    return sim.SimSource(sim.SCENARIOS["spin_hang"], interval_seconds=1.0, start_offset_seconds=offset,
+                         clock=stepping_clock())
+
+
+def metric(daemon: Daemon, line_start: str) -> float | None:
+    for line in generate_latest(daemon.registry).decode().splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def ticks_on_time(daemon: Daemon, count: int) -> float:
+    """Run `count` ticks on the daemon's schedule; returns the worst lateness of a tick start."""
+    starts: list[float] = []
+    original = daemon.tick
+
+    def timed() -> None:
+        starts.append(time.monotonic())
+        original()
+
+    daemon.tick = timed  # type: ignore[method-assign]
+    daemon.run(max_ticks=count)
+    interval = daemon.config.sample.interval_seconds
+    return max(start - (starts[0] + n * interval) for n, start in enumerate(starts))
+
+
+def test_a_failing_component_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
+    source = FlakySource(spin_source())
+    daemon = Daemon(daemon_config(tmp_path), source)
+    daemon.tick()
+    source.failing = True
+    daemon.tick()
+    daemon.tick()
+    assert metric(daemon, 'stall_watchdog_component_up{component="sample"}') == 0
+    assert metric(daemon, 'stall_watchdog_component_errors_total{component="sample"}') == 2
+    source.failing = False
+    daemon.tick()
+    assert metric(daemon, 'stall_watchdog_component_up{component="sample"}') == 1
+    assert daemon.ticks == 4
+
+
+def test_spin_hang_fires_writes_a_bundle_and_alerts(tmp_path: Path) -> None:
+    receiver = Receiver()
+    try:
+        config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
+                                                                "url": receiver.url}]})
+        daemon = Daemon(config, spin_source())
+        for _ in range(60):
+            daemon.tick()
+        daemon.shutdown(timeout=5)
+    finally:
+        receiver.close()
+    assert metric(daemon, 'stall_watchdog_episodes_total{severity="critical",signature="busy_spin"}') == 1
+    assert metric(daemon, 'stall_watchdog_episode_state{gpu="3",signature="busy_spin"}') == 3
+    (bundle,) = (tmp_path / "incidents").iterdir()
+    assert oct(bundle.stat().st_mode & 0o777) == "0o700"
+    assert {p.name for p in bundle.iterdir()} >= {"summary.json", "telemetry.jsonl"}
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in bundle.iterdir())
+    (path, body), = receiver.requests
+    assert body["alert"]["severity"] == "critical" and body["alert"]["bundle"] == str(bundle)
+    assert body["text"].startswith("[CRITICAL]")
+
+
+def test_gpu_lost_and_a_hung_nvml_call_keep_the_cadence(tmp_path: Path) -> None:
+    gpus = [FakeGpu(util_percent=90, power_mw=500_000), FakeGpu(util_percent=90, power_mw=500_000)]
+    source = NvmlSource(nvml=FakeNvml(gpus), call_timeout_seconds=0.05, clock=stepping_clock())
+    source.open()
+    daemon = Daemon(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05}),
+                    source)
+    gpus[1].lost = True
+    gpus[0].hang_in = "nvmlDeviceGetPowerUsage"
+    try:
+        lateness = ticks_on_time(daemon, 10)
+        text = generate_latest(daemon.registry).decode()
+    finally:
+        gpus[0].release.set()
+        source.close()
+    assert lateness < 0.1, f"a tick started {lateness:.3f} s late"
+    assert any(line.startswith('stall_watchdog_gpu_health{gpu="1",health="lost"') and line.endswith(" 1.0")
+               for line in text.splitlines())
+    assert any(line.startswith('stall_watchdog_gpu_health{gpu="0",health="hung"') and line.endswith(" 1.0")
+               for line in text.splitlines())
+    # one episode per GPU: GPU 1 lost, GPU 0 hung
+    assert metric(daemon, 'stall_watchdog_episodes_total{severity="critical",signature="gpu_lost"}') == 2
+
+
+def test_dead_receivers_and_a_hung_py_spy_never_delay_a_tick(tmp_path: Path) -> None:
+    failing, hanging = Receiver("fail"), Receiver("hang")
+    hung = tmp_path / "py-spy"
+    hung.write_text("#!/bin/sh\nsleep 30\n")
+    hung.chmod(0o755)
+    worker = os.getpid()  # a real process on simulated GPU 0, so a capture is attempted
+    try:
+        config = daemon_config(
+            tmp_path, source={"start_offset_seconds": 296, "pids": {0: [worker]}},
+            bundles={"capture_stacks": True}, stacks={"py_spy_command": [str(hung)], "timeout_seconds": 1.0},
+            alerts={"receivers": [{"type": "webhook", "name": "failing", "url": failing.url},
+                                  {"type": "webhook", "name": "hanging", "url": hanging.url, "timeout_seconds": 1}]})
+        daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 296, {0: [worker]},
+                                              clock=stepping_clock()))
+        lateness = ticks_on_time(daemon, 45)
+        daemon.shutdown(timeout=8)
+    finally:
+        failing.close()
+        hanging.close()
+    assert lateness < 0.15, f"a tick started {lateness:.3f} s late"
+    assert metric(daemon, 'stall_watchdog_stack_captures_total{result="timeout"}') == 1
+    assert metric(daemon, 'stall_watchdog_alerts_total{receiver="failing",result="failed"}') == 1
+    assert len(failing.requests) == 2  # max_attempts, with backoff
+    assert metric(daemon, 'stall_watchdog_alerts_total{receiver="hanging",result="failed"}') == 1
+
+
+def test_a_read_only_bundle_folder_costs_the_bundle_not_the_loop(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the bundle folder should be")
+    config = daemon_config(tmp_path, bundles={"directory": str(blocked / "incidents")})
+    daemon = Daemon(config, spin_source())
+    for _ in range(60):
+        daemon.tick()
+    daemon.shutdown(timeout=5)
+    assert metric(daemon, 'stall_watchdog_bundles_total{result="failed"}') == 1
+    assert metric(daemon, 'stall_watchdog_component_up{component="act"}') == 1
+    assert daemon.ticks == 60
+
+
+def test_a_full_disk_costs_the_bundle(tmp_path: Path) -> None:
+    """/dev/full as the telemetry file's folder is not possible; a folder on a full tmpfs is: a tmpfs of
+    one page leaves no room for the telemetry window."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    mounted = os.system(f"mount -t tmpfs -o size=4k tmpfs {mount} 2>/dev/null")  # noqa: S605
+    assert mounted == 0, "mounting a 4 KiB tmpfs (a disk that fills at once) needs root, as in CI"
+    try:
+        daemon = Daemon(daemon_config(tmp_path, bundles={"directory": str(mount / "incidents")}), spin_source())
+        for _ in range(60):
+            daemon.tick()
+        daemon.shutdown(timeout=5)
+        assert metric(daemon, 'stall_watchdog_bundles_total{result="failed"}') == 1
+        assert not any(p.name.startswith(".partial") for p in (mount / "incidents").iterdir())
+    finally:
+        os.system(f"umount {mount}")  # noqa: S605
+
+
+def test_bundles_rotate_under_the_count_limit(tmp_path: Path) -> None:
+    config = daemon_config(tmp_path, bundles={"max_count": 2})
+    daemon = Daemon(config, spin_source())
+    from watchdog.act.bundles import Incident
+    from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
+
+    for n in range(4):
+        event = EpisodeEvent(EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL, (n,), (), 1e9 + n, 1e9 + n, "s")
+        daemon.bundles.write(Incident(event, []))
+    names = [p.name for p in daemon.bundles.bundles()]
+    assert len(names) == 2 and names[-1].endswith("gpu3")
+
+
+def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
+    """odd_rank on real gloo ranks: the GPUs wait on GPU 4 (a warning by telemetry alone). The rank on
+    GPU 4 is idle in its data loader while the others sit in all_reduce, so the stacks make it a hang:
+    the alert goes out critical at once, not after 15 minutes."""
+    from tests.conftest import gloo_job
+
+    receiver = Receiver()
+    try:
+        with gloo_job("dataloader", tmp_path, odd_rank=2) as ranks:
+            pids = {4: [ranks[2].pid], 0: [ranks[0].pid], 1: [ranks[1].pid], 2: [ranks[3].pid]}
+            config = daemon_config(tmp_path, source={"scenario": "odd_rank", "start_offset_seconds": 295,
+                                                     "pids": pids},
+                                   bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
+                                   alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]})
+            daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+            for _ in range(45):
+                daemon.tick()
+            daemon.shutdown(timeout=15)
+    finally:
+        receiver.close()
+    (_, body), = receiver.requests
+    alert = body["alert"]
+    assert alert["signature"] == "waiting" and alert["culprit_gpus"] == [4]
+    assert alert["severity"] == "critical", alert["summary"]
+    assert "Stacks: 3 of 4 ranks wait in all_reduce" in alert["summary"]
+    assert "rank 2" in alert["summary"] and "FakeLoader.__next__" in alert["summary"]
+    assert alert["job"].startswith("run:test-")
+    bundle = Path(alert["bundle"])
+    assert (bundle / "stacks.json").exists() and (bundle / "environment.json").exists()
+    assert len(list((bundle / "stacks").iterdir())) == 4
+    assert metric(daemon, 'stall_watchdog_stack_captures_total{result="ok"}') == 4
