@@ -1,0 +1,130 @@
+"""Alert delivery against real local receivers: labels and resolve, dedupe, rate limit, the command
+hook, and secrets kept out of the logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_helpers import Receiver
+from watchdog.act.alerts import Alert, AlertDispatcher, build_receivers
+from watchdog.config import parse_config
+from watchdog.export.metrics import Counters
+
+
+def alerts_config(receivers: list[dict[str, object]], **extra: object):  # type: ignore[no-untyped-def]
+    return parse_config({"alerts": {"receivers": receivers, "backoff_seconds": 0.05, "max_attempts": 2,
+                                    **extra}}).alerts
+
+
+def alert(key: str = "busy_spin@1", status: str = "firing", severity: str = "critical") -> Alert:
+    return Alert(key=key, status=status, signature="busy_spin", severity=severity, gpus=(0, 1),
+                 culprit_gpus=(), summary="Busy-spin hang on GPUs 0-1", onset=1.9e9, at=1.9e9 + 40,
+                 instance="node-a", job="run:llm", bundle="/var/lib/stall-watchdog/incidents/x")
+
+
+def deliver(config, *alerts: Alert) -> Counters:  # type: ignore[no-untyped-def]
+    counters = Counters()
+    dispatcher = AlertDispatcher(config, counters)
+    for a in alerts:
+        dispatcher.submit(a)
+    dispatcher.close(timeout=5)
+    return counters
+
+
+def test_alertmanager_fires_then_resolves_with_the_same_labels() -> None:
+    server = Receiver()
+    try:
+        deliver(alerts_config([{"type": "alertmanager", "name": "am", "url": server.url}]),
+                alert(), alert(status="resolved"))
+    finally:
+        server.close()
+    (path1, (fired,)), (path2, (resolved,)) = server.requests
+    assert path1 == path2 == "/api/v2/alerts"
+    assert fired["labels"] == resolved["labels"] == {
+        "alertname": "StallWatchdogBusySpin", "severity": "critical", "signature": "busy_spin", "gpu": "0,1",
+        "instance": "node-a", "job": "run:llm"}
+    assert "endsAt" not in fired and resolved["endsAt"].startswith("2030-")
+    assert fired["annotations"]["bundle"] == "/var/lib/stall-watchdog/incidents/x"
+
+
+def test_the_same_alert_goes_out_once_and_floods_are_limited() -> None:
+    server = Receiver()
+    try:
+        config = alerts_config([{"type": "webhook", "name": "hook", "url": server.url}], rate_limit_per_minute=2)
+        counters = deliver(config, alert("a"), alert("a"), alert("b"), alert("c"))
+    finally:
+        server.close()
+    assert [body["alert"]["key"] for _, body in server.requests] == ["a", "b"]
+    assert counters.get("alerts_total", "hook", "deduplicated") == 1
+    assert counters.get("alerts_total", "hook", "rate_limited") == 1
+    assert counters.get("alerts_total", "hook", "sent") == 2
+
+
+def test_min_severity_filters() -> None:
+    server = Receiver()
+    try:
+        deliver(alerts_config([{"type": "webhook", "name": "pager", "url": server.url, "min_severity": "critical"}]),
+                alert("w", severity="warning"), alert("c"))
+    finally:
+        server.close()
+    assert [body["alert"]["key"] for _, body in server.requests] == ["c"]
+
+
+def test_command_gets_the_alert_on_stdin_and_the_bundle_as_argument(tmp_path: Path) -> None:
+    out = tmp_path / "got.json"
+    script = ("import json, sys; data = json.load(sys.stdin); "
+              f"open({str(out)!r}, 'w').write(json.dumps({{'alert': data, 'argv': sys.argv[1:]}}))")
+    counters = deliver(alerts_config([{"type": "command", "name": "hook", "argv": [sys.executable, "-c", script]}]),
+                       alert())
+    got = json.loads(out.read_text())
+    assert got["argv"] == ["/var/lib/stall-watchdog/incidents/x"]
+    assert got["alert"]["alertname"] == "StallWatchdogBusySpin" and got["alert"]["status"] == "firing"
+    assert counters.get("alerts_total", "hook", "sent") == 1
+
+
+def test_a_failing_command_is_retried_then_counted() -> None:
+    counters = deliver(alerts_config([{"type": "command", "name": "hook", "argv": ["false"]}]), alert())
+    assert counters.get("alerts_total", "hook", "failed") == 1
+
+
+def test_secrets_come_from_files_and_never_reach_the_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dead = "http://127.0.0.1:9/hooks/T0KEN-s3cret"  # nothing listens on port 9
+    (tmp_path / "url").write_text(dead + "\n")
+    (tmp_path / "token").write_text("bearer-s3cret\n")
+    config = alerts_config([{"type": "webhook", "name": "slack", "url_file": str(tmp_path / "url"),
+                             "token_file": str(tmp_path / "token")}])
+    caplog.set_level(logging.INFO, logger="stall_watchdog")
+    counters = deliver(config, alert())
+    assert counters.get("alerts_total", "slack", "failed") == 1
+    assert "receiver=slack" in caplog.text
+    assert "s3cret" not in caplog.text and "T0KEN" not in caplog.text
+
+
+def test_a_missing_secret_names_the_receiver(tmp_path: Path) -> None:
+    config = alerts_config([{"type": "webhook", "name": "slack", "url_env": "NO_SUCH_VARIABLE_FOR_TEST"}])
+    with pytest.raises(ValueError, match="receiver slack: environment variable NO_SUCH_VARIABLE_FOR_TEST"):
+        build_receivers(config)
+
+
+def test_a_hung_receiver_does_not_hold_up_another() -> None:
+    hung, fine = Receiver("hang"), Receiver()
+    try:
+        config = alerts_config([{"type": "webhook", "name": "hung", "url": hung.url, "timeout_seconds": 3},
+                                {"type": "webhook", "name": "fine", "url": fine.url}])
+        counters = Counters()
+        dispatcher = AlertDispatcher(config, counters)
+        started = time.monotonic()
+        dispatcher.submit(alert())
+        while not fine.requests:
+            assert time.monotonic() - started < 2, "the healthy receiver waited on the hung one"
+            time.sleep(0.02)
+        dispatcher.close(timeout=1)
+    finally:
+        hung.close()
+        fine.close()
