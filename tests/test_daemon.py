@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -202,4 +203,6 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
     bundle = Path(alert["bundle"])
     assert (bundle / "stacks.json").exists() and (bundle / "environment.json").exists()
     assert len(list((bundle / "stacks").iterdir())) == 4
+    doctor = {d["check"]: d for d in json.loads((bundle / "doctor.json").read_text())}
+    assert {"driver", "p2p", "kernel", "timeouts", "flight_recorder"} <= doctor.keys()  # node and job checks
     assert metric(daemon, 'stall_watchdog_stack_captures_total{result="ok"}') == 4

@@ -227,12 +227,17 @@ def _print_reports(reports: list[StackReport], as_json: bool) -> None:
             print(("\n" if number else "") + render_stacks(report))
 
 
+def _describe_pids(discovery: RankDiscovery, pids: list[int]) -> tuple[list[RankInfo], list[int]]:
+    """The processes named with --pid, and the pids that do not exist."""
+    ranks = [r for r in (discovery.describe(pid) for pid in pids) if r is not None]
+    return ranks, sorted(set(pids) - {r.pid for r in ranks})
+
+
 def cmd_stacks_dump(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     discovery = RankDiscovery()
     if args.pid:
-        ranks = [r for r in (discovery.describe(pid) for pid in args.pid) if r is not None]
-        missing = sorted(set(args.pid) - {r.pid for r in ranks})
+        ranks, missing = _describe_pids(discovery, args.pid)
         if missing:
             _error(f"warning: no such process: {', '.join(map(str, missing))}")
     else:
@@ -335,6 +340,46 @@ def cmd_run(args: argparse.Namespace) -> int:
         endpoint.stop()
         daemon.shutdown()
     return EXIT_OK
+
+
+# -- doctor --------------------------------------------------------------------------------------
+EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from watchdog.detect.doctor import ERROR, WARNING, examine
+    from watchdog.export.doctor_text import render as render_doctor
+    from watchdog.sample.node_facts import gather
+    from watchdog.sample.nvml import read_inventory
+
+    facts = gather(read_inventory)
+    discovery = RankDiscovery()
+    if args.pid:
+        ranks, missing = _describe_pids(discovery, args.pid)
+        if missing:
+            _error(f"no such process: {', '.join(map(str, missing))}")
+            return EXIT_FAILURE
+    elif args.all_ranks:
+        ranks = discovery.scan()
+        if not ranks:
+            _error("warning: no running ranks found (RANK/LOCAL_RANK with WORLD_SIZE); node checks only")
+    else:
+        ranks = []
+    groups = [job.ranks for job in group_jobs(ranks)] or [()]
+    worst = 0
+    for job_ranks in groups:
+        findings = examine(facts, job_ranks)
+        title = f"doctor: node{' and job ' + job_ranks[0].job_key if job_ranks else ''}"
+        if args.json:
+            print(json.dumps({"job": job_ranks[0].job_key if job_ranks else None,
+                              "findings": [f.to_json() for f in findings]}))
+        else:
+            print(render_doctor(findings, title))
+        if any(f.severity == ERROR for f in findings):
+            worst = max(worst, EXIT_DOCTOR_ERROR)
+        elif args.strict and any(f.severity == WARNING for f in findings):
+            worst = max(worst, EXIT_DOCTOR_WARNING)
+    return worst
 
 
 # -- check-config --------------------------------------------------------------------------------
@@ -444,6 +489,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
     run.add_argument("--max-ticks", type=int, metavar="N", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
+
+    doctor = verbs.add_parser(
+        "doctor", help="diagnose the node and the job's NCCL setup (P2P, ACS, IOMMU, IB, interfaces, kernel)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check the environment faults behind most stalls: P2P and ACS, IOMMU mode, PCIe link width, "
+                    "NVLink, InfiniBand ports, the kernel, mixed GPU models; and, for running ranks, "
+                    "NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, NCCL_P2P_DISABLE, CUDA_VISIBLE_DEVICES, timeouts and "
+                    "the Flight Recorder settings. Each finding gives the evidence and the fix.",
+        epilog="Exit codes: 0 no error (warnings are printed), 4 an error was found, 3 a warning with --strict; "
+               "1 runtime failure, 2 usage.\nExamples:\n  stall-watchdog doctor\n"
+               "  stall-watchdog doctor --all-ranks --json\n"
+               "  stall-watchdog doctor --strict || exit 1   # in a Slurm prolog\n")
+    who = doctor.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, action="append", metavar="PID", help="check this rank's settings (repeat)")
+    who.add_argument("--all-ranks", action="store_true", help="check every running rank's settings, per job")
+    doctor.add_argument("--json", action="store_true", help="one JSON object per job")
+    doctor.add_argument("--strict", action="store_true", help="exit 3 on warnings too")
+    doctor.set_defaults(func=cmd_doctor)
 
     check = verbs.add_parser(
         "check-config", help="validate a configuration file",

@@ -39,6 +39,11 @@ class FakeGpu:
     gpm: bool = True
     sm_activity_percent: float = 0.0
     pids: list[int] = field(default_factory=list)
+    bus_id: str = "00000000:07:00.0"
+    persistence: int = 1
+    pcie_gen: tuple[int, int] = (5, 5)
+    pcie_width: tuple[int, int] = (16, 16)
+    nvlinks: tuple[int, ...] = ()  # per link: 1 active, 0 down; empty: no NVLink
     not_supported: set[str] = field(default_factory=set)  # pynvml function names
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
@@ -51,13 +56,16 @@ class FakeNvml(SimpleNamespace):
     """Pass as `NvmlSource(nvml=FakeNvml(gpus=[...]))`."""
 
     def __init__(self, gpus: list[FakeGpu], missing: set[str] | None = None, init_error: int | None = None,
-                 driver_version: str = "550.54.15"):
+                 driver_version: str = "550.54.15", p2p: dict[tuple[int, int], int] | None = None,
+                 topology: dict[tuple[int, int], int] | None = None):
         super().__init__(**_EXPORTS)
         self.gpus = gpus
         self.missing = missing or set()  # functions this driver lacks (NVML_ERROR_FUNCTION_NOT_FOUND)
         self.init_error = init_error
         self.driver = driver_version
         self.initialized = False
+        self.p2p = p2p or {}  # (i, j) -> NVML_P2P_STATUS_*; default OK
+        self.topology = topology or {}  # (i, j) -> NVML_TOPOLOGY_*; default NVML_TOPOLOGY_NODE
 
     # -- helpers ---------------------------------------------------------------------------------
     def _gpu(self, handle: Any, function: str) -> FakeGpu:
@@ -175,3 +183,43 @@ class FakeNvml(SimpleNamespace):
             metric.value = g.sm_activity_percent
             metric.nvmlReturn = _real.NVML_SUCCESS
         return metricsGet
+
+    # -- the doctor's inventory ------------------------------------------------------------------
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "12.550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPersistenceMode").persistence
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
+        return SimpleNamespace(busId=self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id.encode())
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_gen[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration").pcie_gen[1]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie_width[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie_width[1]
+
+    def nvmlDeviceGetNvLinkState(self, device: int, link: int) -> int:
+        g = self._gpu(device, "nvmlDeviceGetNvLinkState")
+        if link >= len(g.nvlinks):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT if g.nvlinks else _real.NVML_ERROR_NOT_SUPPORTED)
+        return g.nvlinks[link]
+
+    def nvmlDeviceGetP2PStatus(self, device1: int, device2: int, p2pIndex: int) -> int:
+        assert isinstance(p2pIndex, int), "NVML takes the capability index as an integer"
+        self._gpu(device1, "nvmlDeviceGetP2PStatus")
+        return self.p2p.get((device1, device2), _real.NVML_P2P_STATUS_OK)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: int, device2: int) -> int:
+        self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology.get((device1, device2), _real.NVML_TOPOLOGY_NODE)

@@ -4,6 +4,7 @@
     telemetry.jsonl   the node's samples around the onset (the recording format: `replay` reads it)
     stacks.json       the grouped stacks and outliers per job; stacks/<rank>.json: py-spy's raw JSON
     environment.json  each rank's command line and NCCL/CUDA environment
+    doctor.json       the doctor's findings for the node and the job at the time of the incident
 
 Written into a hidden folder and renamed into place (a reader never sees half a bundle), folders 0700
 and files 0600 (stacks and environments name paths and settings). A disk budget and a count limit
@@ -24,6 +25,7 @@ from pathlib import Path
 from watchdog import logfmt
 from watchdog.act.stack_report import StackReport
 from watchdog.config import BundlesConfig
+from watchdog.detect.doctor import DoctorFinding
 from watchdog.export.metrics import Counters
 from watchdog.model import EpisodeEvent, NodeSnapshot, iso_time
 from watchdog.sample import recording
@@ -39,6 +41,7 @@ class Incident:
     sentence: str = ""
     severity: str = ""
     partial: bool = False  # stopped before everything was gathered (shutdown, no time)
+    doctor: list[DoctorFinding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -83,6 +86,8 @@ class BundleStore:
                         if capture.raw is not None:
                             who = f"rank-{capture.target.rank}" if capture.target.rank is not None else "pid"
                             self._json(stacks / f"{who}-pid-{capture.target.pid}.json", capture.raw)
+            if incident.doctor:
+                self._json(temporary / "doctor.json", [d.to_json() for d in incident.doctor])
             if incident.ranks:
                 self._json(temporary / "environment.json", [
                     {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -25,8 +25,11 @@ from watchdog.act.bundles import BundleStore, Incident
 from watchdog.act.stack_report import capture_job
 from watchdog.act.stacks import StackCapturer
 from watchdog.config import Config
+from watchdog.detect.doctor import examine, top_finding
 from watchdog.export.metrics import Counters
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity
+from watchdog.sample.node_facts import NodeFacts, gather
+from watchdog.sample.nvml import read_inventory
 from watchdog.sample.ranks import RankDiscovery, group_jobs
 
 _MAX_PENDING = 4
@@ -43,7 +46,8 @@ class _Open:
 class IncidentHandler:
     def __init__(self, config: Config, counters: Counters, dispatcher: AlertDispatcher,
                  bundles: BundleStore | None = None, capturer: StackCapturer | None = None,
-                 discovery: RankDiscovery | None = None, now: float | None = None):
+                 discovery: RankDiscovery | None = None,
+                 nvml_facts: Callable[[NodeFacts], None] | None = read_inventory):
         self.config = config
         self.counters = counters
         self.dispatcher = dispatcher
@@ -51,6 +55,7 @@ class IncidentHandler:
         s = config.stacks
         self.capturer = capturer or StackCapturer(s.py_spy_command, s.timeout_seconds, s.native, s.max_parallel)
         self.discovery = discovery or RankDiscovery()
+        self.nvml_facts = nvml_facts
         self.instance = config.alerts.instance or socket.gethostname()
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="incident")
         self.pending: set[Future[None]] = set()
@@ -124,6 +129,12 @@ class IncidentHandler:
                 elif verdict.kind in ("waiting", "remote"):
                     severity = Severity.WARNING.value
                 sentence = f"{event.summary}. Stacks: {verdict.sentence}"
+        # The doctor costs milliseconds: it runs even while stopping.
+        facts = gather(self.nvml_facts, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)
+        incident.doctor = examine(facts, incident.ranks)
+        top = top_finding(incident.doctor)
+        if top is not None:
+            sentence = f"{sentence}. Doctor: {top.evidence}" + (f"; {top.fix}" if top.fix else "")
         incident.sentence, incident.severity = sentence, severity
         path = self.bundles.write(incident)
         with self._lock:

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.sample.node_facts import GpuFacts, NodeFacts
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ FUNCTIONS = (
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetComputeRunningProcesses",
     "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
     "nvmlGpmSampleFree",
+    # the doctor's inventory
+    "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetPciInfo", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetP2PStatus", "nvmlDeviceGetTopologyCommonAncestor",
 )
 
 
@@ -295,3 +301,60 @@ class NvmlSource:
             (("sm_activity_ratio",), sm_activity),
             (("pids",), processes),
         ]
+
+
+# -- the doctor's inventory: static facts, read once -------------------------------------------------
+_TOPOLOGY = {0: "same board", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+_P2P_STATUS = {0: "ok", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
+               4: "disabled by registry key", 5: "not supported", 6: "unknown"}
+
+
+def read_inventory(facts: NodeFacts, nvml: ModuleType | Any | None = None) -> None:
+    """Fill the NVML part of the doctor's facts (driver, GPUs, PCIe, NVLink, P2P and topology)."""
+    nv = nvml if nvml is not None else importlib.import_module("pynvml")
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML could not start: {exc}") from None
+
+    def ask(call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except nv.NVMLError:
+            return None
+
+    try:
+        facts.driver_version = _text(ask(nv.nvmlSystemGetDriverVersion) or "") or None
+        facts.nvml_version = _text(ask(nv.nvmlSystemGetNVMLVersion) or "") or None
+        cuda = ask(nv.nvmlSystemGetCudaDriverVersion)
+        facts.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        for index, h in enumerate(handles):
+            pci = ask(nv.nvmlDeviceGetPciInfo, h)
+            bus = _text(pci.busId).lower()[-12:] if pci is not None else None
+            gens = (ask(nv.nvmlDeviceGetCurrPcieLinkGeneration, h), ask(nv.nvmlDeviceGetMaxPcieLinkGeneration, h))
+            widths = (ask(nv.nvmlDeviceGetCurrPcieLinkWidth, h), ask(nv.nvmlDeviceGetMaxPcieLinkWidth, h))
+            links: list[bool] = []
+            for link in range(nv.NVML_NVLINK_MAX_LINKS):
+                try:
+                    links.append(bool(nv.nvmlDeviceGetNvLinkState(h, link)))
+                except nv.NVMLError:
+                    break  # no such link (or no NVLink at all)
+            mode = ask(nv.nvmlDeviceGetPersistenceMode, h)
+            facts.gpus.append(GpuFacts(
+                index, _text(ask(nv.nvmlDeviceGetName, h) or "") or None, _text(ask(nv.nvmlDeviceGetUUID, h) or "")
+                or None, bus, None if mode is None else bool(mode),
+                gens if None not in gens else None, widths if None not in widths else None,
+                tuple(links) or None))
+        # pynvml defines NVML_P2P_CAPS_INDEX_READ as the tuple (0,): pass the index itself.
+        read_index = 0
+        for i, a in enumerate(handles):
+            for j, b in enumerate(handles):
+                if i < j:
+                    status = ask(nv.nvmlDeviceGetP2PStatus, a, b, read_index)
+                    facts.p2p[(i, j)] = _P2P_STATUS.get(status, "unknown") if status is not None else "unknown"
+                    level = ask(nv.nvmlDeviceGetTopologyCommonAncestor, a, b)
+                    facts.topology[(i, j)] = _TOPOLOGY.get(level, str(level)) if level is not None else "unknown"
+    finally:
+        with contextlib.suppress(Exception):
+            nv.nvmlShutdown()

@@ -1,0 +1,321 @@
+"""The doctor: the environment faults behind most stalls, each a small named check with a severity, the
+evidence, and the fix in one sentence. Pure functions of the node's facts and the job's ranks.
+
+Claims stay within what was checked: a fact that could not be read makes a check "unknown", never ok.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from watchdog.sample.node_facts import Interface, NodeFacts, kernel_version_tuple
+from watchdog.sample.ranks import RankInfo
+
+OK, INFO, UNKNOWN, WARNING, ERROR = "ok", "info", "unknown", "warning", "error"
+_ORDER = {ERROR: 0, WARNING: 1, UNKNOWN: 2, INFO: 3, OK: 4}
+
+# GPUs on which P2P is reported available but hangs in practice (NCCL_P2P_DISABLE=1 is the known fix).
+KNOWN_P2P_TROUBLE = ("H20", "L20", "RTX 4090", "RTX 3090")
+
+
+@dataclass(frozen=True)
+class DoctorFinding:
+    check: str
+    severity: str
+    evidence: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"check": self.check, "severity": self.severity, "evidence": self.evidence, "fix": self.fix}
+
+
+def _model_short(name: str | None) -> str:
+    return (name or "unknown").replace("NVIDIA ", "")
+
+
+# -- node checks -----------------------------------------------------------------------------------
+def check_driver(f: NodeFacts) -> DoctorFinding:
+    if f.driver_version is None:
+        return DoctorFinding("driver", UNKNOWN, "; ".join(f.problems or ["NVML could not be read"]),
+                             "install the NVIDIA driver and check that `nvidia-smi` works")
+    return DoctorFinding("driver", INFO, f"driver {f.driver_version}, NVML {f.nvml_version or '?'}, "
+                                         f"CUDA driver {f.cuda_driver_version or '?'}, {len(f.gpus)} GPUs")
+
+
+def check_mixed_models(f: NodeFacts) -> DoctorFinding:
+    models = Counter(_model_short(g.name) for g in f.gpus)
+    if len(models) > 1:
+        return DoctorFinding("gpu_models", WARNING, "mixed GPU models: " + ", ".join(f"{n}x {m}" for m, n in
+                                                                                    models.items()),
+                             "run one job on one GPU model: mixed models make the fast ranks wait on the slow")
+    return DoctorFinding("gpu_models", OK if models else UNKNOWN, ", ".join(f"{n}x {m}" for m, n in models.items())
+                         or "no GPU seen")
+
+
+def check_persistence(f: NodeFacts) -> DoctorFinding:
+    off = [g.index for g in f.gpus if g.persistence_mode is False]
+    if off:
+        return DoctorFinding("persistence_mode", WARNING, f"persistence mode off on GPUs {off}",
+                             "enable it (`nvidia-smi -pm 1` or nvidia-persistenced) so the driver stays loaded "
+                             "between jobs")
+    known = [g for g in f.gpus if g.persistence_mode is not None]
+    return DoctorFinding("persistence_mode", OK if known else UNKNOWN, "on" if known else "not reported")
+
+
+def check_kernel(f: NodeFacts) -> DoctorFinding:
+    if f.kernel is None:
+        return DoctorFinding("kernel", UNKNOWN, "kernel release not readable")
+    if len(f.gpus) > 1 and kernel_version_tuple(f.kernel) < (5, 5):
+        return DoctorFinding("kernel", WARNING, f"Linux {f.kernel} on a {len(f.gpus)}-GPU node",
+                             "use a kernel >= 5.5: multi-GPU NCCL jobs are known to hang on older ones")
+    return DoctorFinding("kernel", OK, f"Linux {f.kernel}")
+
+
+def check_p2p(f: NodeFacts) -> DoctorFinding:
+    if not f.gpus:
+        return DoctorFinding("p2p", UNKNOWN, "no GPU seen")
+    if not f.p2p:
+        return DoctorFinding("p2p", UNKNOWN if len(f.gpus) > 1 else OK,
+                             "P2P not read" if len(f.gpus) > 1 else "single GPU")
+    broken = {pair: status for pair, status in f.p2p.items() if status != "ok"}
+    if broken:
+        listed = ", ".join(f"{i}-{j}: {s}" for (i, j), s in sorted(broken.items())[:6])
+        return DoctorFinding("p2p", WARNING, f"P2P unavailable between {len(broken)} GPU pairs ({listed})",
+                             "set NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL) for jobs here, or fix the PCIe/ACS setup")
+    return DoctorFinding("p2p", OK, f"P2P reported OK between all {len(f.p2p)} GPU pairs")
+
+
+def check_topology(f: NodeFacts) -> DoctorFinding:
+    numa = {g.index: g.numa_node for g in f.gpus}
+    nodes = sorted({n for n in numa.values() if n is not None})
+    cross = Counter(level for level in f.topology.values())
+    evidence = f"NUMA nodes {nodes or 'unknown'}; GPU pair links: " + (", ".join(
+        f"{n} {level}" for level, n in sorted(cross.items())) or "not read")
+    return DoctorFinding("topology", INFO, evidence)
+
+
+def check_pcie(f: NodeFacts) -> DoctorFinding:
+    narrow = [f"GPU {g.index} x{g.pcie_width[0]} of x{g.pcie_width[1]}" for g in f.gpus
+              if g.pcie_width and g.pcie_width[0] < g.pcie_width[1]]
+    if narrow:
+        return DoctorFinding("pcie_link", WARNING, "PCIe link trained narrower than the slot: " + ", ".join(narrow),
+                             "reseat the GPU or riser and check the slot: a narrow link slows every collective")
+    slow = [f"GPU {g.index} gen{g.pcie_gen[0]} of gen{g.pcie_gen[1]}" for g in f.gpus
+            if g.pcie_gen and g.pcie_gen[0] < g.pcie_gen[1]]
+    if slow:
+        return DoctorFinding("pcie_link", INFO, "below max generation (normal at idle, as links save power): "
+                             + ", ".join(slow))
+    known = [g for g in f.gpus if g.pcie_width]
+    return DoctorFinding("pcie_link", OK if known else UNKNOWN, "full width" if known else "not reported")
+
+
+def check_nvlink(f: NodeFacts) -> DoctorFinding:
+    down = [f"GPU {g.index} link {n}" for g in f.gpus if g.nvlinks for n, up in enumerate(g.nvlinks) if not up]
+    if down:
+        return DoctorFinding("nvlink", WARNING, "NVLink links down: " + ", ".join(down[:8]),
+                             "check `nvidia-smi nvlink -s` and the NVSwitch fabric manager")
+    if not f.gpus:
+        return DoctorFinding("nvlink", UNKNOWN, "no GPU seen")
+    with_links = [g for g in f.gpus if g.nvlinks]
+    return DoctorFinding("nvlink", OK if with_links else INFO,
+                         f"{sum(len(g.nvlinks or ()) for g in with_links)} links up" if with_links else "no NVLink")
+
+
+def check_acs(f: NodeFacts) -> DoctorFinding:
+    on = [b for b, redirect in f.acs_bridges.items() if redirect]
+    if on:
+        return DoctorFinding("pcie_acs", WARNING, "ACS redirect enabled on bridges above the GPUs: "
+                             + ", ".join(on[:6]),
+                             "disable ACS on those bridges (BIOS, or setpci): it sends P2P traffic through the "
+                             "root complex and is a classic cause of NCCL P2P hangs")
+    unknown = [b for b, redirect in f.acs_bridges.items() if redirect is None]
+    if unknown or not f.acs_bridges:
+        return DoctorFinding("pcie_acs", UNKNOWN, "bridge config space not readable (run as root)"
+                             if unknown else "no bridges found above the GPUs")
+    return DoctorFinding("pcie_acs", OK, f"ACS redirect off on {len(f.acs_bridges)} bridges")
+
+
+def check_iommu(f: NodeFacts) -> DoctorFinding:
+    cmdline = f.cmdline or ""
+    if f.iommu_groups is None:
+        return DoctorFinding("iommu", UNKNOWN, "IOMMU state not readable")
+    if f.iommu_groups == 0:
+        return DoctorFinding("iommu", OK, "IOMMU off")
+    if "iommu=pt" in cmdline or "iommu.passthrough=1" in cmdline:
+        return DoctorFinding("iommu", OK, f"IOMMU on in passthrough mode ({f.iommu_groups} groups)")
+    return DoctorFinding("iommu", WARNING, f"IOMMU translating DMA ({f.iommu_groups} groups, no iommu=pt)",
+                         "boot with iommu=pt (or disable the IOMMU) for GPU P2P: translation slows or breaks it")
+
+
+def check_infiniband(f: NodeFacts) -> DoctorFinding:
+    if not f.ib_ports:
+        return DoctorFinding("infiniband", INFO, "no InfiniBand devices")
+    down = [f"{p.device}/{p.port} {p.state}" for p in f.ib_ports if p.state != "ACTIVE"]
+    if down:
+        return DoctorFinding("infiniband", WARNING, "InfiniBand ports not active: " + ", ".join(down),
+                             "bring the ports up (subnet manager, cable), or set NCCL_IB_DISABLE=1 for jobs here")
+    return DoctorFinding("infiniband", OK, f"{len(f.ib_ports)} InfiniBand ports active")
+
+
+def check_interfaces(f: NodeFacts) -> DoctorFinding:
+    up = [i.name for i in f.interfaces if i.up and i.name != "lo"]
+    return DoctorFinding("network", INFO if up else WARNING, f"interfaces up: {', '.join(up) or 'none but lo'}")
+
+
+NODE_CHECKS: dict[str, Callable[[NodeFacts], DoctorFinding]] = {
+    "driver": check_driver, "gpu_models": check_mixed_models, "persistence_mode": check_persistence,
+    "kernel": check_kernel, "p2p": check_p2p, "topology": check_topology, "pcie_link": check_pcie,
+    "nvlink": check_nvlink, "pcie_acs": check_acs, "iommu": check_iommu, "infiniband": check_infiniband,
+    "network": check_interfaces,
+}
+
+
+# -- job checks --------------------------------------------------------------------------------------
+def interface_matches(spec: str, interfaces: Sequence[Interface]) -> list[str]:
+    """NCCL_SOCKET_IFNAME syntax: comma-separated prefixes; '=' for exact names; a leading '^' excludes."""
+    spec = spec.strip()
+    exclude = spec.startswith("^")
+    body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
+    names = [n.strip() for n in (body[1:] if exact else body).split(",") if n.strip()]
+
+    def match(iface: str) -> bool:
+        return any(iface == n if exact else iface.startswith(n) for n in names)
+
+    up = [i.name for i in interfaces if i.up]
+    if exclude:
+        return [name for name in up if not match(name)]
+    return [name for name in up if match(name)]
+
+
+def check_socket_ifname(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
+    out = []
+    for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        specs = {r.env[variable] for r in ranks if variable in r.env}
+        for spec in sorted(specs):
+            found = interface_matches(spec, f.interfaces)
+            if not found:
+                existing = ", ".join(i.name + ("" if i.up else " (down)") for i in f.interfaces)
+                out.append(DoctorFinding("socket_ifname", ERROR, f"{variable}={spec} matches no interface that is up "
+                                         f"on this host (have: {existing})", f"set {variable} to an interface "
+                                         "that exists here, or unset it to let NCCL choose"))
+            else:
+                out.append(DoctorFinding("socket_ifname", OK, f"{variable}={spec} -> {', '.join(found)}"))
+    return out
+
+
+def check_ib_disable(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
+    values = {r.env.get("NCCL_IB_DISABLE") for r in ranks}
+    if not f.ib_ports:
+        return []
+    active = any(p.state == "ACTIVE" for p in f.ib_ports)
+    if "1" in values and active:
+        return [DoctorFinding("ib_disable", WARNING, "NCCL_IB_DISABLE=1 while InfiniBand ports are active",
+                              "unset NCCL_IB_DISABLE: NCCL falls back to TCP sockets, far slower")]
+    if "1" not in values and not active:
+        return [DoctorFinding("ib_disable", WARNING, "InfiniBand devices present but no port active, and "
+                              "NCCL_IB_DISABLE is unset", "set NCCL_IB_DISABLE=1 (or bring the ports up): NCCL "
+                              "will try IB and can hang")]
+    return [DoctorFinding("ib_disable", OK, f"NCCL_IB_DISABLE={'1' if '1' in values else 'unset'}; IB "
+                                            f"{'active' if active else 'down'}")]
+
+
+def check_p2p_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
+    disabled = any(r.env.get("NCCL_P2P_DISABLE") == "1" for r in ranks)
+    level = {r.env["NCCL_P2P_LEVEL"] for r in ranks if "NCCL_P2P_LEVEL" in r.env}
+    broken = [pair for pair, status in f.p2p.items() if status != "ok"]
+    troubled = sorted({_model_short(g.name) for g in f.gpus if g.name and any(k in g.name for k in KNOWN_P2P_TROUBLE)})
+    if broken and not disabled and not level:
+        return [DoctorFinding("p2p_settings", WARNING, f"P2P unavailable on {len(broken)} GPU pairs but "
+                              "NCCL_P2P_DISABLE is unset", "set NCCL_P2P_DISABLE=1 for this job")]
+    if troubled and not broken and not disabled and not level:
+        return [DoctorFinding("p2p_settings", WARNING, f"P2P reported OK but NCCL_P2P_DISABLE unset on a "
+                              f"{'/'.join(troubled)} node with a known P2P issue",
+                              "if collectives hang at 100% util, set NCCL_P2P_DISABLE=1 (costs 7-10% speed)")]
+    if disabled and f.p2p and not broken:
+        return [DoctorFinding("p2p_settings", INFO, "NCCL_P2P_DISABLE=1 although P2P is reported OK",
+                              "P2P off costs throughput: drop it unless it was set to work around a hang")]
+    return [DoctorFinding("p2p_settings", OK, "NCCL P2P settings agree with the P2P matrix")]
+
+
+def check_diagnosis_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
+    env = ranks[0].env if ranks else {}
+    out = []
+    if "NCCL_DEBUG" not in env:
+        out.append(DoctorFinding("nccl_debug", INFO, "NCCL_DEBUG unset", "NCCL_DEBUG=WARN costs nothing and names "
+                                 "the failing link when a collective breaks"))
+    handling = env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", env.get("NCCL_ASYNC_ERROR_HANDLING"))
+    blocking = env.get("TORCH_NCCL_BLOCKING_WAIT", env.get("NCCL_BLOCKING_WAIT"))
+    if handling == "0":
+        out.append(DoctorFinding("timeouts", WARNING, "TORCH_NCCL_ASYNC_ERROR_HANDLING=0: a timed-out collective "
+                                 "is not torn down, so a hang burns the GPUs forever",
+                                 "leave it at the default (3) so PyTorch aborts after the process group timeout"))
+    else:
+        out.append(DoctorFinding("timeouts", INFO, "a hang burns until the process group timeout (NCCL default "
+                                 "10 min; set in init_process_group) before PyTorch aborts"
+                                 + (" (blocking wait on)" if blocking == "1" else "")))
+    missing = [v for v in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if v not in env]
+    if missing:
+        out.append(DoctorFinding("flight_recorder", INFO, f"Flight Recorder not fully enabled ({', '.join(missing)} "
+                                 "unset)", "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/nccl_pipe_ so a stall shows the last "
+                                 "collectives of every rank"))
+    return out
+
+
+def check_visible_devices(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
+    out = []
+    numa = {g.index: g.numa_node for g in f.gpus}
+    for spec in sorted({r.env["CUDA_VISIBLE_DEVICES"] for r in ranks if "CUDA_VISIBLE_DEVICES" in r.env}):
+        devices = [d.strip() for d in spec.split(",") if d.strip()]
+        if not all(d.isdigit() for d in devices):
+            continue  # UUIDs or MIG: order says nothing
+        indexes = [int(d) for d in devices]
+        nodes = {n for n in (numa.get(i) for i in indexes) if n is not None}
+        if len(nodes) > 1:
+            out.append(DoctorFinding("visible_devices", WARNING, f"CUDA_VISIBLE_DEVICES={spec} spans NUMA nodes "
+                                     f"{sorted(nodes)}", "pick GPUs on one NUMA node (the 'devices used by this "
+                                     "process are currently unknown' barrier warning and cross-socket hangs)"))
+        elif indexes != list(range(min(indexes), min(indexes) + len(indexes))):
+            out.append(DoctorFinding("visible_devices", WARNING, f"CUDA_VISIBLE_DEVICES={spec} is not contiguous",
+                                     "use contiguous GPUs: NCCL rings across gaps cross more PCIe switches"))
+    return out
+
+
+def check_job_consistency(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
+    out = []
+    names = {g.index: _model_short(g.name) for g in f.gpus}
+    models = {names.get(i) for r in ranks for i in r.gpus} - {None}
+    if len(models) > 1:
+        out.append(DoctorFinding("job_gpu_models", WARNING, f"the job's ranks run on different GPU models: "
+                                 f"{', '.join(sorted(m for m in models if m))}", "run the job on one GPU model"))
+    variables = sorted({k for r in ranks for k in r.env if k.startswith(("NCCL_", "TORCH_NCCL_"))})
+    differing = [v for v in variables if len({r.env.get(v) for r in ranks}) > 1]
+    if differing:
+        out.append(DoctorFinding("job_nccl_settings", WARNING, "ranks of one job disagree on "
+                                 + ", ".join(differing[:6]), "give every rank the same NCCL settings"))
+    return out
+
+
+JOB_CHECKS: dict[str, Callable[[Sequence[RankInfo], NodeFacts], list[DoctorFinding]]] = {
+    "socket_ifname": check_socket_ifname, "ib_disable": check_ib_disable, "p2p_settings": check_p2p_settings,
+    "diagnosis_settings": check_diagnosis_settings, "visible_devices": check_visible_devices,
+    "job_consistency": check_job_consistency,
+}
+
+
+def examine(facts: NodeFacts, ranks: Sequence[RankInfo] = ()) -> list[DoctorFinding]:
+    """Every node check, then every job check over the ranks given; worst first."""
+    findings = [check(facts) for check in NODE_CHECKS.values()]
+    if ranks:
+        for check in JOB_CHECKS.values():
+            findings.extend(check(ranks, facts))
+    return sorted(findings, key=lambda d: _ORDER[d.severity])
+
+
+def top_finding(findings: Sequence[DoctorFinding]) -> DoctorFinding | None:
+    """The finding worth quoting in an alert: the worst warning or error, if any."""
+    return next((d for d in findings if d.severity in (ERROR, WARNING)), None)

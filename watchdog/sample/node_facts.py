@@ -1,0 +1,186 @@
+"""What the doctor looks at: the node's GPUs, PCIe, NVLink, P2P, IOMMU, InfiniBand, network and kernel.
+
+sysfs and procfs are read through injectable roots so every check can be tested with a fixture tree;
+NVML facts come from sample/nvml.py (the only module importing pynvml). A fact that cannot be read is
+None ("unknown"), never a guess.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ACS_CAPABILITY = 0x000D
+ACS_P2P_REDIRECT = 0x4  # ACS P2P Request Redirect: peer traffic goes up to the root complex
+ACS_COMPLETION_REDIRECT = 0x8
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    bus_id: str | None = None  # "0000:07:00.0", as sysfs names it
+    persistence_mode: bool | None = None
+    pcie_gen: tuple[int, int] | None = None  # (current, max)
+    pcie_width: tuple[int, int] | None = None
+    nvlinks: tuple[bool, ...] | None = None  # per link: active; None when the GPU has no NVLink
+    numa_node: int | None = None
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    up: bool
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class IbPort:
+    device: str
+    port: int
+    state: str  # "ACTIVE", "DOWN", "INIT", ...
+    phys_state: str | None
+
+
+@dataclass
+class NodeFacts:
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: list[GpuFacts] = field(default_factory=list)
+    p2p: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j) -> "ok" or NVML's reason
+    topology: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j) -> PIX/PXB/PHB/NODE/SYS/...
+    kernel: str | None = None
+    cmdline: str | None = None
+    iommu_groups: int | None = None  # None: unknown
+    acs_bridges: dict[str, bool | None] = field(default_factory=dict)  # bridge -> redirect on (None: unreadable)
+    ib_ports: list[IbPort] = field(default_factory=list)
+    interfaces: list[Interface] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what could not be read, for the report
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def kernel_release(proc_root: Path) -> str | None:
+    return _read(proc_root / "sys" / "kernel" / "osrelease")
+
+
+def kernel_version_tuple(release: str) -> tuple[int, int]:
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def acs_redirect(config: bytes) -> bool | None:
+    """From a PCI device's config space: is ACS P2P/completion redirect enabled? None when only the
+    first 256 bytes are readable (extended capabilities need root)."""
+    if len(config) < 0x104:
+        return None
+    offset = 0x100
+    seen = 0
+    while offset and seen < 64:
+        header = struct.unpack_from("<I", config, offset)[0]
+        if header in (0, 0xFFFFFFFF):
+            return False
+        if header & 0xFFFF == ACS_CAPABILITY:
+            control = struct.unpack_from("<H", config, offset + 6)[0]
+            return bool(control & (ACS_P2P_REDIRECT | ACS_COMPLETION_REDIRECT))
+        offset = (header >> 20) & 0xFFC
+        seen += 1
+    return False
+
+
+def read_pci(sys_root: Path, gpus: list[GpuFacts]) -> tuple[list[GpuFacts], dict[str, bool | None]]:
+    """NUMA node per GPU, and ACS on every PCI bridge above a GPU."""
+    devices = sys_root / "bus" / "pci" / "devices"
+    with_numa = []
+    bridges: dict[str, bool | None] = {}
+    for gpu in gpus:
+        numa = None
+        if gpu.bus_id:
+            text = _read(devices / gpu.bus_id / "numa_node")
+            numa = int(text) if text and text.lstrip("-").isdigit() and int(text) >= 0 else None
+            try:
+                # /sys/bus/pci/devices/<id> links to .../pci0000:00/0000:00:01.0/0000:07:00.0: the parents are bridges
+                chain = (devices / gpu.bus_id).resolve().parts
+            except OSError:
+                chain = ()
+            for part in chain[:-1]:
+                if part.count(":") == 2 and part not in bridges:
+                    try:
+                        bridges[part] = acs_redirect((devices / part / "config").read_bytes())
+                    except OSError:
+                        bridges[part] = None
+        with_numa.append(GpuFacts(**{**gpu.__dict__, "numa_node": numa}))
+    return with_numa, bridges
+
+
+def read_infiniband(sys_root: Path) -> list[IbPort]:
+    ports = []
+    base = sys_root / "class" / "infiniband"
+    try:
+        devices = sorted(base.iterdir())
+    except OSError:
+        return []
+    for device in devices:
+        try:
+            numbers = sorted((device / "ports").iterdir(), key=lambda p: int(p.name))
+        except (OSError, ValueError):
+            continue
+        for port in numbers:
+            state = _read(port / "state") or "unknown"
+            phys = _read(port / "phys_state")
+            ports.append(IbPort(device.name, int(port.name), state.split(":")[-1].strip(),
+                                phys.split(":")[-1].strip() if phys else None))
+    return ports
+
+
+def read_interfaces() -> list[Interface]:
+    stats = psutil.net_if_stats()
+    out = []
+    for name, addresses in sorted(psutil.net_if_addrs().items()):
+        up = bool(stats[name].isup) if name in stats else False
+        out.append(Interface(name, up, tuple(a.address for a in addresses if a.family.name in ("AF_INET", "AF_INET6"))))
+    return out
+
+
+def gather(nvml_facts: Callable[[NodeFacts], None] | None, sys_root: str | Path = "/sys",
+           proc_root: str | Path = "/proc", interfaces: Callable[[], list[Interface]] = read_interfaces,
+           ) -> NodeFacts:
+    facts = NodeFacts()
+    if nvml_facts is not None:
+        try:
+            nvml_facts(facts)
+        except Exception as exc:  # NVML missing or failing: the host checks still run
+            facts.problems.append(f"NVML: {exc}")
+    sys_root, proc_root = Path(sys_root), Path(proc_root)
+    facts.kernel = kernel_release(proc_root)
+    facts.cmdline = _read(proc_root / "cmdline")
+    groups = sys_root / "kernel" / "iommu_groups"
+    try:
+        facts.iommu_groups = len(list(groups.iterdir()))
+    except OSError:
+        facts.iommu_groups = None
+    facts.gpus, facts.acs_bridges = read_pci(sys_root, facts.gpus)
+    facts.ib_ports = read_infiniband(sys_root)
+    try:
+        facts.interfaces = interfaces()
+    except OSError as exc:
+        facts.problems.append(f"interfaces: {exc}")
+    return facts
+
+
+def mapping_str(values: Mapping[tuple[int, int], str]) -> dict[str, str]:
+    return {f"{i}-{j}": v for (i, j), v in sorted(values.items())}
