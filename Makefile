@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything they need on a fresh machine.
-#   make run    replay a built-in scenario through the detectors (no GPU needed)
+#   make run    the demo: the real daemon on a simulated 8-GPU node with real hung ranks (no GPU needed)
 #   make test   lint, type-check and run the tests
 VENV ?= .venv
 PYTHON ?= python3
@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 run: $(BIN)/.installed
-	$(BIN)/stall-watchdog replay sim:odd_rank
+	$(BIN)/stall-watchdog demo $(DEMO_ARGS)
 
 test: $(BIN)/.installed
 	$(BIN)/ruff check watchdog tests bench

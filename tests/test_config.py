@@ -14,6 +14,12 @@ def test_example_file_is_generated_from_the_defaults() -> None:
     assert load_config(REPO / "config.example.yaml") == Config()
 
 
+def test_readme_reference_is_generated_from_the_model() -> None:
+    from watchdog.config import reference_markdown
+
+    assert reference_markdown() in (REPO / "README.md").read_text(), "regenerate the README's configuration reference"
+
+
 def test_every_leaf_key_is_documented_in_the_example() -> None:
     text = example_yaml()
     for section in ("busy_spin", "zero_util", "waiting", "underuse", "throttle", "gpu_lost"):

@@ -27,9 +27,10 @@ from watchdog.act.stack_report import StackReport, capture_job, report_saved, wr
 from watchdog.act.stacks import StackCapturer
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.detect.engine import DetectorEngine
+from watchdog.export import report as report_html
 from watchdog.export.stack_text import render as render_stacks
 from watchdog.export.timeline import TextTimeline, json_line
-from watchdog.model import NodeSnapshot, gpu_list
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import TraceError
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
@@ -50,6 +51,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     fields = [f.strip() for f in args.csv_fields.split(",")] if args.csv_fields else None
     engine = DetectorEngine(config)
     out = sys.stdout
+    kept: list[NodeSnapshot] = []  # for --report: thinned as it grows
+    stride = 1
+    fired: list[EpisodeEvent] = []
     with open_trace(args.trace, lenient=args.lenient, csv_fields=fields) as trace:
         timeline = None if args.json else TextTimeline(out, args.trace, trace.naive_time)
         first = last = None
@@ -60,7 +64,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
             last = snapshot.time_seconds
             samples += 1
             gpus = max(gpus, len(snapshot.gpus))
+            if args.report and samples % stride == 0:
+                kept.append(snapshot)
+                if len(kept) > 4 * report_html.MAX_POINTS:
+                    kept, stride = kept[::2], stride * 2
             for event in engine.observe(snapshot):
+                fired.append(event)
                 if timeline is None:
                     out.write(json_line(event, trace.naive_time) + "\n")
                 else:
@@ -76,7 +85,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
         still_open = [f"{ep.finding.signature.value} ({ep.fired_severity.value}) on {gpu_list(ep.finding.gpus)}"
                       for ep in engine.tracker.episodes.values() if ep.fired_severity is not None]
         timeline.footer(first, last, samples, gpus, still_open)
+    if args.report:
+        episodes = _episodes_for_report(fired)
+        page = report_html.render(report_html.ReportData(
+            f"replay of {args.trace}", kept, episodes, naive_time=trace.naive_time,
+            verdict="; ".join(str(e["summary"]) for e in episodes[:3]) or "no episode"))
+        Path(args.report).write_text(page, encoding="utf-8")
+        print(f"report: {args.report}", file=sys.stderr)
     return EXIT_OK
+
+
+def _episodes_for_report(events: list[EpisodeEvent]) -> list[dict[str, object]]:
+    """Fired (or escalated) episodes with the time they ended, for shading the timeline."""
+    episodes: dict[tuple[str, float], dict[str, object]] = {}
+    for e in events:
+        key = (e.signature.value, e.onset_seconds)
+        entry = episodes.setdefault(key, {"signature": e.signature.value, "onset": e.onset_seconds,
+                                          "at": e.at_seconds, "end": None, "severity": e.severity.value,
+                                          "summary": e.summary})
+        if e.event is EventKind.RESOLVED:
+            entry["end"] = e.at_seconds
+        else:
+            entry["severity"], entry["summary"] = e.severity.value, e.summary
+    return list(episodes.values())
 
 
 # -- record --------------------------------------------------------------------------------------
@@ -342,6 +373,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- demo ----------------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    from watchdog.demo import DemoError, run
+
+    try:
+        return run(args.duration_seconds, args.port, Path(args.folder) if args.folder else None)
+    except DemoError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+
+
+# -- report --------------------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    folder = Path(args.bundle)
+    if not (folder / "summary.json").exists() or not (folder / "telemetry.jsonl").exists():
+        _error(f"{folder}: not an incident bundle (no summary.json and telemetry.jsonl)")
+        return EXIT_FAILURE
+    path = report_html.write_for_bundle(folder)
+    print(path)
+    return EXIT_OK
+
+
 # -- doctor --------------------------------------------------------------------------------------
 EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
 
@@ -423,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip malformed lines (counted and reported) instead of stopping at the first")
     replay.add_argument("--csv-fields", metavar="LIST",
                         help="the --query-gpu list of a CSV log written with noheader")
+    replay.add_argument("--report", metavar="OUT.html",
+                        help="also draw the trace's timeline with its episodes as a self-contained HTML page")
     replay.set_defaults(func=cmd_replay)
 
     record = verbs.add_parser(
@@ -489,6 +544,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
     run.add_argument("--max-ticks", type=int, metavar="N", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
+
+    demo = verbs.add_parser(
+        "demo", help="see it work: the real daemon on a simulated 8-GPU node with real hung ranks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start 8 real torch.distributed ranks (gloo, CPU) on a simulated 8-GPU node and run the real "
+                    "daemon over them: healthy training, then rank 4 gets stuck in its data loader while the other "
+                    "seven wait in all_reduce. Within about a minute it prints the verdict with the culprit rank and "
+                    "its stack, the incident bundle, its report and the metrics URL, and keeps serving /metrics "
+                    "until Ctrl+C. No GPU and no root needed.",
+        epilog="Examples:\n  stall-watchdog demo\n  stall-watchdog demo --duration-seconds 90 --folder ./demo\n")
+    demo.add_argument("--duration-seconds", type=float, metavar="S", help="stop by itself after this long")
+    demo.add_argument("--port", type=int, default=9944, help="metrics port (another free one if taken)")
+    demo.add_argument("--folder", metavar="DIR", help="where the bundles go (default: a new temporary folder)")
+    demo.set_defaults(func=cmd_demo)
+
+    rep = verbs.add_parser(
+        "report", help="(re)build an incident bundle's report.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write BUNDLE/report.html: the per-GPU timeline around the onset with the episode shaded, "
+                    "the verdict, the ranks, the grouped stacks with the outliers highlighted, and the doctor's "
+                    "findings. Self-contained: open it from disk, no network needed.",
+        epilog="Example:\n  stall-watchdog report /var/lib/stall-watchdog/incidents/20260101T000500Z-waiting-gpu0-1-2\n")
+    rep.add_argument("bundle", metavar="BUNDLE")
+    rep.set_defaults(func=cmd_report)
 
     doctor = verbs.add_parser(
         "doctor", help="diagnose the node and the job's NCCL setup (P2P, ACS, IOMMU, IB, interfaces, kernel)",

@@ -345,5 +345,22 @@ def example_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
+def reference_markdown() -> str:
+    """The README's configuration reference: every key, its default and meaning, from the model."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                walk(value, f"{prefix}{name}.")
+                continue
+            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            rows.append(f"| `{prefix}{name}` | `{shown}` | {(info.description or '').replace('|', '/')} |")
+
+    walk(Config(), "")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":  # python -m watchdog.config > config.example.yaml
     print(example_yaml(), end="")

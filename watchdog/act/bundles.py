@@ -5,6 +5,7 @@
     stacks.json       the grouped stacks and outliers per job; stacks/<rank>.json: py-spy's raw JSON
     environment.json  each rank's command line and NCCL/CUDA environment
     doctor.json       the doctor's findings for the node and the job at the time of the incident
+    report.html       all of it on one self-contained page (`stall-watchdog report BUNDLE` rebuilds it)
 
 Written into a hidden folder and renamed into place (a reader never sees half a bundle), folders 0700
 and files 0600 (stacks and environments name paths and settings). A disk budget and a count limit
@@ -26,6 +27,7 @@ from watchdog import logfmt
 from watchdog.act.stack_report import StackReport
 from watchdog.config import BundlesConfig
 from watchdog.detect.doctor import DoctorFinding
+from watchdog.export import report as report_page
 from watchdog.export.metrics import Counters
 from watchdog.model import EpisodeEvent, NodeSnapshot, iso_time
 from watchdog.sample import recording
@@ -93,6 +95,10 @@ class BundleStore:
                     {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),
                      "container": r.container, "env": dict(r.env), "problems": list(r.problems)}
                     for r in incident.ranks])
+            try:
+                report_page.write_for_bundle(temporary)
+            except Exception as exc:  # the bundle's data matters more than its page
+                logfmt.event("report_failed", level=30, error=f"{type(exc).__name__}: {exc}")
             if final.exists():
                 final = self.root / f"{incident.name}-{int(time.time() * 1000) % 100000}"
             os.rename(temporary, final)

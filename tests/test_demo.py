@@ -1,0 +1,74 @@
+"""The first five minutes: `stall-watchdog demo` and the README's own commands, run as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import REPO
+
+
+def read_until(process: subprocess.Popen[str], needle: str, timeout: float, lines: list[str]) -> None:
+    deadline = time.monotonic() + timeout
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if needle in line:
+            return
+    raise AssertionError(f"{needle!r} not printed in {timeout:.0f} s; got:\n" + "\n".join(lines))
+
+
+def test_demo_names_the_stuck_rank_serves_metrics_and_cleans_up_on_ctrl_c(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "watchdog", "demo", "--folder", str(tmp_path), "--port", "0"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        read_until(process, "still serving", 150, lines)
+        text = "\n".join(lines)
+        assert re.search(r"^\[\s*\d+ s\] GPU util/power 0:", text, re.M)  # progress while it waits
+        assert "verdict (critical):" in text and "rank 4" in text
+        assert "culprit: rank 4 in DataLoader.__next__ -> Queue.get; its stack:" in text
+        assert "Queue.get (" in text and "DataLoader.__next__ (" in text
+        bundle = Path(re.search(r"^bundle:\s+(\S+)", text, re.M).group(1))  # type: ignore[union-attr]
+        assert (bundle / "report.html").exists() and (bundle / "stacks.json").exists()
+        url = re.search(r"^metrics: (\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert b'stall_watchdog_episode_culprit{gpu="4",signature="waiting"} 1.0' in response.read()
+        rank_pids = [int(p) for p in re.findall(r'"pid": (\d+)', (bundle / "summary.json").read_text())]
+        assert len(rank_pids) == 8
+        process.send_signal(signal.SIGINT)  # Ctrl+C
+        assert process.wait(timeout=30) == 0
+        rest = process.stdout.read() if process.stdout else ""
+        assert "stopping" in rest and "Traceback" not in rest
+        alive = [p for p in rank_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], "the demo left ranks running"
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_readme_commands_work_on_a_clean_clone(tmp_path: Path) -> None:
+    """The README's two commands, as written. The second, `make test`, is what CI runs (.ci/run calls it);
+    the first is run here on a fresh clone, from creating the venv to the demo's verdict."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Two commands", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
+    assert commands == ["make run", "make test"]
+    assert (REPO / ".ci" / "run").read_text().rstrip().endswith("make test")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    env = {**os.environ, "DEMO_ARGS": "--duration-seconds 70 --port 0"}
+    result = subprocess.run(commands[0].split(), cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "culprit: rank 4 in DataLoader.__next__ -> Queue.get" in result.stdout

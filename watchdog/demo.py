@@ -1,0 +1,184 @@
+"""`stall-watchdog demo`: the real daemon on a simulated 8-GPU node whose ranks are real Python
+processes. Healthy training, then rank 4 gets stuck in its data loader while the other seven wait in
+all_reduce. The same loop, detectors, py-spy captures, /metrics and incident bundle as in production;
+only the GPU readings are simulated (there is no GPU here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from watchdog import logfmt
+from watchdog.config import parse_config
+from watchdog.daemon import Daemon
+from watchdog.export.server import Endpoint, EndpointError
+from watchdog.sample import sim
+
+RANKS = 8
+ODD_RANK = 4  # the scenario's odd GPU
+HANG_AFTER = 20.0
+OFFSET = 300 - HANG_AFTER  # sim.SCENARIOS["odd_rank"] hangs at t=300 s
+
+
+class DemoError(Exception):
+    """The demo cannot run here; the message says what to do."""
+
+
+def _free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise DemoError("no free port on 127.0.0.1")
+
+
+def _ptrace_note() -> str | None:
+    """py-spy reads the ranks' memory; say so up front when the kernel will not let it."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return None
+    if scope != "0":
+        return (f"kernel.yama.ptrace_scope is {scope}: py-spy may not read the ranks' stacks. The demo goes on; "
+                "for stacks run it with sudo, or `sudo sysctl kernel.yama.ptrace_scope=0`.")
+    return None
+
+
+def start_ranks(folder: Path) -> list[subprocess.Popen[bytes]]:
+    if importlib.util.find_spec("torch") is None:  # not imported here: importing torch is slow and noisy
+        raise DemoError("the demo runs a real torch.distributed job on the CPU: install torch "
+                        "(`pip install 'stall-watchdog[demo]'`, or `make run` which does)")
+    port = _free_port(0)
+    log = (folder / "ranks.log").open("wb")
+    ranks = []
+    for rank in range(RANKS):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(RANKS), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(RANKS), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TORCHELASTIC_RUN_ID": "demo", "ODD_RANK": str(ODD_RANK), "HANG_AFTER_SECONDS": str(HANG_AFTER),
+               "OMP_NUM_THREADS": "1"}
+        # A session of their own: Ctrl+C reaches the demo, which stops them, instead of eight tracebacks.
+        ranks.append(subprocess.Popen([sys.executable, "-m", "watchdog.demo_rank", str(folder)], env=env,
+                                      stdout=log, stderr=log, start_new_session=True))
+    deadline = time.monotonic() + 120
+    while len(list(folder.glob("rank-*"))) < RANKS:
+        if any(r.poll() is not None for r in ranks) or time.monotonic() > deadline:
+            stop_ranks(ranks)
+            raise DemoError(f"the ranks did not start; see {folder / 'ranks.log'}")
+        time.sleep(0.1)
+    return ranks
+
+
+def stop_ranks(ranks: list[subprocess.Popen[bytes]]) -> None:
+    for r in ranks:
+        if r.poll() is None:
+            r.kill()
+    for r in ranks:
+        r.wait()
+
+
+def _progress(daemon: Daemon, started: float) -> str:
+    snapshot = daemon.published.snapshot
+    if snapshot is None:
+        return "waiting for the first sample"
+    gpus = " ".join(f"{g.index}:{(g.utilization_ratio or 0):.0%}/{(g.power_watts or 0):.0f}W" for g in snapshot.gpus)
+    episodes = [f"{e.signature.value} ({e.severity.value if e.severity else 'suspect'})"
+                for e in daemon.published.episodes]
+    return f"[{time.monotonic() - started:4.0f} s] GPU util/power {gpus}  episodes: {', '.join(episodes) or 'none'}"
+
+
+def _describe(bundle: Path) -> list[str]:
+    summary = json.loads((bundle / "summary.json").read_text())
+    lines = ["", "=== incident ===", f"verdict ({summary['severity']}): {summary['verdict']}"]
+    stacks_file = bundle / "stacks.json"
+    if stacks_file.exists():
+        (report, *_) = json.loads(stacks_file.read_text())
+        for group in report["groups"]:
+            if set(group["members"]) & set(report["outliers"]):
+                lines.append(f"culprit: {', '.join(group['members'])} in {group['where']}; its stack:")
+                lines += [f"    {f['function']} ({f['file']}:{f['line']})" for f in group["frames"][:12]]
+        for capture in report.get("captures", []):
+            if capture["result"] != "ok":
+                lines.append(f"stack capture of pid {capture['pid']} failed: {capture['message']}")
+    lines += [f"bundle:  {bundle}", f"report:  {bundle / 'report.html'}"]
+    return lines
+
+
+def run(duration: float | None, port: int, folder: Path | None, out: object = sys.stdout) -> int:
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)  # type: ignore[call-overload]
+
+    logfmt.setup(level=40)  # the demo narrates; the daemon's own log lines would drown it
+    workdir = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="stall-watchdog-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    note = _ptrace_note()
+    if note:
+        say(f"note: {note}")
+    say(f"starting {RANKS} real torch.distributed ranks (gloo, CPU) on a simulated {RANKS}-GPU node ...")
+    ranks = start_ranks(workdir)
+    pids = {rank: [process.pid] for rank, process in enumerate(ranks)}
+    config = parse_config({
+        "source": {"kind": "sim", "scenario": "odd_rank", "start_offset_seconds": OFFSET, "pids": pids},
+        "export": {"listen_address": f"127.0.0.1:{_free_port(port)}"},
+        "bundles": {"directory": str(workdir / "incidents")},
+        "stacks": {"observe_seconds": 1.0},
+    })
+    daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, OFFSET, pids))
+    try:
+        endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
+    except EndpointError as exc:
+        stop_ranks(ranks)
+        raise DemoError(str(exc)) from None
+    endpoint.start()
+    loop = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    started = time.monotonic()
+    loop.start()
+    say(f"metrics: {endpoint.url}   (rank 4 gets stuck about {HANG_AFTER:.0f} s from now; the watchdog should "
+        "name it within a minute)")
+    reported: set[Path] = set()
+    try:
+        while not stop.is_set() and (duration is None or time.monotonic() - started < duration):
+            stop.wait(5)
+            say(_progress(daemon, started))
+            for bundle in daemon.bundles.bundles():
+                if bundle not in reported and (bundle / "report.html").exists():
+                    reported.add(bundle)
+                    for line in _describe(bundle):
+                        say(line)
+                    say(f"metrics: {endpoint.url}  (still serving; Ctrl+C to stop"
+                        + (f", or it stops after {duration:.0f} s)" if duration else ")"))
+    finally:
+        say("stopping: the daemon, the endpoint and the ranks ...")
+        daemon.stop_requested.set()
+        loop.join(timeout=10)
+        endpoint.stop()
+        daemon.shutdown(timeout=5)
+        stop_ranks(ranks)
+        signal.signal(signal.SIGINT, previous)
+        for rank_file in workdir.glob("rank-*"):
+            rank_file.unlink()
+    if not reported:
+        say("no incident was written in time; the ranks' log is in " + str(workdir / "ranks.log"))
+        return 1
+    return 0
+
+
+def cleanup_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,206 @@
+"""The incident report: one self-contained HTML page (inline SVG and CSS, no script, no network) that
+works when opened from disk. A per-GPU timeline of utilization, power and SM clock around the onset with
+the episodes shaded, the verdict sentence, the ranks, the grouped stacks with the outliers highlighted,
+and the doctor's findings. Rendered from a bundle's own files, so `report BUNDLE_DIR` rebuilds it."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.model import NodeSnapshot, iso_time
+from watchdog.sample import recording
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+PANELS = (("utilization_ratio", "Utilization", 100.0, "%"), ("power_watts", "Power", 1.0, "W"),
+          ("sm_clock_hertz", "SM clock", 1e-6, "MHz"))
+MAX_POINTS = 1200
+
+
+@dataclass
+class ReportData:
+    title: str
+    snapshots: Sequence[NodeSnapshot]
+    episodes: list[dict[str, object]] = field(default_factory=list)  # onset/at as epoch seconds, signature
+    verdict: str = ""
+    severity: str = ""
+    ranks: list[dict[str, object]] = field(default_factory=list)
+    groups: list[dict[str, object]] = field(default_factory=list)
+    outliers: list[str] = field(default_factory=list)
+    doctor: list[dict[str, str]] = field(default_factory=list)
+    naive_time: bool = False
+
+
+def thin(snapshots: Sequence[NodeSnapshot], limit: int = MAX_POINTS) -> list[NodeSnapshot]:
+    step = max(1, len(snapshots) // limit)
+    return list(snapshots[::step])
+
+
+def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit: str, width: int = 960,
+               height: int = 170) -> str:
+    snaps = thin(data.snapshots)
+    if not snaps:
+        return ""
+    t0, t1 = snaps[0].time_seconds, max(snaps[-1].time_seconds, snaps[0].time_seconds + 1)
+    gpus = sorted({g.index for s in snaps for g in s.gpus})
+    values = [getattr(g, field_name) * scale for s in snaps for g in s.gpus if getattr(g, field_name) is not None]
+    top = max(values, default=1.0) * 1.05 or 1.0
+    left, right, pad = 56, 12, 18
+
+    def x(t: float) -> float:
+        return left + (t - t0) / (t1 - t0) * (width - left - right)
+
+    def y(v: float) -> float:
+        return pad + (1 - v / top) * (height - 2 * pad)
+
+    parts = [f'<svg class="panel" data-field="{field_name}" viewBox="0 0 {width} {height}" role="img" '
+             f'aria-label="{html.escape(label)} per GPU">']
+    for ep in data.episodes:
+        onset, end = float(ep["onset"]), float(ep.get("end") or t1)  # type: ignore[arg-type]
+        if end < t0 or onset > t1:
+            continue
+        a, b = x(max(onset, t0)), x(min(end, t1))
+        parts.append(f'<rect class="episode" data-signature="{html.escape(str(ep["signature"]))}" x="{a:.1f}" '
+                     f'y="{pad}" width="{max(b - a, 1):.1f}" height="{height - 2 * pad}"><title>'
+                     f'{html.escape(str(ep["signature"]))} from {html.escape(iso_time(onset, data.naive_time))}'
+                     '</title></rect>')
+    for fraction in (0.0, 0.5, 1.0):
+        v = top * fraction
+        parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+                     f'<text class="axis" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
+    parts.append(f'<text class="axis" x="{left}" y="12">{html.escape(label)} ({unit})</text>')
+    parts.append(f'<text class="axis" x="{left}" y="{height - 3}">{html.escape(iso_time(t0, data.naive_time))}'
+                 f'</text><text class="axis" x="{width - right}" y="{height - 3}" text-anchor="end">'
+                 f'{html.escape(iso_time(t1, data.naive_time))}</text>')
+    for gpu in gpus:
+        points = " ".join(f"{x(s.time_seconds):.1f},{y(getattr(g, field_name) * scale):.1f}"
+                          for s in snaps for g in s.gpus if g.index == gpu and getattr(g, field_name) is not None)
+        if points:
+            parts.append(f'<polyline class="series" data-gpu="{gpu}" fill="none" stroke-width="1.4" '
+                         f'stroke="{PALETTE[gpu % len(PALETTE)]}" points="{points}"><title>GPU {gpu}</title>'
+                         '</polyline>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _legend(data: ReportData) -> str:
+    gpus = sorted({g.index for s in data.snapshots for g in s.gpus})
+    return '<p class="legend">' + " ".join(
+        f'<span><i style="background:{PALETTE[g % len(PALETTE)]}"></i>GPU {g}</span>' for g in gpus) + "</p>"
+
+
+def _table(rows: list[dict[str, object]], columns: list[str], culprits: set[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        css = ' class="culprit"' if str(row.get("member")) in culprits else ""
+        body.append(f"<tr{css}>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in columns) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1000px;color:#1d1d1f;padding:0 12px}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.verdict{font-size:15px;padding:12px 14px;border-radius:6px;background:#fff4e5;border-left:5px solid #f59e0b}
+.verdict.critical{background:#fdecec;border-color:#dc2626} .muted{color:#666}
+svg.panel{width:100%;height:auto;display:block;margin:6px 0 14px;background:#fafafa;border:1px solid #eee}
+.grid{stroke:#e5e5e5} .axis{font-size:11px;fill:#666} .episode{fill:#dc2626;fill-opacity:.12}
+.legend span{margin-right:12px;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+table{border-collapse:collapse;width:100%;font-size:13px} td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left}
+tr.culprit td{background:#fdecec;font-weight:600} pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
+.group.outlier{border-left:4px solid #dc2626;padding-left:8px} .sev-error,.sev-warning{color:#b91c1c;font-weight:600}
+"""
+
+
+def render(data: ReportData) -> str:
+    culprits = set(data.outliers)
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(data.title)}</title>"
+             f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(data.title)}</h1>"]
+    if data.verdict:
+        parts.append(f'<p class="verdict {html.escape(data.severity)}">{html.escape(data.verdict)}</p>')
+    parts.append("<h2>Timeline</h2>" + _legend(data))
+    parts += [_svg_panel(data, *panel) for panel in PANELS]
+    if data.episodes:
+        parts.append("<h2>Episodes</h2>" + _table(
+            [{**e, "onset": iso_time(float(e["onset"]), data.naive_time),  # type: ignore[arg-type]
+              "at": iso_time(float(e["at"]), data.naive_time)} for e in data.episodes],  # type: ignore[arg-type]
+            ["signature", "severity", "onset", "at", "summary"], set()))
+    if data.ranks:
+        parts.append("<h2>Ranks</h2>" + _table(data.ranks, ["member", "rank", "pid", "gpus", "activity", "where",
+                                                           "cpu_seconds", "write_bytes"], culprits))
+    if data.groups:
+        parts.append("<h2>Stacks</h2>")
+        for group in data.groups:
+            members = [str(m) for m in group.get("members", [])]  # type: ignore[attr-defined]
+            odd = " outlier" if culprits & set(members) else ""
+            frames = "\n".join(f"{f['function']} ({f['file']}:{f['line']})" for f in group.get("frames", []))  # type: ignore[attr-defined]
+            parts.append(f'<div class="group{odd}"><p><b>{len(members)} x {html.escape(str(group.get("where")))}'
+                         f'</b> <span class="muted">[{html.escape(", ".join(members))}]</span></p>'
+                         f"<pre>{html.escape(frames)}</pre></div>")
+    if data.doctor:
+        parts.append("<h2>Doctor</h2><ul>" + "".join(
+            f'<li><span class="sev-{html.escape(d["severity"])}">{html.escape(d["severity"])}</span> '
+            f'<b>{html.escape(d["check"])}</b>: {html.escape(d["evidence"])}'
+            + (f' <span class="muted">Fix: {html.escape(d["fix"])}</span>' if d.get("fix") else "") + "</li>"
+            for d in data.doctor) + "</ul>")
+    parts.append('<p class="muted">stall-watchdog incident report</p></body></html>')
+    return "".join(parts)
+
+
+def _load_json(path: Path) -> object:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def from_bundle(folder: Path) -> ReportData:
+    summary = _load_json(folder / "summary.json") or {}
+    assert isinstance(summary, dict)
+    event = summary.get("event") or {}
+    with (folder / "telemetry.jsonl").open() as f:
+        snapshots = list(recording.read(f, str(folder / "telemetry.jsonl")))
+    stacks = _load_json(folder / "stacks.json") or []
+    report = stacks[0] if isinstance(stacks, list) and stacks else {}
+    activity = {m: g.get("activity") for g in report.get("groups", []) for m in g.get("members", [])}
+    where = {m: g.get("where") for g in report.get("groups", []) for m in g.get("members", [])}
+    host = report.get("host_activity", {})
+    ranks = []
+    for r in summary.get("ranks", []):
+        member = f"rank {r['rank']}" if r.get("rank") is not None else f"pid {r['pid']}"
+        h = host.get(member, {})
+        ranks.append({"member": member, "rank": r.get("rank"), "pid": r.get("pid"), "gpus": r.get("gpus"),
+                      "activity": activity.get(member, ""), "where": where.get(member, ""),
+                      "cpu_seconds": h.get("cpu_seconds", ""), "write_bytes": h.get("write_bytes", "")})
+    onset = event.get("onset")
+    episodes = []
+    if onset:
+        episodes.append({"signature": event.get("signature"), "severity": summary.get("severity"),
+                         "onset": _epoch(onset), "at": _epoch(event.get("at", onset)), "summary": event.get("summary")})
+    title = f"stall-watchdog: {event.get('signature', 'incident')} on GPUs {', '.join(map(str, event.get('gpus', [])))}"
+    if onset:
+        title += f", from {onset}"
+    return ReportData(title, snapshots, episodes,
+                      str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
+                      report.get("groups", []), report.get("outliers", []),
+                      _load_json(folder / "doctor.json") or [])  # type: ignore[arg-type]
+
+
+def _epoch(text: str) -> float:
+    from datetime import datetime, timezone
+
+    stamp = datetime.fromisoformat(text)
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.timestamp()
+
+
+def write_for_bundle(folder: Path) -> Path:
+    import os
+
+    path = folder / "report.html"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(render(from_bundle(folder)))
+    return path
