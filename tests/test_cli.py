@@ -105,7 +105,8 @@ def test_usage_errors_exit_2() -> None:
     assert cli("record", "--interval-seconds", "0").returncode == 2
 
 
-@pytest.mark.parametrize("verb", ["replay", "record", "check-config", "stacks dump", "stacks analyze"])
+@pytest.mark.parametrize("verb", ["replay", "record", "check-config", "stacks dump", "stacks analyze", "run", "demo",
+                                  "report", "doctor"])
 def test_every_verb_has_help_with_an_example(verb: str) -> None:
     result = cli(*verb.split(), "--help")
     assert result.returncode == 0 and "Example" in result.stdout

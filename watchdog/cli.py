@@ -565,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write BUNDLE/report.html: the per-GPU timeline around the onset with the episode shaded, "
                     "the verdict, the ranks, the grouped stacks with the outliers highlighted, and the doctor's "
                     "findings. Self-contained: open it from disk, no network needed.",
-        epilog="Example:\n  stall-watchdog report /var/lib/stall-watchdog/incidents/20260101T000500Z-waiting-gpu0-1-2\n")
+        epilog="Example:\n"
+               "  stall-watchdog report /var/lib/stall-watchdog/incidents/20260101T000500Z-waiting-gpu0-1-2\n")
     rep.add_argument("bundle", metavar="BUNDLE")
     rep.set_defaults(func=cmd_report)
 

@@ -110,7 +110,8 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bot
 svg.panel{width:100%;height:auto;display:block;margin:6px 0 14px;background:#fafafa;border:1px solid #eee}
 .grid{stroke:#e5e5e5} .axis{font-size:11px;fill:#666} .episode{fill:#dc2626;fill-opacity:.12}
 .legend span{margin-right:12px;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
-table{border-collapse:collapse;width:100%;font-size:13px} td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left}
+table{border-collapse:collapse;width:100%;font-size:13px}
+td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left}
 tr.culprit td{background:#fdecec;font-weight:600} pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
 .group.outlier{border-left:4px solid #dc2626;padding-left:8px} .sev-error,.sev-warning{color:#b91c1c;font-weight:600}
 """
