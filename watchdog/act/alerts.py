@@ -101,31 +101,30 @@ def _post(url: str, body: object, token: str | None, timeout: float) -> None:
                             if not isinstance(reason, str) else f"unreachable ({reason})") from None
 
 
-class WebhookReceiver:
+class _HttpReceiver:
+    """A receiver reached over HTTP: its URL and bearer token, from the config, a file or the environment."""
+
     def __init__(self, cfg: ReceiverConfig):
         self.name, self.timeout = cfg.name, cfg.timeout_seconds
         self.min_severity: str = cfg.min_severity
         url = _secret(cfg, cfg.url, cfg.url_file, cfg.url_env, "URL")
         if not url:
-            raise ValueError(f"receiver {cfg.name}: a webhook needs url, url_file or url_env")
+            raise ValueError(f"receiver {cfg.name}: a {cfg.type} receiver needs url, url_file or url_env")
         self._url = url
         self._token = _secret(cfg, None, cfg.token_file, cfg.token_env, "token")
 
+
+class WebhookReceiver(_HttpReceiver):
     def send(self, alert: Alert) -> None:
         _post(self._url, {"text": alert.text(), "alert": alert.to_json()}, self._token, self.timeout)
 
 
-class AlertmanagerReceiver:
+class AlertmanagerReceiver(_HttpReceiver):
     """POST /api/v2/alerts. The labels identify the alert, so firing and resolved carry the same ones."""
 
     def __init__(self, cfg: ReceiverConfig):
-        self.name, self.timeout = cfg.name, cfg.timeout_seconds
-        self.min_severity: str = cfg.min_severity
-        url = _secret(cfg, cfg.url, cfg.url_file, cfg.url_env, "URL")
-        if not url:
-            raise ValueError(f"receiver {cfg.name}: alertmanager needs url, url_file or url_env")
-        self._url = url.rstrip("/") + "/api/v2/alerts"
-        self._token = _secret(cfg, None, cfg.token_file, cfg.token_env, "token")
+        super().__init__(cfg)
+        self._url = self._url.rstrip("/") + "/api/v2/alerts"
         self._labels: dict[str, dict[str, str]] = {}
 
     def send(self, alert: Alert) -> None:
