@@ -31,7 +31,6 @@ from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
 from watchdog.sample.ranks import RankDiscovery
 
 T = TypeVar("T")
-COMPONENTS = ("sample", "detect", "act", "export")
 
 
 class Source(Protocol):

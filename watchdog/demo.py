@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -178,7 +177,3 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
         say("no incident was written in time; the ranks' log is in " + str(workdir / "ranks.log"))
         return 1
     return 0
-
-
-def cleanup_folder(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)

@@ -37,7 +37,6 @@ _MAX_PENDING = 4
 
 @dataclass
 class _Open:
-    alert_key: str
     bundle: str | None = None
     severity: str = "warning"
     job: str = "unknown"
@@ -71,7 +70,7 @@ class IncidentHandler:
         key = self._key(event)
         if event.event is EventKind.FIRED:
             with self._lock:
-                self.open[key] = _Open(key, severity=event.severity.value)
+                self.open[key] = _Open(severity=event.severity.value)
                 busy = len(self.pending) >= _MAX_PENDING
             if busy or self.stopping.is_set():
                 self.counters.inc("bundles_total", "skipped")
@@ -124,10 +123,8 @@ class IncidentHandler:
                     self.counters.inc("stack_captures_total", capture.result)
             if incident.reports:
                 verdict = incident.reports[0].verdict
-                if verdict.kind == "hang":
-                    severity = Severity.CRITICAL.value
-                elif verdict.kind in ("waiting", "remote"):
-                    severity = Severity.WARNING.value
+                if verdict.severity is not None:  # hang: critical; waiting or remote: warning
+                    severity = verdict.severity.value
                 sentence = f"{event.summary}. Stacks: {verdict.sentence}"
         # The doctor costs milliseconds: it runs even while stopping.
         facts = gather(self.nvml_facts, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)

@@ -25,10 +25,6 @@ class Episode:
     wait_since: float = 0.0  # start of the current unbroken stretch of the condition
     fired_severity: Severity | None = None  # None while only suspect
 
-    @property
-    def stalled(self) -> bool:
-        return self.fired_severity is not None
-
 
 class EpisodeTracker:
     def __init__(self, timing: Mapping[Signature, EpisodeTiming]):

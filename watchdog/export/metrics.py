@@ -84,7 +84,6 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("tick_overruns_total", "counter", "Ticks that took longer than the sampling interval."),
     MetricSpec("build_info", "gauge", "The running stall-watchdog, always 1.", ("version", "python")),
 )
-SPECS = {spec.name: spec for spec in METRICS}
 _STATE = {None: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
 
 

@@ -8,7 +8,7 @@ None ("unknown"), never a guess.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,7 +180,3 @@ def gather(nvml_facts: Callable[[NodeFacts], None] | None, sys_root: str | Path 
     except OSError as exc:
         facts.problems.append(f"interfaces: {exc}")
     return facts
-
-
-def mapping_str(values: Mapping[tuple[int, int], str]) -> dict[str, str]:
-    return {f"{i}-{j}": v for (i, j), v in sorted(values.items())}

@@ -133,15 +133,16 @@ class RankDiscovery:
     def _read(self, pid: int, name: str) -> bytes:
         return (self.proc_root / str(pid) / name).read_bytes()
 
-    def environment(self, pid: int) -> tuple[dict[str, str], str | None]:
-        """(kept variables, problem). Reads /proc/<pid>/environ: the environment the process started with."""
+    def environment(self, pid: int, count: bool = True) -> tuple[dict[str, str], str | None]:
+        """(kept variables, problem). Reads /proc/<pid>/environ: the environment the process started with.
+        `count`: whether an unreadable one is counted (a scan reads every process; most are not ours)."""
         try:
             raw = self._read(pid, "environ")
-        except PermissionError:
-            self.counters["unreadable_environ"] += 1
-            return {}, "environ: permission denied (the watchdog needs the same user or CAP_SYS_PTRACE)"
         except OSError as exc:
-            self.counters["unreadable_environ"] += 1
+            if count:
+                self.counters["unreadable_environ"] += 1
+            if isinstance(exc, PermissionError):
+                return {}, "environ: permission denied (the watchdog needs the same user or CAP_SYS_PTRACE)"
             return {}, f"environ: {exc.strerror or exc}"
         env = {}
         for entry in raw.split(b"\0"):
@@ -232,12 +233,11 @@ class RankDiscovery:
         for pid in sorted(int(p.name) for p in self.proc_root.iterdir() if p.name.isdigit()):
             if pid == own:
                 continue
-            env, _ = self.environment(pid)
+            env, _ = self.environment(pid, count=False)
             if "WORLD_SIZE" in env and ({"RANK", "LOCAL_RANK", "SLURM_PROCID"} & env.keys()):
                 rank = self.describe(pid, _visible_gpus(env))
                 if rank is not None:
                     found.append(rank)
-        self.counters["unreadable_environ"] = 0  # a scan reads every process: most are not ours to read
         return found
 
 
