@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from watchdog.act.stacks import OK, StackCapturer, Target
+from watchdog.stacks.capture import OK, StackCapturer, Target
 
 TARGET = Path(__file__).resolve().parent.parent / "tests" / "targets" / "stuck.py"
 

@@ -20,14 +20,14 @@ import psutil
 CHILD = """
 import sys
 from watchdog.config import parse_config
-from watchdog.daemon import Daemon
+from watchdog.daemon import build
 from watchdog.export.server import Endpoint
 from watchdog.sample import sim
 gpus, port, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 scenario = sim.Scenario("bench", "", "h100", gpus, 3600, ((0, None, "train"), (40, None, "spin")), gpm=True)
 config = parse_config({"export": {"listen_address": f"127.0.0.1:{port}"},
                        "bundles": {"directory": folder, "capture_stacks": False}})
-daemon = Daemon(config, sim.SimSource(scenario))
+daemon = build(config, sim.SimSource(scenario))
 endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
 endpoint.start()
 daemon.run()

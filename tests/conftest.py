@@ -55,9 +55,15 @@ def need_tool(name: str) -> str:
     pytest.skip(f"{name} not installed: {SERVER_PACKAGES}")
 
 
-def wait_for(paths: list[Path], timeout: float = 90.0) -> None:
+def wait_for(paths: list[Path], timeout: float = 90.0,
+             processes: Iterable[subprocess.Popen[str]] = ()) -> None:
+    """Until every path exists; fails at once when one of `processes` exits first (a rank that died
+    will never write its file)."""
     deadline = time.monotonic() + timeout
+    processes = list(processes)
     while not all(p.exists() for p in paths):
+        dead = [p.args for p in processes if p.poll() is not None]
+        assert not dead, f"a target exited before it was ready: {dead}"
         assert time.monotonic() < deadline, f"targets did not start: {[str(p) for p in paths if not p.exists()]}"
         time.sleep(0.05)
 
@@ -69,7 +75,7 @@ def python_target(mode: str, tmp: Path, env: dict[str, str] | None = None) -> It
     process = subprocess.Popen([sys.executable, str(TARGETS / "stuck.py"), mode, str(ready)], text=True,
                                stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
     try:
-        wait_for([ready], 30)
+        wait_for([ready], 30, [process])
         time.sleep(0.2)  # from the ready file to the blocking call
         yield process
     finally:
@@ -92,7 +98,7 @@ def gloo_job(scenario: str, tmp: Path, ranks: int = 4, odd_rank: int = 2) -> Ite
                    "TORCHELASTIC_RUN_ID": f"test-{port}", "ODD_RANK": str(odd_rank), "NCCL_DEBUG": "WARN"}
             processes.append(subprocess.Popen([sys.executable, str(TARGETS / "gloo_job.py"), scenario, str(tmp)],
                                               env=env, text=True, stderr=subprocess.DEVNULL))
-        wait_for([tmp / f"rank-{r}" for r in range(ranks)])
+        wait_for([tmp / f"rank-{r}" for r in range(ranks)], processes=processes)
         time.sleep(1.5)  # from "ready" to blocking in the stall
         assert all(p.poll() is None for p in processes), "a rank died before the test looked at it"
         yield processes

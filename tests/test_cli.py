@@ -119,9 +119,10 @@ def test_replay_help_lists_the_scenarios() -> None:
 # -- the live record loop, through the faithful NVML fake -------------------------------------------
 def test_record_live_keeps_its_cadence_and_writes_a_replayable_trace(tmp_path: Path) -> None:
     import io
+    import threading
 
     from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-    from watchdog.cli import _Stop, record_live
+    from watchdog.cli.trace import record_live
     from watchdog.sample import recording
     from watchdog.sample.nvml import NvmlSource
 
@@ -129,7 +130,7 @@ def test_record_live_keeps_its_cadence_and_writes_a_replayable_trace(tmp_path: P
     source.open()
     out = io.StringIO()
     try:
-        written, dropped = record_live(source, out.write, "now", interval=0.05, duration=0.5, stop=_Stop())
+        written, dropped = record_live(source, out.write, "now", interval=0.05, duration=0.5, stop=threading.Event())
     finally:
         source.close()
     assert dropped == 0 and written >= 10

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from tests.daemon_helpers import FlakySource, Receiver, daemon_config, stepping_clock
+from tests.fakes.daemon import FlakySource, Receiver, daemon_config, stepping_clock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from watchdog.daemon import Daemon
+from watchdog.daemon import Daemon, build
 from watchdog.sample import sim
 from watchdog.sample.nvml import NvmlSource
 
@@ -45,7 +45,7 @@ def ticks_on_time(daemon: Daemon, count: int) -> float:
 
 def test_a_failing_component_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
     source = FlakySource(spin_source())
-    daemon = Daemon(daemon_config(tmp_path), source)
+    daemon = build(daemon_config(tmp_path), source)
     daemon.tick()
     source.failing = True
     daemon.tick()
@@ -63,7 +63,7 @@ def test_spin_hang_fires_writes_a_bundle_and_alerts(tmp_path: Path) -> None:
     try:
         config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
                                                                 "url": receiver.url}]})
-        daemon = Daemon(config, spin_source())
+        daemon = build(config, spin_source())
         for _ in range(60):
             daemon.tick()
         daemon.shutdown(timeout=5)
@@ -84,7 +84,7 @@ def test_gpu_lost_and_a_hung_nvml_call_keep_the_cadence(tmp_path: Path) -> None:
     gpus = [FakeGpu(util_percent=90, power_mw=500_000), FakeGpu(util_percent=90, power_mw=500_000)]
     source = NvmlSource(nvml=FakeNvml(gpus), call_timeout_seconds=0.05, clock=stepping_clock())
     source.open()
-    daemon = Daemon(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05}),
+    daemon = build(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05}),
                     source)
     gpus[1].lost = True
     gpus[0].hang_in = "nvmlDeviceGetPowerUsage"
@@ -115,7 +115,7 @@ def test_dead_receivers_and_a_hung_py_spy_never_delay_a_tick(tmp_path: Path) -> 
             bundles={"capture_stacks": True}, stacks={"py_spy_command": [str(hung)], "timeout_seconds": 1.0},
             alerts={"receivers": [{"type": "webhook", "name": "failing", "url": failing.url},
                                   {"type": "webhook", "name": "hanging", "url": hanging.url, "timeout_seconds": 1}]})
-        daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 296, {0: [worker]},
+        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 296, {0: [worker]},
                                               clock=stepping_clock()))
         lateness = ticks_on_time(daemon, 45)
         daemon.shutdown(timeout=8)
@@ -133,7 +133,7 @@ def test_a_read_only_bundle_folder_costs_the_bundle_not_the_loop(tmp_path: Path)
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the bundle folder should be")
     config = daemon_config(tmp_path, bundles={"directory": str(blocked / "incidents")})
-    daemon = Daemon(config, spin_source())
+    daemon = build(config, spin_source())
     for _ in range(60):
         daemon.tick()
     daemon.shutdown(timeout=5)
@@ -150,7 +150,7 @@ def test_a_full_disk_costs_the_bundle(tmp_path: Path) -> None:
     mounted = os.system(f"mount -t tmpfs -o size=4k tmpfs {mount} 2>/dev/null")  # noqa: S605
     assert mounted == 0, "mounting a 4 KiB tmpfs (a disk that fills at once) needs root, as in CI"
     try:
-        daemon = Daemon(daemon_config(tmp_path, bundles={"directory": str(mount / "incidents")}), spin_source())
+        daemon = build(daemon_config(tmp_path, bundles={"directory": str(mount / "incidents")}), spin_source())
         for _ in range(60):
             daemon.tick()
         daemon.shutdown(timeout=5)
@@ -162,7 +162,7 @@ def test_a_full_disk_costs_the_bundle(tmp_path: Path) -> None:
 
 def test_bundles_rotate_under_the_count_limit(tmp_path: Path) -> None:
     config = daemon_config(tmp_path, bundles={"max_count": 2})
-    daemon = Daemon(config, spin_source())
+    daemon = build(config, spin_source())
     from watchdog.act.bundles import Incident
     from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 
@@ -187,7 +187,7 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
                                                      "pids": pids},
                                    bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
                                    alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]})
-            daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+            daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
             for _ in range(45):
                 daemon.tick()
             daemon.shutdown(timeout=15)

@@ -6,6 +6,7 @@ Unknown keys are rejected and every problem is reported at once with its key pat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -310,6 +311,21 @@ def load_config(path: str | Path | None) -> Config:
     return parse_config(data, source)
 
 
+def _keys(model: BaseModel, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], BaseModel | None,
+                                                                        str, str]]:
+    """Every key of the configuration in order, depth first: (path, section or None for a leaf,
+    the section's first doc line or the leaf's description, the leaf's default as flow YAML)."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            doc = (type(value).__doc__ or "").strip().splitlines()
+            yield (*path, name), value, doc[0] if doc else "", ""
+            yield from _keys(value, (*path, name))
+        else:
+            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            yield (*path, name), None, info.description or "", shown
+
+
 def example_yaml() -> str:
     """config.example.yaml: every key at its default, each with its description. A test keeps the
     checked-in file identical to this, so the documented defaults cannot drift from the code."""
@@ -318,23 +334,11 @@ def example_yaml() -> str:
         "# Validate with: stall-watchdog check-config FILE",
         "# Units are in the key names: _seconds, _ratio (0-1), _bytes, _multiple.",
     ]
-
-    def walk(model: BaseModel, indent: str) -> None:
-        for name, info in type(model).model_fields.items():
-            value = getattr(model, name)
-            if isinstance(value, BaseModel):
-                doc = (type(value).__doc__ or "").strip().splitlines()
-                if doc:
-                    lines.append(f"{indent}# {doc[0]}")
-                lines.append(f"{indent}{name}:")
-                walk(value, indent + "  ")
-                continue
-            if info.description:
-                lines.append(f"{indent}# {info.description}")
-            rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-            lines.append(f"{indent}{name}: {rendered}")
-
-    walk(Config(), "")
+    for path, section, doc, shown in _keys(Config()):
+        indent = "  " * (len(path) - 1)
+        if doc:
+            lines.append(f"{indent}# {doc}")
+        lines.append(f"{indent}{path[-1]}:" if section is not None else f"{indent}{path[-1]}: {shown}")
     lines += [
         "# Receivers, for example (secrets from files or the environment, never in this file):",
         "#   receivers:",
@@ -348,17 +352,8 @@ def example_yaml() -> str:
 def reference_markdown() -> str:
     """The README's configuration reference: every key, its default and meaning, from the model."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
-
-    def walk(model: BaseModel, prefix: str) -> None:
-        for name, info in type(model).model_fields.items():
-            value = getattr(model, name)
-            if isinstance(value, BaseModel):
-                walk(value, f"{prefix}{name}.")
-                continue
-            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-            rows.append(f"| `{prefix}{name}` | `{shown}` | {(info.description or '').replace('|', '/')} |")
-
-    walk(Config(), "")
+    rows += [f"| `{'.'.join(path)}` | `{shown}` | {doc.replace('|', '/')} |"
+             for path, section, doc, shown in _keys(Config()) if section is None]
     return "\n".join(rows)
 
 

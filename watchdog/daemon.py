@@ -1,4 +1,5 @@
-"""The daemon: the one place where the parts meet.
+"""The daemon, and the composition root: `build(config)` wires every part once (source, detectors,
+incidents, alert dispatcher, stack capturer, bundles, metrics); `run`, `demo` and the tests all call it.
 
     tick() = sample -> detect -> act -> export
 
@@ -20,15 +21,22 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client.registry import CollectorRegistry
 
 from watchdog import logfmt
-from watchdog.act.alerts import AlertDispatcher
+from watchdog.act.alerts import AlertDispatcher, Receiver
 from watchdog.act.bundles import BundleStore
 from watchdog.act.incidents import IncidentHandler
 from watchdog.config import Config, ConfigError, load_config
+from watchdog.counters import Counters
 from watchdog.detect.engine import DetectorEngine
-from watchdog.export.metrics import Counters, EpisodeView, Published, WatchdogCollector
+from watchdog.export.metrics import EpisodeView, Published, WatchdogCollector, new_counters
+from watchdog.export.report import write_for_bundle
 from watchdog.export.systemd import SystemdNotifier
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
+from watchdog.sample import sim
+from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.ranks import RankDiscovery
+from watchdog.sample.replay import scenario
+from watchdog.schedule import Ticker
+from watchdog.stacks.capture import StackCapturer
 
 T = TypeVar("T")
 
@@ -46,21 +54,44 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+def source_for(config: Config) -> Source:
+    """The configured source, not yet opened: the real GPUs, or a scenario played in real time."""
+    if config.source.kind == "sim":
+        return sim.SimSource(scenario(config.source.scenario), config.sample.interval_seconds,
+                             config.source.start_offset_seconds, config.source.pids or None)
+    return NvmlSource(call_timeout_seconds=config.sample.nvml_call_timeout_seconds)
+
+
+def build(config: Config, source: Source | None = None, config_path: str | None = None, *,
+          notifier: SystemdNotifier | None = None, receivers: list[Receiver] | None = None,
+          discovery: RankDiscovery | None = None, monotonic: Callable[[], float] = time.monotonic,
+          wall: Callable[[], float] = time.time) -> Daemon:
+    """Wire the daemon from its configuration. `source` defaults to the configured one (opened by the
+    caller); the keyword arguments are the seams tests and the demo use."""
+    source = source if source is not None else source_for(config)
+    counters = new_counters()
+    discovery = discovery or RankDiscovery()
+    dispatcher = AlertDispatcher(config.alerts, counters, receivers)
+    bundles = BundleStore(config.bundles, counters, render_report=write_for_bundle)
+    incidents = IncidentHandler(config, counters, dispatcher, bundles, StackCapturer.from_config(config.stacks),
+                                discovery, inventory=getattr(source, "inventory", None))
+    return Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
+                  monotonic, wall)
+
+
 class Daemon:
-    def __init__(self, config: Config, source: Source, config_path: str | None = None,
-                 notifier: SystemdNotifier | None = None, incidents: IncidentHandler | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+    def __init__(self, config: Config, source: Source, incidents: IncidentHandler, counters: Counters,
+                 discovery: RankDiscovery, config_path: str | None, notifier: SystemdNotifier,
+                 monotonic: Callable[[], float], wall: Callable[[], float]):
         self.config = config
         self.config_path = config_path
         self.source = source
-        self.notifier = notifier or SystemdNotifier()
+        self.notifier = notifier
         self.monotonic, self.wall = monotonic, wall
-        self.counters = Counters()
-        self.engine = DetectorEngine(config)
-        self.bundles = BundleStore(config.bundles, self.counters)
-        self.incidents = incidents or IncidentHandler(config, self.counters, AlertDispatcher(config.alerts,
-                                                                                               self.counters),
-                                                      self.bundles)
+        self.counters = counters
+        self.engine = DetectorEngine(config, on_error=self._failed)
+        self.incidents = incidents
+        self.bundles = incidents.bundles
         self.registry = CollectorRegistry()
         self.registry.register(WatchdogCollector(lambda: self.published, self.counters))
         self.published = Published()
@@ -69,7 +100,7 @@ class Daemon:
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self.ticks = 0
-        self.discovery = RankDiscovery()
+        self.discovery = discovery
         self._rank_cache: dict[int, tuple[int | None, str]] = {}  # pid -> (rank, job)
 
     # -- one tick ----------------------------------------------------------------------------------
@@ -90,12 +121,16 @@ class Daemon:
         try:
             result = call(*args)
         except Exception as exc:  # the boundary: a failing component never stops the loop
-            self.component_up[component] = False
-            self.counters.inc("component_errors_total", component)
-            logfmt.event("component_failed", level=40, component=component, error=f"{type(exc).__name__}: {exc}")
+            self._failed(component, exc)
             return None
         self.component_up[component] = True
         return result
+
+    def _failed(self, component: str, exc: Exception) -> None:
+        self.component_up[component] = False
+        self.counters.inc("component_errors_total", component)
+        logfmt.event("component_failed", level=logfmt.ERROR, component=component,
+                     error=f"{type(exc).__name__}: {exc}")
 
     def _remember(self, snapshot: NodeSnapshot) -> None:
         history = self.history
@@ -107,7 +142,8 @@ class Daemon:
     def _act(self, event: EpisodeEvent, snapshot: NodeSnapshot) -> None:
         if event.event is not EventKind.RESOLVED:
             self.counters.inc("episodes_total", event.signature.value, event.severity.value)
-        logfmt.event(f"episode_{event.event.value}", level=30 if event.event is not EventKind.RESOLVED else 20,
+        level = logfmt.INFO if event.event is EventKind.RESOLVED else logfmt.WARNING
+        logfmt.event(f"episode_{event.event.value}", level=level,
                      signature=event.signature.value, severity=event.severity.value, gpus=gpu_list(event.gpus),
                      culprits=gpu_list(event.culprit_gpus) if event.culprit_gpus else None, summary=event.summary)
         self.incidents.handle(event, snapshot, self.history)
@@ -119,10 +155,11 @@ class Daemon:
             for ep in self.engine.tracker.episodes.values())
         ranks = self._ranks(snapshot)
         last = snapshot.time_seconds if snapshot is not None else self.published.last_sample_wall
-        self.published = Published(snapshot or self.published.snapshot, episodes, ranks,
-                                   dict(self.component_up), last, tick_seconds, self.bundles.disk_bytes()
-                                   if self.ticks % 30 == 0 or self.published.bundle_disk_bytes is None
-                                   else self.published.bundle_disk_bytes)
+        up = {**self.component_up, **self.engine.detector_up, **self.incidents.dispatcher.receiver_up()}
+        disk = self.published.bundle_disk_bytes
+        if self.ticks % 30 == 0 or disk is None:
+            disk = self.bundles.disk_bytes()
+        self.published = Published(snapshot or self.published.snapshot, episodes, ranks, up, last, tick_seconds, disk)
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[tuple[int, int, int | None, str], ...]:
         """gpu, pid, rank, job for rank_info. A pid is described once (psutil and /proc), then cached."""
@@ -149,7 +186,7 @@ class Daemon:
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, on_ready: Callable[[], None] | None = None, max_ticks: int | None = None) -> None:
         """Tick every interval on the monotonic clock until stop_requested (or max_ticks)."""
-        next_tick = self.monotonic()
+        ticker = Ticker(self.monotonic)
         if on_ready is not None:
             on_ready()
         while not self.stop_requested.is_set():
@@ -159,15 +196,11 @@ class Daemon:
             self.tick()
             if max_ticks is not None and self.ticks >= max_ticks:
                 return
-            interval = self.config.sample.interval_seconds
-            next_tick += interval
-            delay = next_tick - self.monotonic()
-            if delay < 0:
+            delay, late = ticker.advance(self.config.sample.interval_seconds)
+            if late:
                 self.counters.inc("tick_overruns_total")
-                if delay < -interval:  # more than a tick behind: skip ahead rather than bunch up
-                    next_tick = self.monotonic()
-                continue
-            self.stop_requested.wait(delay)
+            if delay > 0:
+                self.stop_requested.wait(delay)
 
     def reload(self) -> bool:
         if self.config_path is None:
@@ -176,7 +209,8 @@ class Daemon:
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:
-            logfmt.event("reload_rejected", level=40, config=self.config_path, problems="; ".join(exc.problems))
+            logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path,
+                         problems="; ".join(exc.problems))
             return False
         unchanged_until_restart = [name for name in ("source", "export", "alerts", "bundles")
                                    if getattr(new, name) != getattr(self.config, name)]

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from watchdog import logfmt
 from watchdog.config import parse_config
-from watchdog.daemon import Daemon
+from watchdog.daemon import Daemon, build
 from watchdog.export.server import Endpoint, EndpointError
-from watchdog.sample import sim
 
 RANKS = 8
 ODD_RANK = 4  # the scenario's odd GPU
@@ -121,7 +120,7 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
     def say(text: str) -> None:
         print(text, file=out, flush=True)  # type: ignore[call-overload]
 
-    logfmt.setup(level=40)  # the demo narrates; the daemon's own log lines would drown it
+    logfmt.setup(level=logfmt.ERROR)  # the demo narrates; the daemon's own log lines would drown it
     workdir = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="stall-watchdog-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     note = _ptrace_note()
@@ -136,7 +135,7 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
         "bundles": {"directory": str(workdir / "incidents")},
         "stacks": {"observe_seconds": 1.0},
     })
-    daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, OFFSET, pids))
+    daemon = build(config)
     try:
         endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
     except EndpointError as exc:

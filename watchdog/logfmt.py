@@ -10,6 +10,9 @@ from typing import Any
 
 log = logging.getLogger("stall_watchdog")
 
+# Levels by name, so a call site reads `level=logfmt.WARNING`.
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+
 
 def _value(value: Any) -> str:
     text = str(value)
@@ -24,11 +27,11 @@ def line(level: str, event: str, **fields: Any) -> str:
     return " ".join(parts)
 
 
-def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
+def event(name: str, level: int = INFO, **fields: Any) -> None:
     log.log(level, line(logging.getLevelName(level).lower(), name, **fields))
 
 
-def setup(level: int = logging.INFO) -> None:
+def setup(level: int = INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.handlers[:] = [handler]

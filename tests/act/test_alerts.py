@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_helpers import Receiver
+from tests.fakes.daemon import Receiver
 from watchdog.act.alerts import Alert, AlertDispatcher, build_receivers
 from watchdog.config import parse_config
-from watchdog.export.metrics import Counters
+from watchdog.counters import Counters
+from watchdog.export.metrics import new_counters
+from watchdog.model import Severity
 
 
 def alerts_config(receivers: list[dict[str, object]], **extra: object):  # type: ignore[no-untyped-def]
@@ -23,13 +25,13 @@ def alerts_config(receivers: list[dict[str, object]], **extra: object):  # type:
 
 
 def alert(key: str = "busy_spin@1", status: str = "firing", severity: str = "critical") -> Alert:
-    return Alert(key=key, status=status, signature="busy_spin", severity=severity, gpus=(0, 1),
+    return Alert(key=key, status=status, signature="busy_spin", severity=Severity(severity), gpus=(0, 1),
                  culprit_gpus=(), summary="Busy-spin hang on GPUs 0-1", onset=1.9e9, at=1.9e9 + 40,
                  instance="node-a", job="run:llm", bundle="/var/lib/stall-watchdog/incidents/x")
 
 
 def deliver(config, *alerts: Alert) -> Counters:  # type: ignore[no-untyped-def]
-    counters = Counters()
+    counters = new_counters()
     dispatcher = AlertDispatcher(config, counters)
     for a in alerts:
         dispatcher.submit(a)
@@ -117,7 +119,7 @@ def test_a_hung_receiver_does_not_hold_up_another() -> None:
     try:
         config = alerts_config([{"type": "webhook", "name": "hung", "url": hung.url, "timeout_seconds": 3},
                                 {"type": "webhook", "name": "fine", "url": fine.url}])
-        counters = Counters()
+        counters = new_counters()
         dispatcher = AlertDispatcher(config, counters)
         started = time.monotonic()
         dispatcher.submit(alert())
@@ -128,3 +130,35 @@ def test_a_hung_receiver_does_not_hold_up_another() -> None:
     finally:
         hung.close()
         fine.close()
+
+
+class _BuggyReceiver:
+    """A receiver whose first send raises something no receiver should: a bug, not a delivery failure."""
+
+    name = "buggy"
+    min_severity = "warning"
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, alert: Alert) -> None:
+        if not self.sent:
+            self.sent.append("boom")
+            raise KeyError("a bug in the receiver")
+        self.sent.append(alert.key)
+
+
+def test_a_receiver_bug_costs_one_alert_never_the_worker() -> None:
+    counters = new_counters()
+    receiver = _BuggyReceiver()
+    dispatcher = AlertDispatcher(alerts_config([]), counters, [receiver])  # type: ignore[list-item]
+    dispatcher.submit(alert("first"))
+    deadline = time.monotonic() + 5
+    while counters.get("alerts_total", "buggy", "failed") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert dispatcher.receiver_up() == {"receiver_buggy": False}
+    assert counters.get("component_errors_total", "receiver_buggy") == 1
+    dispatcher.submit(alert("second"))
+    dispatcher.close(timeout=5)
+    assert receiver.sent == ["boom", "second"] and dispatcher.receiver_up() == {"receiver_buggy": True}

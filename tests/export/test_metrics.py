@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -10,8 +11,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import REPO, need_tool
-from tests.daemon_helpers import daemon_config, stepping_clock
-from watchdog.daemon import Daemon
+from tests.fakes.daemon import daemon_config, stepping_clock
+from watchdog.daemon import build
 from watchdog.export.metrics import METRICS, PREFIX, metric_list_markdown
 from watchdog.sample import sim
 
@@ -24,7 +25,7 @@ _VOLATILE = re.compile(r'^(stall_watchdog_build_info\{.*|stall_watchdog_tick_dur
 def scripted_exposition(tmp_path: Path) -> str:
     """odd_rank, 40 s into the wait on GPU 4: a waiting warning with its culprit, one bundle written."""
     ticks = iter(float(n) * 0.001 for n in range(10**6))
-    daemon = Daemon(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
+    daemon = build(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
                     sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 260, clock=stepping_clock(1.9e9)),
                     monotonic=lambda: next(ticks))
     for _ in range(80):
@@ -36,9 +37,11 @@ def scripted_exposition(tmp_path: Path) -> str:
 
 def test_exposition_matches_the_golden_file(tmp_path: Path) -> None:
     text = _VOLATILE.sub(lambda m: m.group(1) + " <varies>", scripted_exposition(tmp_path))
-    if not GOLDEN.exists():
+    if os.environ.get("STALL_WATCHDOG_RENEW_GOLDEN") == "1":  # a person renews it on purpose, then reviews the diff
         GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text(), "the exposition changed: review it, then delete the golden file to renew"
+    assert GOLDEN.exists(), f"{GOLDEN} is missing: renew it with STALL_WATCHDOG_RENEW_GOLDEN=1 and review it"
+    assert text == GOLDEN.read_text(), ("the exposition changed: review it, then renew the golden file with "
+                                        "STALL_WATCHDOG_RENEW_GOLDEN=1")
     assert 'stall_watchdog_episode_culprit{gpu="4",signature="waiting"} 1.0' in text
     assert 'stall_watchdog_episode_state{gpu="0",signature="waiting"} 2.0' in text
     assert 'stall_watchdog_episodes_total{severity="warning",signature="waiting"} 1.0' in text

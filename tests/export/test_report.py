@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, need_tool
-from tests.daemon_helpers import daemon_config, stepping_clock
+from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.act.bundles import Incident
-from watchdog.daemon import Daemon
+from watchdog.daemon import build
 from watchdog.export import report
-from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
+from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample import sim
 
 ARTIFACTS = REPO / "test-output"
@@ -24,7 +24,7 @@ ARTIFACTS = REPO / "test-output"
 
 def bundle_with_culprit(tmp_path: Path) -> Path:
     """A real bundle: odd_rank through the daemon, with a stacks.json naming rank 4."""
-    daemon = Daemon(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
+    daemon = build(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
                     sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 270, clock=stepping_clock()))
     for _ in range(80):
         daemon.tick()
@@ -96,7 +96,15 @@ def test_replay_draws_the_trace_with_its_episodes(tmp_path: Path) -> None:
 
 
 def test_report_data_from_events() -> None:
-    event = EpisodeEvent(EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL, (0,), (), 1e9, 1e9 + 30, "s")
-    page = report.render(report.ReportData("t", [], [{"signature": "busy_spin", "onset": 1e9, "at": 1e9 + 30}],
-                                           verdict="v", severity="critical"))
-    assert 'class="verdict critical"' in page and Incident(event, []).name.endswith("busy_spin-gpu0")
+    fired = EpisodeEvent(EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL, (0,), (), 1e9, 1e9 + 30, "spin")
+    resolved = EpisodeEvent(EventKind.RESOLVED, Signature.BUSY_SPIN, Severity.CRITICAL, (0,), (), 1e9, 1e9 + 90,
+                            "spin over")
+    other = EpisodeEvent(EventKind.FIRED, Signature.ZERO_UTIL, Severity.CRITICAL, (0,), (), 1e9 + 100, 1e9 + 145, "z")
+    episodes = report.episodes_from_events([fired, resolved, other])
+    assert [(e["signature"], e["end"], e["summary"]) for e in episodes] == [
+        ("busy_spin", 1e9 + 90, "spin"), ("zero_util", None, "z")]
+    snapshots = [NodeSnapshot(1e9 + t, (GpuSample(index=0, utilization_ratio=1.0, power_watts=150.0),))
+                 for t in range(0, 200, 10)]
+    page = report.render(report.ReportData("t", snapshots, episodes, verdict="v", severity="critical"))
+    assert 'class="verdict critical"' in page and Incident(fired, []).name.endswith("busy_spin-gpu0")
+    assert page.count('data-signature="busy_spin"') == 3 and page.count('data-signature="zero_util"') == 3

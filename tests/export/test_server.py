@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_helpers import daemon_config, stepping_clock
-from watchdog.daemon import Daemon
+from tests.fakes.daemon import daemon_config, stepping_clock
+from watchdog.daemon import Daemon, build
 from watchdog.export.server import Endpoint, EndpointError
 from watchdog.sample import sim
 
 
 def serve(tmp_path: Path, clock: Callable[[], float] = time.time, **export: object) -> tuple[Daemon, Endpoint]:
     config = daemon_config(tmp_path, export={"listen_address": "127.0.0.1:0", **export})
-    daemon = Daemon(config, sim.SimSource(sim.SCENARIOS["healthy"], clock=clock))
+    daemon = build(config, sim.SimSource(sim.SCENARIOS["healthy"], clock=clock))
     endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
     endpoint.start()
     return daemon, endpoint

@@ -72,7 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
                          {"RANK": str(gpu), "WORLD_SIZE": "8", "LOCAL_RANK": str(gpu),
                           "TORCHELASTIC_RUN_ID": "llm-42"})
             pids[gpu] = [rank.pid]
-        wait_for(readies)
+        wait_for(readies, processes=processes)
 
         (tmp / "am.yml").write_text("route: {receiver: sink}\nreceivers: [{name: sink}]\n")
         start([alertmanager, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",

@@ -146,3 +146,37 @@ def test_real_library_missing_is_a_clear_error() -> None:
         pytest.skip("an NVIDIA driver is present here")
     with pytest.raises(NvmlUnavailable, match="NVML could not start"):
         NvmlSource().open()
+
+
+def test_close_never_shuts_nvml_down_under_a_running_call() -> None:
+    stuck = FakeGpu(hang_in="nvmlDeviceGetPowerUsage")
+    source, fake = opened(stuck, FakeGpu(), timeout=0.2)
+    assert source.sample().gpus[0].health is GpuHealth.HUNG
+    started = time.monotonic()
+    source.close(hung_wait_seconds=0.3)
+    assert time.monotonic() - started < 1.0
+    assert fake.initialized, "nvmlShutdown ran while a call was still inside the driver"
+    stuck.release.set()
+
+
+def test_close_waits_briefly_for_a_call_that_returns_then_shuts_down() -> None:
+    slow = FakeGpu(hang_in="nvmlDeviceGetPowerUsage")
+    source, fake = opened(slow, timeout=0.1)
+    assert source.sample().gpus[0].health is GpuHealth.HUNG
+    threading.Timer(0.2, slow.release.set).start()
+    source.close(hung_wait_seconds=2.0)
+    assert not fake.initialized
+
+
+def test_the_doctors_inventory_reads_through_the_open_source_with_a_bound() -> None:
+    gpu = FakeGpu(hang_in="nvmlDeviceGetPciInfo")
+    source, _ = opened(gpu, FakeGpu())
+    started = time.monotonic()
+    with pytest.raises(NvmlUnavailable, match="inventory took over"):
+        source.inventory(timeout_seconds=0.3)
+    assert time.monotonic() - started < 1.0
+    gpu.hang_in = None
+    gpu.release.set()
+    inventory = source.inventory()
+    assert inventory.driver_version == "550.54.15" and len(inventory.gpus) == 2 and (0, 1) in inventory.p2p
+    source.close()

@@ -1,2 +1,2 @@
-"""Actions taken when a stall is seen: capture the ranks' stacks, name the culprit (alerts later).
-Each side effect is bounded by a timeout."""
+"""Side effects when an episode opens, escalates or resolves: incident bundles and alerts, each bounded
+by a timeout and run off the sampling loop. Renderers and counters are handed in; act imports no exporter."""

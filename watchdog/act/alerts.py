@@ -23,8 +23,8 @@ from typing import Protocol
 
 from watchdog import logfmt
 from watchdog.config import AlertsConfig, ReceiverConfig
-from watchdog.export.metrics import Counters
-from watchdog.model import iso_time
+from watchdog.counters import Counters
+from watchdog.model import Severity, iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
 
@@ -34,7 +34,7 @@ class Alert:
     key: str  # one per episode: the same key fires, escalates and resolves
     status: str  # firing | resolved
     signature: str
-    severity: str
+    severity: Severity
     gpus: tuple[int, ...]
     culprit_gpus: tuple[int, ...]
     summary: str
@@ -50,12 +50,12 @@ class Alert:
 
     def to_json(self) -> dict[str, object]:
         return {"key": self.key, "status": self.status, "alertname": self.alertname, "signature": self.signature,
-                "severity": self.severity, "gpus": list(self.gpus), "culprit_gpus": list(self.culprit_gpus),
+                "severity": self.severity.value, "gpus": list(self.gpus), "culprit_gpus": list(self.culprit_gpus),
                 "summary": self.summary, "onset": iso_time(self.onset), "at": iso_time(self.at),
                 "instance": self.instance, "job": self.job, "bundle": self.bundle}
 
     def text(self) -> str:
-        head = "RESOLVED" if self.status == "resolved" else self.severity.upper()
+        head = "RESOLVED" if self.status == "resolved" else self.severity.value.upper()
         where = f" Bundle: {self.bundle}" if self.bundle else ""
         return f"[{head}] {self.instance}: {self.summary}.{where}"
 
@@ -129,10 +129,10 @@ class AlertmanagerReceiver(_HttpReceiver):
 
     def send(self, alert: Alert) -> None:
         labels = self._labels.get(alert.key) or {
-            "alertname": alert.alertname, "severity": alert.severity, "signature": alert.signature,
+            "alertname": alert.alertname, "severity": alert.severity.value, "signature": alert.signature,
             "gpu": ",".join(map(str, alert.gpus)), "instance": alert.instance, "job": alert.job}
         if alert.status == "firing":
-            labels = {**labels, "severity": alert.severity}
+            labels = {**labels, "severity": alert.severity.value}
             self._labels[alert.key] = labels
         body: dict[str, object] = {
             "labels": labels,
@@ -188,14 +188,15 @@ class _Lane:
         self.queue: queue.Queue[Alert | None] = queue.Queue(maxsize=256)
         self.sent: set[tuple[str, str, str]] = set()  # (key, status, severity) already accepted
         self.recent: deque[float] = deque()
+        self.up = True  # the receiver's guard: False after its last delivery raised something unexpected
         self.thread = threading.Thread(target=self._work, name=f"alerts-{receiver.name}", daemon=True)
         self.thread.start()
 
     def offer(self, alert: Alert) -> None:
         name = self.receiver.name
-        if _SEVERITY_RANK[alert.severity] < _SEVERITY_RANK[self.receiver.min_severity]:
+        if _SEVERITY_RANK[alert.severity.value] < _SEVERITY_RANK[self.receiver.min_severity]:
             return
-        identity = (alert.key, alert.status, alert.severity)
+        identity = (alert.key, alert.status, alert.severity.value)
         if identity in self.sent:
             self.counters.inc("alerts_total", name, "deduplicated")
             return
@@ -204,7 +205,7 @@ class _Lane:
             self.recent.popleft()
         if alert.status == "firing" and len(self.recent) >= self.cfg.rate_limit_per_minute:
             self.counters.inc("alerts_total", name, "rate_limited")
-            logfmt.event("alert_dropped", level=30, receiver=name, reason="rate limit", key=alert.key)
+            logfmt.event("alert_dropped", level=logfmt.WARNING, receiver=name, reason="rate limit", key=alert.key)
             return
         try:
             self.queue.put_nowait(alert)
@@ -219,26 +220,35 @@ class _Lane:
             alert = self.queue.get()
             if alert is None:
                 return
-            self._deliver(alert)
+            try:
+                self.up = self._deliver(alert)
+            except Exception as exc:  # the receiver's guard: a bug costs this alert, never the worker
+                self.up = False
+                self.counters.inc("alerts_total", self.receiver.name, "failed")
+                self.counters.inc("component_errors_total", f"receiver_{self.receiver.name}")
+                logfmt.event("alert_failed", level=logfmt.ERROR, receiver=self.receiver.name, key=alert.key,
+                             error=type(exc).__name__)
 
-    def _deliver(self, alert: Alert) -> None:
+    def _deliver(self, alert: Alert) -> bool:
         name = self.receiver.name
         delay = self.cfg.backoff_seconds
         for attempt in range(1, self.cfg.max_attempts + 1):
             try:
                 self.receiver.send(alert)
             except DeliveryError as exc:
-                logfmt.event("alert_attempt_failed", level=30, receiver=name, key=alert.key, status=alert.status,
-                             attempt=attempt, error=str(exc))
+                logfmt.event("alert_attempt_failed", level=logfmt.WARNING, receiver=name, key=alert.key,
+                             status=alert.status, attempt=attempt, error=str(exc))
                 if attempt == self.cfg.max_attempts or self.stop.wait(delay):
                     break
                 delay *= 2
                 continue
             self.counters.inc("alerts_total", name, "sent")
-            logfmt.event("alert_sent", receiver=name, key=alert.key, status=alert.status, severity=alert.severity)
-            return
+            logfmt.event("alert_sent", receiver=name, key=alert.key, status=alert.status,
+                         severity=alert.severity.value)
+            return True
         self.counters.inc("alerts_total", name, "failed")
-        logfmt.event("alert_failed", level=40, receiver=name, key=alert.key, status=alert.status)
+        logfmt.event("alert_failed", level=logfmt.ERROR, receiver=name, key=alert.key, status=alert.status)
+        return False
 
 
 class AlertDispatcher:
@@ -246,6 +256,10 @@ class AlertDispatcher:
         self._stop = threading.Event()
         self.lanes = [_Lane(r, cfg, counters, self._stop) for r in (receivers if receivers is not None
                                                                     else build_receivers(cfg))]
+
+    def receiver_up(self) -> dict[str, bool]:
+        """Each receiver's guard, for component_up{component="receiver_<name>"}."""
+        return {f"receiver_{lane.receiver.name}": lane.up for lane in self.lanes}
 
     def submit(self, alert: Alert) -> None:
         """Never blocks: each receiver's lane takes it or counts it as dropped."""

@@ -19,29 +19,28 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog import logfmt
-from watchdog.act.stack_report import StackReport
 from watchdog.config import BundlesConfig
-from watchdog.detect.doctor import DoctorFinding
-from watchdog.export import report as report_page
-from watchdog.export.metrics import Counters
-from watchdog.model import EpisodeEvent, NodeSnapshot, iso_time
+from watchdog.counters import Counters
+from watchdog.doctor.checks import DoctorFinding
+from watchdog.model import EpisodeEvent, NodeSnapshot, Severity, iso_time
 from watchdog.sample import recording
 from watchdog.sample.ranks import RankInfo
+from watchdog.stacks.picture import StackPicture, capture_file_name
 
 
 @dataclass
 class Incident:
     event: EpisodeEvent
     telemetry: Sequence[NodeSnapshot]
-    reports: list[StackReport] = field(default_factory=list)
+    reports: list[StackPicture] = field(default_factory=list)
     ranks: list[RankInfo] = field(default_factory=list)
     sentence: str = ""
-    severity: str = ""
+    severity: Severity | None = None
     partial: bool = False  # stopped before everything was gathered (shutdown, no time)
     doctor: list[DoctorFinding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -54,7 +53,7 @@ class Incident:
 
     def summary(self) -> dict[str, object]:
         return {
-            "event": self.event.to_json(), "severity": self.severity or self.event.severity.value,
+            "event": self.event.to_json(), "severity": (self.severity or self.event.severity).value,
             "verdict": self.sentence or self.event.summary, "partial": self.partial, "notes": self.notes,
             "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key} for r in self.ranks],
             "stacks": [{"job": rep.job, "summary": rep.analysis.summary, "outliers": list(rep.analysis.outliers),
@@ -64,9 +63,13 @@ class Incident:
 
 
 class BundleStore:
-    def __init__(self, cfg: BundlesConfig, counters: Counters):
+    def __init__(self, cfg: BundlesConfig, counters: Counters,
+                 render_report: Callable[[Path], object] | None = None):
+        """`render_report(folder)` writes the bundle's report page from its files (handed in by the
+        composition root, so act does not import export)."""
         self.cfg = cfg
         self.counters = counters
+        self.render_report = render_report
         self.root = Path(cfg.directory)
 
     def write(self, incident: Incident) -> Path | None:
@@ -86,8 +89,7 @@ class BundleStore:
                 for report in incident.reports:
                     for capture in report.captures:
                         if capture.raw is not None:
-                            who = f"rank-{capture.target.rank}" if capture.target.rank is not None else "pid"
-                            self._json(stacks / f"{who}-pid-{capture.target.pid}.json", capture.raw)
+                            self._json(stacks / capture_file_name(capture.target), capture.raw)
             if incident.doctor:
                 self._json(temporary / "doctor.json", [d.to_json() for d in incident.doctor])
             if incident.ranks:
@@ -96,16 +98,17 @@ class BundleStore:
                      "container": r.container, "env": dict(r.env), "problems": list(r.problems)}
                     for r in incident.ranks])
             try:
-                report_page.write_for_bundle(temporary)
+                if self.render_report is not None:
+                    self.render_report(temporary)
             except Exception as exc:  # the bundle's data matters more than its page
-                logfmt.event("report_failed", level=30, error=f"{type(exc).__name__}: {exc}")
+                logfmt.event("report_failed", level=logfmt.WARNING, error=f"{type(exc).__name__}: {exc}")
             if final.exists():
                 final = self.root / f"{incident.name}-{int(time.time() * 1000) % 100000}"
             os.rename(temporary, final)
         except OSError as exc:
             shutil.rmtree(temporary, ignore_errors=True)
             self.counters.inc("bundles_total", "failed")
-            logfmt.event("bundle_failed", level=40, signature=incident.event.signature.value,
+            logfmt.event("bundle_failed", level=logfmt.ERROR, signature=incident.event.signature.value,
                          directory=str(self.root), error=exc.strerror or str(exc))
             return None
         self.counters.inc("bundles_total", "partial" if incident.partial else "written")

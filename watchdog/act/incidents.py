@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from watchdog import logfmt
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
-from watchdog.act.stack_report import capture_job
-from watchdog.act.stacks import StackCapturer
 from watchdog.config import Config
-from watchdog.detect.doctor import examine, top_finding
-from watchdog.export.metrics import Counters
+from watchdog.counters import Counters
+from watchdog.doctor.checks import examine, top_finding
+from watchdog.doctor.facts import gather
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity
-from watchdog.sample.node_facts import NodeFacts, gather
-from watchdog.sample.nvml import read_inventory
+from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankDiscovery, group_jobs
+from watchdog.stacks.capture import StackCapturer
+from watchdog.stacks.picture import capture_job
 
 _MAX_PENDING = 4
 
@@ -38,23 +38,21 @@ _MAX_PENDING = 4
 @dataclass
 class _Open:
     bundle: str | None = None
-    severity: str = "warning"
+    severity: Severity = Severity.WARNING
     job: str = "unknown"
 
 
 class IncidentHandler:
-    def __init__(self, config: Config, counters: Counters, dispatcher: AlertDispatcher,
-                 bundles: BundleStore | None = None, capturer: StackCapturer | None = None,
-                 discovery: RankDiscovery | None = None,
-                 nvml_facts: Callable[[NodeFacts], None] | None = read_inventory):
+    def __init__(self, config: Config, counters: Counters, dispatcher: AlertDispatcher, bundles: BundleStore,
+                 capturer: StackCapturer, discovery: RankDiscovery,
+                 inventory: Callable[[], Inventory] | None = None):
         self.config = config
         self.counters = counters
         self.dispatcher = dispatcher
-        self.bundles = bundles or BundleStore(config.bundles, counters)
-        s = config.stacks
-        self.capturer = capturer or StackCapturer(s.py_spy_command, s.timeout_seconds, s.native, s.max_parallel)
-        self.discovery = discovery or RankDiscovery()
-        self.nvml_facts = nvml_facts
+        self.bundles = bundles
+        self.capturer = capturer
+        self.discovery = discovery
+        self.inventory = inventory
         self.instance = config.alerts.instance or socket.gethostname()
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="incident")
         self.pending: set[Future[None]] = set()
@@ -70,11 +68,11 @@ class IncidentHandler:
         key = self._key(event)
         if event.event is EventKind.FIRED:
             with self._lock:
-                self.open[key] = _Open(severity=event.severity.value)
+                self.open[key] = _Open(severity=event.severity)
                 busy = len(self.pending) >= _MAX_PENDING
             if busy or self.stopping.is_set():
                 self.counters.inc("bundles_total", "skipped")
-                self._alert(event, key, event.severity.value, event.summary)
+                self._alert(event, key, event.severity, event.summary)
                 return
             future = self.pool.submit(self._investigate, event, key, snapshot, tuple(telemetry))
             with self._lock:
@@ -84,12 +82,13 @@ class IncidentHandler:
         with self._lock:
             state = self.open.get(key)
         if event.event is EventKind.ESCALATED:
-            severity = Severity.CRITICAL.value
+            severity = Severity.CRITICAL
             if state is not None:
                 state.severity = severity
             self._alert(event, key, severity, event.summary)
         else:
-            self._alert(event, key, state.severity if state else event.severity.value, event.summary, resolved=True)
+            self._alert(event, key, state.severity if state else event.severity, event.summary,
+                        resolved=True)
             with self._lock:
                 self.open.pop(key, None)
 
@@ -99,13 +98,13 @@ class IncidentHandler:
         error = future.exception()
         if error is not None:
             self.counters.inc("component_errors_total", "act")
-            logfmt.event("incident_failed", level=40, error=f"{type(error).__name__}: {error}")
+            logfmt.event("incident_failed", level=logfmt.ERROR, error=f"{type(error).__name__}: {error}")
 
     def _investigate(self, event: EpisodeEvent, key: str, snapshot: NodeSnapshot,
                      telemetry: Sequence[NodeSnapshot]) -> None:
         window = self.config.bundles.telemetry_window_seconds
         incident = Incident(event, [s for s in telemetry if s.time_seconds >= event.onset_seconds - window])
-        severity, sentence = event.severity.value, event.summary
+        severity, sentence = event.severity, event.summary
         affected = set(event.gpus) | set(event.culprit_gpus)
         on_gpus = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in affected))
         if self.stopping.is_set():
@@ -124,10 +123,10 @@ class IncidentHandler:
             if incident.reports:
                 verdict = incident.reports[0].verdict
                 if verdict.severity is not None:  # hang: critical; waiting or remote: warning
-                    severity = verdict.severity.value
+                    severity = verdict.severity
                 sentence = f"{event.summary}. Stacks: {verdict.sentence}"
         # The doctor costs milliseconds: it runs even while stopping.
-        facts = gather(self.nvml_facts, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)
+        facts = gather(self.inventory, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)
         incident.doctor = examine(facts, incident.ranks)
         top = top_finding(incident.doctor)
         if top is not None:
@@ -140,11 +139,11 @@ class IncidentHandler:
                 state.bundle = str(path) if path else None
                 state.severity = severity
                 state.job = incident.ranks[0].job_key if incident.ranks else "unknown"
-        logfmt.event("incident", signature=event.signature.value, severity=severity,
+        logfmt.event("incident", signature=event.signature.value, severity=severity.value,
                      bundle=str(path) if path else None, verdict=sentence)
         self._alert(event, key, severity, sentence)
 
-    def _alert(self, event: EpisodeEvent, key: str, severity: str, summary: str, resolved: bool = False) -> None:
+    def _alert(self, event: EpisodeEvent, key: str, severity: Severity, summary: str, resolved: bool = False) -> None:
         state = self.open.get(key)
         self.dispatcher.submit(Alert(
             key=key, status="resolved" if resolved else "firing", signature=event.signature.value,

@@ -1,13 +1,17 @@
 """Runs the detector table over a stream of node snapshots and tracks episodes.
 
 observe(snapshot) ingests every sample; the detectors run at most once per evaluate_interval_seconds
-of the stream's own clock, so a 100 ms trace and a 1 s live loop reach the same verdicts.
+of the stream's own clock, so a 100 ms trace and a 1 s live loop reach the same verdicts. Each detector
+runs inside its own guard: a bug in one costs that detector for that tick (reported through `on_error`
+and `detector_up`), never the others' verdicts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from watchdog.config import Config
-from watchdog.detect import DETECTORS
+from watchdog.detect import DETECTORS, Detector
 from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import job_findings, underuse_finding
@@ -20,16 +24,24 @@ _PER_GPU_SEVERITY = {
 }
 
 
+def _ignore(component: str, error: Exception) -> None:
+    pass
+
+
 class DetectorEngine:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, on_error: Callable[[str, Exception], None] = _ignore,
+                 detectors: Mapping[str, Detector] = DETECTORS):
         self.config = config
+        self.detectors = detectors
+        self.on_error = on_error
+        self.detector_up: dict[str, bool] = {}
         d = config.detectors
         self._short_seconds = max(d.busy_spin.window_seconds, d.zero_util.window_seconds)
         self._long_seconds = d.underuse.window_seconds
         self._windows: dict[int, GpuWindow] = {}
         self._present: tuple[int, ...] = ()
         self._last_evaluation: float | None = None
-        self._sections = [(name, fn, getattr(d, name)) for name, fn in DETECTORS.items()]
+        self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
         self.tracker = EpisodeTracker({sig: getattr(d, sig.value) for sig in Signature})
         self.last_findings: list[Finding] = []
 
@@ -42,7 +54,7 @@ class DetectorEngine:
         for window in self._windows.values():
             window.short_seconds, window.long_seconds = self._short_seconds, self._long_seconds
             window.memory_min_bytes = config.job.memory_min_bytes
-        self._sections = [(name, fn, getattr(d, name)) for name, fn in DETECTORS.items()]
+        self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
         self.tracker.retime({sig: getattr(d, sig.value) for sig in Signature})
 
     def observe(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
@@ -72,11 +84,17 @@ class DetectorEngine:
         spin: dict[int, Evidence] = {}
         zero: dict[int, Evidence] = {}
         underused: list[Evidence] = []
+        failed: set[str] = set()
         for index, view in views.items():
             for name, detect, section in self._sections:
-                if not section.enabled:
+                if not section.enabled or name in failed:
                     continue
-                evidence = detect(view, section)
+                try:
+                    evidence = detect(view, section)
+                except Exception as exc:  # the detector's guard: one bug costs one detector for one tick
+                    failed.add(name)
+                    self.on_error(f"detector_{name}", exc)
+                    continue
                 if evidence is None:
                     continue
                 sig = evidence.signature
@@ -92,6 +110,8 @@ class DetectorEngine:
                         sig, _PER_GPU_SEVERITY[sig], (index,), since=evidence.since, legs=evidence.legs,
                         facts=evidence.facts, key=f"{name}:{index}",
                     ))
+        self.detector_up = {f"detector_{name}": name not in failed
+                            for name, _, section in self._sections if section.enabled}
         if underused:
             findings.append(underuse_finding(underused))
         if spin or zero:

@@ -8,8 +8,6 @@ labels bounded (gpu, uuid; rank/pid/training_job only on the small rank_info ser
 from __future__ import annotations
 
 import platform
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -17,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from watchdog import __version__
+from watchdog.counters import Counters
 from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, Severity, Signature
 
 PREFIX = "stall_watchdog_"
@@ -109,25 +108,12 @@ class Published:
     bundle_disk_bytes: int | None = None
 
 
-class Counters:
-    """Thread-safe counters shared by the loop and its workers."""
+COUNTER_NAMES = tuple(spec.name for spec in METRICS if spec.kind == "counter")
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, Counter[tuple[str, ...]]] = {
-            spec.name: Counter() for spec in METRICS if spec.kind == "counter"}
 
-    def inc(self, name: str, *labels: str, amount: float = 1.0) -> None:
-        with self._lock:
-            self._values[name][labels] += amount  # type: ignore[assignment]
-
-    def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
-        with self._lock:
-            return {name: dict(values) for name, values in self._values.items()}
-
-    def get(self, name: str, *labels: str) -> float:
-        with self._lock:
-            return self._values[name][labels]
+def new_counters() -> Counters:
+    """The counters every series of kind counter in METRICS is rendered from."""
+    return Counters(COUNTER_NAMES)
 
 
 def _family(spec: MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:

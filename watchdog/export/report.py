@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.model import NodeSnapshot, iso_time
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, iso_time, member_id
 from watchdog.sample import recording
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -33,6 +33,21 @@ class ReportData:
     outliers: list[str] = field(default_factory=list)
     doctor: list[dict[str, str]] = field(default_factory=list)
     naive_time: bool = False
+
+
+def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, object]]:
+    """Fired (or escalated) episodes with the time they ended, for shading a replay's timeline."""
+    episodes: dict[tuple[str, float], dict[str, object]] = {}
+    for e in events:
+        key = (e.signature.value, e.onset_seconds)
+        entry = episodes.setdefault(key, {"signature": e.signature.value, "onset": e.onset_seconds,
+                                          "at": e.at_seconds, "end": None, "severity": e.severity.value,
+                                          "summary": e.summary})
+        if e.event is EventKind.RESOLVED:
+            entry["end"] = e.at_seconds
+        else:
+            entry["severity"], entry["summary"] = e.severity.value, e.summary
+    return list(episodes.values())
 
 
 def thin(snapshots: Sequence[NodeSnapshot], limit: int = MAX_POINTS) -> list[NodeSnapshot]:
@@ -169,7 +184,7 @@ def from_bundle(folder: Path) -> ReportData:
     host = report.get("host_activity", {})
     ranks = []
     for r in summary.get("ranks", []):
-        member = f"rank {r['rank']}" if r.get("rank") is not None else f"pid {r['pid']}"
+        member = member_id(r.get("pid"), r.get("rank"))
         h = host.get(member, {})
         ranks.append({"member": member, "rank": r.get("rank"), "pid": r.get("pid"), "gpus": r.get("gpus"),
                       "activity": activity.get(member, ""), "where": where.get(member, ""),

@@ -12,18 +12,18 @@ from __future__ import annotations
 import concurrent.futures as futures
 import contextlib
 import importlib
-import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
+from watchdog import logfmt
 from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
-from watchdog.sample.node_facts import GpuFacts, NodeFacts
+from watchdog.sample.nvml_inventory import Inventory, read_inventory, text_of
 
-log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The narrow port: every pynvml function this module calls. tests/fakes implements exactly these.
 FUNCTIONS = (
@@ -61,10 +61,6 @@ class _Device:
     executor: futures.ThreadPoolExecutor | None = None
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class NvmlSource:
     def __init__(self, nvml: ModuleType | Any | None = None, call_timeout_seconds: float = 2.0,
                  clock: Callable[[], float] = time.time, init_timeout_seconds: float = 10.0):
@@ -76,6 +72,7 @@ class NvmlSource:
         self.driver_version: str | None = None
         self._lost_classes: tuple[type[BaseException], ...] = ()
         self._reader_table: list[tuple[tuple[str, ...], Callable[[_Device], Any]]] = []
+        self._open = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -87,25 +84,16 @@ class NvmlSource:
         nv = self._nvml
         self._lost_classes = (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown)
         self._reader_table = self._readers()
-        result: futures.Future[None] = futures.Future()
-
-        def init() -> None:
-            try:
-                nv.nvmlInit()
-                result.set_result(None)
-            except BaseException as exc:  # handed to the caller below
-                result.set_exception(exc)
-
-        threading.Thread(target=init, name="nvml-init", daemon=True).start()
         try:
-            result.result(timeout=self._init_timeout)
+            _bounded(nv.nvmlInit, self._init_timeout, "nvml-init")
         except futures.TimeoutError:
             raise NvmlUnavailable("nvmlInit did not return: the NVIDIA driver looks wedged") from None
         except nv.NVMLError as exc:
             raise NvmlUnavailable(f"NVML could not start: {exc} (is the NVIDIA driver installed and "
                                   "loaded? `nvidia-smi` should work)") from None
+        self._open = True
         try:
-            self.driver_version = _text(nv.nvmlSystemGetDriverVersion())
+            self.driver_version = text_of(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError:
             self.driver_version = None
         for index in range(nv.nvmlDeviceGetCount()):
@@ -118,11 +106,11 @@ class NvmlSource:
         try:
             dev.handle = nv.nvmlDeviceGetHandleByIndex(index)
         except nv.NVMLError as exc:
-            log.warning("GPU %d: cannot get a handle: %s", index, exc)
+            logfmt.event("nvml_no_handle", level=logfmt.WARNING, gpu=index, error=str(exc))
             return dev
         for attr, call in (("uuid", nv.nvmlDeviceGetUUID), ("name", nv.nvmlDeviceGetName)):
             with contextlib.suppress(nv.NVMLError):
-                setattr(dev, attr, _text(call(dev.handle)))
+                setattr(dev, attr, text_of(call(dev.handle)))
         with contextlib.suppress(nv.NVMLError):  # nvmlDeviceGetMaxClockInfo(SM), MHz; clocks.max.sm
             dev.sm_clock_max_hertz = nv.nvmlDeviceGetMaxClockInfo(dev.handle, nv.NVML_CLOCK_SM) * 1e6
         try:  # GPM (Hopper and later): SM activity that a spinning kernel cannot fake
@@ -135,19 +123,47 @@ class NvmlSource:
         dev.executor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"nvml-gpu{index}")
         return dev
 
-    def close(self) -> None:
+    def close(self, hung_wait_seconds: float = 1.0) -> None:
+        """Free the GPM samples and shut NVML down, but never under a call that is still running: a call
+        hung in the driver gets `hung_wait_seconds` to return, and if it does not, NVML is left open
+        (the process is exiting; freeing it under the call could crash it)."""
         nv = self._nvml
+        deadline = time.monotonic() + hung_wait_seconds
+        busy = []
         for dev in self._devices:
+            if dev.pending is not None and not dev.pending.done():
+                with contextlib.suppress(futures.TimeoutError):
+                    dev.pending.result(timeout=max(0.0, deadline - time.monotonic()))
+            if dev.pending is not None and not dev.pending.done():
+                busy.append(dev.index)
             if dev.executor is not None:
                 dev.executor.shutdown(wait=False, cancel_futures=True)
-            if nv is not None and dev.pending is None:
+        if nv is not None and not busy:
+            for dev in self._devices:
                 for gpm in dev.gpm_samples:
                     with contextlib.suppress(nv.NVMLError):
                         nv.nvmlGpmSampleFree(gpm)
         self._devices = []
-        if nv is not None:
-            with contextlib.suppress(Exception):  # shutting down: nothing left to protect
-                nv.nvmlShutdown()
+        if nv is None or not self._open:
+            return
+        if busy:
+            logfmt.event("nvml_shutdown_skipped", level=logfmt.WARNING, gpus=",".join(map(str, busy)),
+                         reason="an NVML call is still running")
+            return
+        self._open = False
+        with contextlib.suppress(Exception):  # shutting down: nothing left to protect
+            nv.nvmlShutdown()
+
+    def inventory(self, timeout_seconds: float = 10.0) -> Inventory:
+        """The doctor's NVML facts, read through this open source within `timeout_seconds`."""
+        nv = self._nvml
+        if nv is None or not self._open:
+            raise NvmlUnavailable("NVML is not open")
+        handles = [d.handle for d in self._devices]
+        try:
+            return _bounded(lambda: read_inventory(nv, handles), timeout_seconds, "nvml-inventory")
+        except futures.TimeoutError:
+            raise NvmlUnavailable(f"reading the NVML inventory took over {timeout_seconds:g} s") from None
 
     @property
     def gpu_count(self) -> int:
@@ -186,7 +202,7 @@ class NvmlSource:
         except futures.TimeoutError:
             return self._unread(dev, GpuHealth.HUNG, "nvml", f"NVML call did not return within {self._timeout:g} s")
         except Exception as exc:  # a bug in a reader must not stop the loop; report it on this GPU
-            log.exception("GPU %d: reading failed", dev.index)
+            logfmt.event("nvml_read_failed", level=logfmt.ERROR, gpu=dev.index, error=f"{type(exc).__name__}: {exc}")
             return self._unread(dev, GpuHealth.OK, "nvml", f"{type(exc).__name__}: {exc}")
         dev.pending = None
         return sample
@@ -207,7 +223,7 @@ class NvmlSource:
                     dev.unsupported.update(names)
                     continue
                 except nv.NVMLError_FunctionNotFound:
-                    log.info("GPU %d: driver lacks the call for %s; not asking again", dev.index, names[0])
+                    logfmt.event("nvml_function_missing", gpu=dev.index, reading=names[0], action="not asking again")
                     dev.unsupported.update(names)
                     continue
                 except self._lost_classes:
@@ -303,58 +319,16 @@ class NvmlSource:
         ]
 
 
-# -- the doctor's inventory: static facts, read once -------------------------------------------------
-_TOPOLOGY = {0: "same board", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
-_P2P_STATUS = {0: "ok", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
-               4: "disabled by registry key", 5: "not supported", 6: "unknown"}
+def _bounded(call: Callable[[], T], timeout: float, name: str) -> T:
+    """Run `call` on a daemon thread and wait at most `timeout` (futures.TimeoutError); a call that hangs
+    in the driver is left behind rather than hanging the caller."""
+    result: futures.Future[T] = futures.Future()
 
-
-def read_inventory(facts: NodeFacts, nvml: ModuleType | Any | None = None) -> None:
-    """Fill the NVML part of the doctor's facts (driver, GPUs, PCIe, NVLink, P2P and topology)."""
-    nv = nvml if nvml is not None else importlib.import_module("pynvml")
-    try:
-        nv.nvmlInit()
-    except nv.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML could not start: {exc}") from None
-
-    def ask(call: Callable[..., Any], *args: Any) -> Any:
+    def run() -> None:
         try:
-            return call(*args)
-        except nv.NVMLError:
-            return None
+            result.set_result(call())
+        except BaseException as exc:  # handed to the caller
+            result.set_exception(exc)
 
-    try:
-        facts.driver_version = _text(ask(nv.nvmlSystemGetDriverVersion) or "") or None
-        facts.nvml_version = _text(ask(nv.nvmlSystemGetNVMLVersion) or "") or None
-        cuda = ask(nv.nvmlSystemGetCudaDriverVersion)
-        facts.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-        for index, h in enumerate(handles):
-            pci = ask(nv.nvmlDeviceGetPciInfo, h)
-            bus = _text(pci.busId).lower()[-12:] if pci is not None else None
-            gens = (ask(nv.nvmlDeviceGetCurrPcieLinkGeneration, h), ask(nv.nvmlDeviceGetMaxPcieLinkGeneration, h))
-            widths = (ask(nv.nvmlDeviceGetCurrPcieLinkWidth, h), ask(nv.nvmlDeviceGetMaxPcieLinkWidth, h))
-            links: list[bool] = []
-            for link in range(nv.NVML_NVLINK_MAX_LINKS):
-                try:
-                    links.append(bool(nv.nvmlDeviceGetNvLinkState(h, link)))
-                except nv.NVMLError:
-                    break  # no such link (or no NVLink at all)
-            mode = ask(nv.nvmlDeviceGetPersistenceMode, h)
-            facts.gpus.append(GpuFacts(
-                index, _text(ask(nv.nvmlDeviceGetName, h) or "") or None, _text(ask(nv.nvmlDeviceGetUUID, h) or "")
-                or None, bus, None if mode is None else bool(mode),
-                gens if None not in gens else None, widths if None not in widths else None,
-                tuple(links) or None))
-        # pynvml defines NVML_P2P_CAPS_INDEX_READ as the tuple (0,): pass the index itself.
-        read_index = 0
-        for i, a in enumerate(handles):
-            for j, b in enumerate(handles):
-                if i < j:
-                    status = ask(nv.nvmlDeviceGetP2PStatus, a, b, read_index)
-                    facts.p2p[(i, j)] = _P2P_STATUS.get(status, "unknown") if status is not None else "unknown"
-                    level = ask(nv.nvmlDeviceGetTopologyCommonAncestor, a, b)
-                    facts.topology[(i, j)] = _TOPOLOGY.get(level, str(level)) if level is not None else "unknown"
-    finally:
-        with contextlib.suppress(Exception):
-            nv.nvmlShutdown()
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return result.result(timeout=timeout)

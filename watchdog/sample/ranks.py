@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from watchdog.model import NodeSnapshot
+from watchdog.model import NodeSnapshot, member_id
 
 # Launch variables read from each rank's environment.
 RANK_VARIABLES = (
@@ -93,7 +93,7 @@ class RankInfo:
     def label(self) -> str:
         """How a person names this process: 'rank 4 (pid 688514, GPU 4)'."""
         where = [f"pid {self.pid}"] + ([f"GPU {', '.join(map(str, self.gpus))}"] if self.gpus else [])
-        head = f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+        head = member_id(self.pid, self.rank)
         return f"{head} ({', '.join(where)})" if self.rank is not None else (
             f"{head} ({where[1]})" if len(where) > 1 else head)
 

@@ -1,7 +1,7 @@
 """What the doctor looks at: the node's GPUs, PCIe, NVLink, P2P, IOMMU, InfiniBand, network and kernel.
 
 sysfs and procfs are read through injectable roots so every check can be tested with a fixture tree;
-NVML facts come from sample/nvml.py (the only module importing pynvml). A fact that cannot be read is
+NVML's facts come from the open NVML source's inventory (sample/nvml_inventory.py). A fact that cannot be read is
 None ("unknown"), never a guess.
 """
 
@@ -9,27 +9,16 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import psutil
 
+from watchdog.sample.nvml_inventory import GpuFacts, Inventory
+
 ACS_CAPABILITY = 0x000D
 ACS_P2P_REDIRECT = 0x4  # ACS P2P Request Redirect: peer traffic goes up to the root complex
 ACS_COMPLETION_REDIRECT = 0x8
-
-
-@dataclass(frozen=True)
-class GpuFacts:
-    index: int
-    name: str | None = None
-    uuid: str | None = None
-    bus_id: str | None = None  # "0000:07:00.0", as sysfs names it
-    persistence_mode: bool | None = None
-    pcie_gen: tuple[int, int] | None = None  # (current, max)
-    pcie_width: tuple[int, int] | None = None
-    nvlinks: tuple[bool, ...] | None = None  # per link: active; None when the GPU has no NVLink
-    numa_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,13 +37,9 @@ class IbPort:
 
 
 @dataclass
-class NodeFacts:
-    driver_version: str | None = None
-    nvml_version: str | None = None
-    cuda_driver_version: str | None = None
-    gpus: list[GpuFacts] = field(default_factory=list)
-    p2p: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j) -> "ok" or NVML's reason
-    topology: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j) -> PIX/PXB/PHB/NODE/SYS/...
+class NodeFacts(Inventory):
+    """NVML's inventory (driver, GPUs, P2P, topology) and what the host says about itself."""
+
     kernel: str | None = None
     cmdline: str | None = None
     iommu_groups: int | None = None  # None: unknown
@@ -156,13 +141,15 @@ def read_interfaces() -> list[Interface]:
     return out
 
 
-def gather(nvml_facts: Callable[[NodeFacts], None] | None, sys_root: str | Path = "/sys",
+def gather(inventory: Callable[[], Inventory] | None, sys_root: str | Path = "/sys",
            proc_root: str | Path = "/proc", interfaces: Callable[[], list[Interface]] = read_interfaces,
            ) -> NodeFacts:
     facts = NodeFacts()
-    if nvml_facts is not None:
+    if inventory is not None:
         try:
-            nvml_facts(facts)
+            inv = inventory()
+            for name in (f.name for f in fields(Inventory)):
+                setattr(facts, name, getattr(inv, name))
         except Exception as exc:  # NVML missing or failing: the host checks still run
             facts.problems.append(f"NVML: {exc}")
     sys_root, proc_root = Path(sys_root), Path(proc_root)

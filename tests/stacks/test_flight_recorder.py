@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from tests.conftest import python_target
-from watchdog.act.flight_recorder import FlightRecorder, trigger
 from watchdog.sample.ranks import RankDiscovery
+from watchdog.stacks.flight_recorder import FlightRecorder, trigger
 
 
 def trigger_for(env: dict[str, str], tmp_path: Path) -> FlightRecorder:

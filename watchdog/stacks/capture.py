@@ -21,8 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog.act.stack_formats import parse_pyspy_json
+from watchdog.config import StacksConfig
 from watchdog.model import StackDump
+from watchdog.stacks.formats import parse_pyspy_json
 
 OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT, FAILED, NO_PY_SPY = (
     "ok", "permission", "gone", "not_python", "timeout", "failed", "no_py_spy")
@@ -100,6 +101,10 @@ class StackCapturer:
         self.native = native
         self.max_parallel = max_parallel
         self.nonblocking = nonblocking and not native  # --native needs a blocking read
+
+    @classmethod
+    def from_config(cls, cfg: StacksConfig) -> StackCapturer:
+        return cls(cfg.py_spy_command, cfg.timeout_seconds, cfg.native, cfg.max_parallel)
 
     def capture(self, targets: Iterable[Target]) -> list[Capture]:
         targets = list(targets)

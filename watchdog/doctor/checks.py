@@ -6,14 +6,26 @@ Claims stay within what was checked: a fact that could not be read makes a check
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from watchdog.sample.node_facts import Interface, NodeFacts, kernel_version_tuple
+from watchdog.doctor.facts import Interface, NodeFacts, kernel_version_tuple
 from watchdog.sample.ranks import RankInfo
 
-OK, INFO, UNKNOWN, WARNING, ERROR = "ok", "info", "unknown", "warning", "error"
+
+class Level(str, enum.Enum):
+    """How bad a doctor's finding is (a scale of its own: a node fact is not an episode's severity)."""
+
+    OK = "ok"
+    INFO = "info"
+    UNKNOWN = "unknown"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+OK, INFO, UNKNOWN, WARNING, ERROR = Level.OK, Level.INFO, Level.UNKNOWN, Level.WARNING, Level.ERROR
 _ORDER = {ERROR: 0, WARNING: 1, UNKNOWN: 2, INFO: 3, OK: 4}
 
 # GPUs on which P2P is reported available but hangs in practice (NCCL_P2P_DISABLE=1 is the known fix).
@@ -23,12 +35,12 @@ KNOWN_P2P_TROUBLE = ("H20", "L20", "RTX 4090", "RTX 3090")
 @dataclass(frozen=True)
 class DoctorFinding:
     check: str
-    severity: str
+    severity: Level
     evidence: str
     fix: str = ""
 
     def to_json(self) -> dict[str, str]:
-        return {"check": self.check, "severity": self.severity, "evidence": self.evidence, "fix": self.fix}
+        return {"check": self.check, "severity": self.severity.value, "evidence": self.evidence, "fix": self.fix}
 
 
 def _model_short(name: str | None) -> str:

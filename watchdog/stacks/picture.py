@@ -1,6 +1,6 @@
 """One job's picture: observe its ranks' host activity, capture their stacks, analyse, decide.
 
-This is what `stacks dump` prints and what an incident bundle will hold. It is also how saved dumps
+This is what `stacks dump` prints and what an incident bundle holds. It is also how saved dumps
 are analysed (`stacks analyze`), without the live parts.
 """
 
@@ -13,15 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.act.culprit import Analysis, Verdict, analyze, verdict
-from watchdog.act.flight_recorder import FlightRecorder, trigger
-from watchdog.act.stacks import OK, Capture, StackCapturer, Target
-from watchdog.model import StackDump
+from watchdog.model import StackDump, member_id
 from watchdog.sample.ranks import HostActivity, Job, RankDiscovery
+from watchdog.stacks.analysis import Analysis, analyze
+from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
+from watchdog.stacks.flight_recorder import FlightRecorder, trigger
+from watchdog.stacks.verdict import Verdict, verdict
 
 
 @dataclass
-class StackReport:
+class StackPicture:
     job: str
     world_size: int | None
     spans_other_nodes: bool
@@ -50,7 +51,7 @@ class StackReport:
 
 
 def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, observe_seconds: float = 1.0,
-                flight_recorder: bool = True) -> StackReport:
+                flight_recorder: bool = True) -> StackPicture:
     started = time.monotonic()
     ranks = job.ranks
     recorders = [trigger(r, discovery.proc_root) for r in ranks] if flight_recorder else []
@@ -66,21 +67,25 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, obs
             dumps.append(capture.dump)
         after = discovery.describe(rank.pid, rank.gpus, expect_create_time=rank.create_time)
         if after is not None and after.activity is not None and rank.activity is not None:
-            member = capture.dump.member if capture.dump is not None else (
-                f"rank {rank.rank}" if rank.rank is not None else f"pid {rank.pid}")
+            member = capture.dump.member if capture.dump is not None else member_id(rank.pid, rank.rank)
             host[member] = after.activity.since(rank.activity)
     analysis = analyze(dumps)
     decided = verdict(analysis, host, observed, job.spans_other_nodes)
-    return StackReport(job.key, job.world_size, job.spans_other_nodes, analysis, decided, captures, host, observed,
+    return StackPicture(job.key, job.world_size, job.spans_other_nodes, analysis, decided, captures, host, observed,
                        [f for f in recorders if f.result != "not_configured"])
 
 
-def report_saved(dumps: Sequence[StackDump], name: str = "saved dumps") -> StackReport:
+def picture_saved(dumps: Sequence[StackDump], name: str = "saved dumps") -> StackPicture:
     analysis = analyze(dumps)
-    return StackReport(name, None, False, analysis, verdict(analysis))
+    return StackPicture(name, None, False, analysis, verdict(analysis))
 
 
-def write_captures(directory: str | Path, report: StackReport) -> list[Path]:
+def capture_file_name(target: Target) -> str:
+    """One name for a rank's raw py-spy JSON, in `stacks dump --out` folders and in bundles."""
+    return f"rank-{target.rank}-pid-{target.pid}.json" if target.rank is not None else f"pid-{target.pid}.json"
+
+
+def write_captures(directory: str | Path, report: StackPicture) -> list[Path]:
     """Raw py-spy JSON per rank plus the analysis, files 0600 (stacks name paths and functions)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -89,8 +94,7 @@ def write_captures(directory: str | Path, report: StackReport) -> list[Path]:
         if capture.raw is None:
             continue
         target = capture.target
-        name = f"rank-{target.rank}-pid-{target.pid}.json" if target.rank is not None else f"pid-{target.pid}.json"
-        written.append(_write_private(folder / name, {"pid": target.pid, "rank": target.rank,
+        written.append(_write_private(folder / capture_file_name(target), {"pid": target.pid, "rank": target.rank,
                                                       "gpus": list(target.gpus), "threads": capture.raw}))
     written.append(_write_private(folder / "analysis.json", report.to_json()))
     return written

@@ -12,7 +12,17 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import python_target
-from watchdog.act.stacks import GONE, NO_PY_SPY, NOT_PYTHON, OK, PERMISSION, TIMEOUT, StackCapturer, Target, find_py_spy
+from watchdog.stacks.capture import (
+    GONE,
+    NO_PY_SPY,
+    NOT_PYTHON,
+    OK,
+    PERMISSION,
+    TIMEOUT,
+    StackCapturer,
+    Target,
+    find_py_spy,
+)
 
 
 def test_py_spy_is_installed_with_the_package() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REALDATA, realdata
-from watchdog.act.stack_formats import StackFormatError, load, parse_pyspy_json, parse_text
 from watchdog.model import Frame
+from watchdog.stacks.formats import StackFormatError, load, parse_pyspy_json, parse_text
 
 PYSPY_TEXT = """Process 4711: python train.py
 Python v3.11.7 (/usr/bin/python3.11)

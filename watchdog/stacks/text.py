@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from watchdog.act.stack_report import StackReport
+from watchdog.stacks.picture import StackPicture
 
 _MAX_FRAMES = 12
 
 
-def render(report: StackReport) -> str:
+def render(report: StackPicture) -> str:
     a, v = report.analysis, report.verdict
     lines = []
     title = f"job {report.job}"

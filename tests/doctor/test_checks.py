@@ -13,9 +13,10 @@ import pytest
 
 from tests.conftest import REPO, python_target
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from watchdog.detect.doctor import ERROR, INFO, OK, UNKNOWN, WARNING, examine, interface_matches
-from watchdog.sample.node_facts import Interface, NodeFacts, acs_redirect, gather
-from watchdog.sample.nvml import read_inventory
+from watchdog.doctor.checks import ERROR, INFO, OK, UNKNOWN, WARNING, examine, interface_matches
+from watchdog.doctor.facts import Interface, NodeFacts, acs_redirect, gather
+from watchdog.sample.nvml import NvmlSource
+from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankInfo
 
 UP = [Interface("lo", True, ("127.0.0.1",)), Interface("eth0", True, ("10.0.0.5",)),
@@ -66,7 +67,12 @@ def node_tree(root: Path, gpus: list[tuple[str, int]], bridge_acs: int | None = 
 def facts_for(tmp_path: Path, fake: FakeNvml, **tree: object) -> NodeFacts:
     buses = [(g.bus_id[-12:], n % 2) for n, g in enumerate(fake.gpus)]
     sys_root, proc_root = node_tree(tmp_path, buses, **tree)  # type: ignore[arg-type]
-    return gather(lambda f: read_inventory(f, fake), sys_root, proc_root, lambda: UP)
+    source = NvmlSource(nvml=fake)
+    source.open()
+    try:
+        return gather(source.inventory, sys_root, proc_root, lambda: UP)
+    finally:
+        source.close()
 
 
 def eight(name: str = "NVIDIA H100 80GB HBM3", **kwargs: object) -> list[FakeGpu]:
@@ -225,7 +231,7 @@ def test_job_checks(tmp_path: Path, case: str, check: str, severity: str, phrase
 def test_without_nvml_the_gpu_checks_say_unknown(tmp_path: Path) -> None:
     sys_root, proc_root = node_tree(tmp_path, [])
 
-    def no_driver(facts: NodeFacts) -> None:
+    def no_driver() -> Inventory:
         raise RuntimeError("NVML Shared Library Not Found")
 
     findings = examine(gather(no_driver, sys_root, proc_root, lambda: UP))

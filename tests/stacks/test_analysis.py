@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import realdata
-from watchdog.act.culprit import (
+from watchdog.model import Frame, Severity, StackDump, ThreadStack
+from watchdog.sample.ranks import HostActivity
+from watchdog.stacks.analysis import analyze
+from watchdog.stacks.classify import (
     BACKWARD,
     CHECKPOINT_IO,
     COLLECTIVE,
@@ -14,13 +17,10 @@ from watchdog.act.culprit import (
     GENERATION,
     IDLE_WAIT,
     UNKNOWN,
-    analyze,
     classify,
-    verdict,
 )
-from watchdog.act.stack_formats import load
-from watchdog.model import Frame, Severity, StackDump, ThreadStack
-from watchdog.sample.ranks import HostActivity
+from watchdog.stacks.formats import load
+from watchdog.stacks.verdict import verdict
 
 
 def stack(*frames: tuple[str, str]) -> ThreadStack:

@@ -1,0 +1,42 @@
+"""The `stall-watchdog` command: the parser (cli/parser.py) and one module per verb family.
+
+Exit codes: 0 success; 1 runtime failure (unreadable trace, no NVML, write error); 2 usage or
+configuration error; `doctor` adds 3 (a warning, with --strict) and 4 (an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
+from watchdog.cli.parser import build_parser
+from watchdog.config import ConfigError
+from watchdog.sample.errors import TraceError
+from watchdog.stacks.formats import StackFormatError
+
+__all__ = ["build_parser", "main"]
+
+
+def _positive(value: float | None, name: str, parser: argparse.ArgumentParser) -> None:
+    if value is not None and value <= 0:
+        parser.error(f"{name} must be > 0, got {value:g}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("interval_seconds", "duration_seconds"):
+        _positive(getattr(args, name, None), "--" + name.replace("_", "-"), parser)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        error(f"invalid configuration:\n{exc}")
+        return EXIT_USAGE
+    except (TraceError, StackFormatError) as exc:
+        error(str(exc))
+        return EXIT_FAILURE
+    except BrokenPipeError:
+        return EXIT_OK  # `| head` closed the pipe
+    except KeyboardInterrupt:
+        return 130

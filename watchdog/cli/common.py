@@ -1,0 +1,27 @@
+"""What every verb shares: exit codes, the error line, and opening NVML with an explanation."""
+
+from __future__ import annotations
+
+import sys
+
+from watchdog.config import Config
+from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def error(message: str) -> None:
+    print(f"stall-watchdog: {message}", file=sys.stderr)
+
+
+def open_nvml(config: Config, hint: str | None) -> NvmlSource | None:
+    """An opened NVML source; None when there is none here. With a `hint`, say why and what to do
+    instead; without one the caller falls back quietly."""
+    source = NvmlSource(call_timeout_seconds=config.sample.nvml_call_timeout_seconds)
+    try:
+        source.open()
+    except NvmlUnavailable as exc:
+        if hint is not None:
+            error(f"{exc}\n{hint}")
+        return None
+    return source

@@ -1,0 +1,78 @@
+"""`doctor` (the node's and the job's NCCL setup), `report` (a bundle's page) and `check-config`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
+from watchdog.cli.stacks import describe_pids
+from watchdog.config import Config, load_config
+from watchdog.doctor.checks import ERROR, WARNING, examine
+from watchdog.doctor.facts import gather
+from watchdog.doctor.text import render as render_doctor
+from watchdog.export import report as report_html
+from watchdog.sample.nvml import NvmlSource
+from watchdog.sample.nvml_inventory import Inventory
+from watchdog.sample.ranks import RankDiscovery, group_jobs
+
+EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    folder = Path(args.bundle)
+    if not (folder / "summary.json").exists() or not (folder / "telemetry.jsonl").exists():
+        error(f"{folder}: not an incident bundle (no summary.json and telemetry.jsonl)")
+        return EXIT_FAILURE
+    print(report_html.write_for_bundle(folder))
+    return EXIT_OK
+
+
+def _inventory(config: Config) -> Inventory:
+    """NVML's facts through a source opened for the purpose; NvmlUnavailable becomes the doctor's
+    'unknown' for the GPU checks (gather keeps the reason)."""
+    source = NvmlSource(call_timeout_seconds=config.sample.nvml_call_timeout_seconds)
+    source.open()
+    try:
+        return source.inventory()
+    finally:
+        source.close()
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    config = load_config(None)
+    facts = gather(lambda: _inventory(config))
+    discovery = RankDiscovery()
+    if args.pid:
+        ranks, missing = describe_pids(discovery, args.pid)
+        if missing:
+            error(f"no such process: {', '.join(map(str, missing))}")
+            return EXIT_FAILURE
+    elif args.all_ranks:
+        ranks = discovery.scan()
+        if not ranks:
+            error("warning: no running ranks found (RANK/LOCAL_RANK with WORLD_SIZE); node checks only")
+    else:
+        ranks = []
+    groups = [job.ranks for job in group_jobs(ranks)] or [()]
+    worst = 0
+    for job_ranks in groups:
+        findings = examine(facts, job_ranks)
+        title = f"doctor: node{' and job ' + job_ranks[0].job_key if job_ranks else ''}"
+        if args.json:
+            print(json.dumps({"job": job_ranks[0].job_key if job_ranks else None,
+                              "findings": [f.to_json() for f in findings]}))
+        else:
+            print(render_doctor(findings, title))
+        if any(f.severity == ERROR for f in findings):
+            worst = max(worst, EXIT_DOCTOR_ERROR)
+        elif args.strict and any(f.severity == WARNING for f in findings):
+            worst = max(worst, EXIT_DOCTOR_WARNING)
+    return worst
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    load_config(args.file)
+    print(f"{args.file}: ok")
+    return EXIT_OK

@@ -1,0 +1,196 @@
+"""The command line: one small function per verb (or verb family) adds its parser, help and examples."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TypeAlias
+
+from watchdog import __version__
+from watchdog.cli.node import cmd_check_config, cmd_doctor, cmd_report
+from watchdog.cli.service import cmd_demo, cmd_run
+from watchdog.cli.stacks import cmd_stacks_analyze, cmd_stacks_dump
+from watchdog.cli.trace import cmd_record, cmd_replay
+from watchdog.sample import sim
+
+_SCENARIO_HELP = "\n".join(f"  sim:{name:<16} {s.description}" for name, s in sim.SCENARIOS.items())
+Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_replay(verbs: Verbs) -> None:
+    replay = verbs.add_parser(
+        "replay", help="run the detectors over a recorded trace at full speed",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the stall detectors over a trace and print every episode transition "
+                    "(fired, escalated, resolved).\n\nTRACE is one of:\n"
+                    "  an nvidia-smi CSV log  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,"
+                    "power.draw,... --format=csv -l 1\n"
+                    "  a JSON Lines recording written by `stall-watchdog record`\n"
+                    f"  a built-in scenario:\n{_SCENARIO_HELP}",
+        epilog="Examples:\n  stall-watchdog replay sim:odd_rank\n"
+               "  stall-watchdog replay gpus.csv --json | jq .summary\n"
+               "  stall-watchdog replay gpus.csv --csv-fields timestamp,index,utilization.gpu,power.draw\n",
+    )
+    replay.add_argument("trace", metavar="TRACE", help="CSV log, JSON Lines recording, or sim:SCENARIO")
+    replay.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
+    replay.add_argument("--json", action="store_true",
+                        help="one JSON object per episode event instead of a readable timeline")
+    replay.add_argument("--lenient", action="store_true",
+                        help="skip malformed lines (counted and reported) instead of stopping at the first")
+    replay.add_argument("--csv-fields", metavar="LIST",
+                        help="the --query-gpu list of a CSV log written with noheader")
+    replay.add_argument("--report", metavar="OUT.html",
+                        help="also draw the trace's timeline with its episodes as a self-contained HTML page")
+    replay.set_defaults(func=cmd_replay)
+
+
+def _add_record(verbs: Verbs) -> None:
+    record = verbs.add_parser(
+        "record", help="record the live GPUs (NVML) to a JSON Lines trace",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Sample every GPU through NVML on a fixed interval and write one JSON line per sample "
+                    "(the format `replay` reads). Stop with Ctrl+C or --duration-seconds.",
+        epilog="Examples:\n  stall-watchdog record --out node.jsonl --interval-seconds 1\n"
+               "  stall-watchdog record --simulate spin_hang --out spin.jsonl   # no GPU needed\n",
+    )
+    record.add_argument("--out", default="-", metavar="FILE", help="output file (default: standard output)")
+    record.add_argument("--interval-seconds", type=float, metavar="S",
+                        help="sampling interval (default: sample.interval_seconds from the config, 1 s)")
+    record.add_argument("--duration-seconds", type=float, metavar="S", help="stop after this long")
+    record.add_argument("--simulate", metavar="SCENARIO",
+                        help=f"write a built-in scenario instead of reading NVML ({', '.join(sim.SCENARIOS)})")
+    record.add_argument("--config", metavar="FILE", help="YAML configuration")
+    record.set_defaults(func=cmd_record)
+
+
+def _add_stacks(verbs: Verbs) -> None:
+    stacks = verbs.add_parser(
+        "stacks", help="capture or analyse the training ranks' Python stacks and name the odd one out",
+        description="Where is every rank, and which one is different? `dump` captures live stacks with py-spy; "
+                    "`analyze` reads saved ones.")
+    stack_verbs = stacks.add_subparsers(dest="stacks_verb", metavar="VERB")
+    stack_verbs.required = True
+    dump = stack_verbs.add_parser(
+        "dump", help="capture the ranks' stacks now (py-spy, nonblocking) and name the outliers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Capture every selected rank's Python stack with py-spy in parallel, watch their CPU and "
+                    "I/O for a second, group identical stacks, name the ranks the others wait on, and say "
+                    "whether it is a hang or a wait. Needs the same user as the ranks, or root / CAP_SYS_PTRACE.",
+        epilog="Examples:\n  stall-watchdog stacks dump --all\n  stall-watchdog stacks dump --gpu 3 --gpu 4 --json\n"
+               "  stall-watchdog stacks dump --pid 4711 --pid 4712 --out /tmp/stacks\n")
+    chosen = dump.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--pid", type=int, action="append", metavar="PID", help="a process to capture (repeat)")
+    chosen.add_argument("--gpu", type=int, action="append", metavar="N",
+                        help="the processes NVML lists on GPU N (repeat)")
+    chosen.add_argument("--all", action="store_true",
+                        help="every GPU process; without NVML, every process with RANK and WORLD_SIZE set")
+    dump.add_argument("--json", action="store_true", help="one JSON object per job")
+    dump.add_argument("--out", metavar="DIR", help="also write each rank's py-spy JSON and the analysis here")
+    dump.add_argument("--config", metavar="FILE", help="YAML configuration (the stacks section)")
+    dump.set_defaults(func=cmd_stacks_dump)
+    analyse = stack_verbs.add_parser(
+        "analyze", help="group saved stack dumps and name the outliers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read saved dumps (py-spy --json output, py-spy text as pasted into issues, or a folder "
+                    "written by `stacks dump --out`) and print the grouped picture with the outliers.",
+        epilog="Examples:\n  stall-watchdog stacks analyze node48.txt\n"
+               "  stall-watchdog stacks analyze /tmp/stacks --json\n")
+    analyse.add_argument("files", nargs="+", metavar="FILE")
+    analyse.add_argument("--json", action="store_true", help="a JSON object: groups, outliers, summary, verdict")
+    analyse.set_defaults(func=cmd_stacks_analyze)
+
+
+def _add_run(verbs: Verbs) -> None:
+    run = verbs.add_parser(
+        "run", help="the daemon: sample, detect, capture, alert and serve /metrics until stopped",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Sample every GPU each interval, run the detectors, and when an episode fires capture the "
+                    "job's stacks, write an incident bundle and alert. Serves /metrics and /healthz. SIGHUP "
+                    "reloads the configuration; SIGTERM stops. Under systemd (Type=notify) it reports readiness "
+                    "and pings the watchdog from the loop.",
+        epilog="Examples:\n  stall-watchdog run --config /etc/stall-watchdog/config.yaml\n"
+               "  stall-watchdog run --config sim.yaml   # with source: {kind: sim, scenario: spin_hang}\n")
+    run.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
+    run.add_argument("--max-ticks", type=int, metavar="N", help=argparse.SUPPRESS)
+    run.set_defaults(func=cmd_run)
+
+
+def _add_demo(verbs: Verbs) -> None:
+    demo = verbs.add_parser(
+        "demo", help="see it work: the real daemon on a simulated 8-GPU node with real hung ranks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start 8 real torch.distributed ranks (gloo, CPU) on a simulated 8-GPU node and run the real "
+                    "daemon over them: healthy training, then rank 4 gets stuck in its data loader while the other "
+                    "seven wait in all_reduce. Within about a minute it prints the verdict with the culprit rank and "
+                    "its stack, the incident bundle, its report and the metrics URL, and keeps serving /metrics "
+                    "until Ctrl+C. No GPU and no root needed.",
+        epilog="Examples:\n  stall-watchdog demo\n  stall-watchdog demo --duration-seconds 90 --folder ./demo\n")
+    demo.add_argument("--duration-seconds", type=float, metavar="S", help="stop by itself after this long")
+    demo.add_argument("--port", type=int, default=9944, help="metrics port (another free one if taken)")
+    demo.add_argument("--folder", metavar="DIR", help="where the bundles go (default: a new temporary folder)")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _add_report(verbs: Verbs) -> None:
+    rep = verbs.add_parser(
+        "report", help="(re)build an incident bundle's report.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write BUNDLE/report.html: the per-GPU timeline around the onset with the episode shaded, "
+                    "the verdict, the ranks, the grouped stacks with the outliers highlighted, and the doctor's "
+                    "findings. Self-contained: open it from disk, no network needed.",
+        epilog="Example:\n"
+               "  stall-watchdog report /var/lib/stall-watchdog/incidents/20260101T000500Z-waiting-gpu0-1-2\n")
+    rep.add_argument("bundle", metavar="BUNDLE")
+    rep.set_defaults(func=cmd_report)
+
+
+def _add_doctor(verbs: Verbs) -> None:
+    doctor = verbs.add_parser(
+        "doctor", help="diagnose the node and the job's NCCL setup (P2P, ACS, IOMMU, IB, interfaces, kernel)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check the environment faults behind most stalls: P2P and ACS, IOMMU mode, PCIe link width, "
+                    "NVLink, InfiniBand ports, the kernel, mixed GPU models; and, for running ranks, "
+                    "NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, NCCL_P2P_DISABLE, CUDA_VISIBLE_DEVICES, timeouts and "
+                    "the Flight Recorder settings. Each finding gives the evidence and the fix.",
+        epilog="Exit codes: 0 no error (warnings are printed), 4 an error was found, 3 a warning with --strict; "
+               "1 runtime failure, 2 usage.\nExamples:\n  stall-watchdog doctor\n"
+               "  stall-watchdog doctor --all-ranks --json\n"
+               "  stall-watchdog doctor --strict || exit 1   # in a Slurm prolog\n")
+    who = doctor.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, action="append", metavar="PID", help="check this rank's settings (repeat)")
+    who.add_argument("--all-ranks", action="store_true", help="check every running rank's settings, per job")
+    doctor.add_argument("--json", action="store_true", help="one JSON object per job")
+    doctor.add_argument("--strict", action="store_true", help="exit 3 on warnings too")
+    doctor.set_defaults(func=cmd_doctor)
+
+
+def _add_check_config(verbs: Verbs) -> None:
+    check = verbs.add_parser(
+        "check-config", help="validate a configuration file",
+        description="Validate a YAML configuration and report every problem with its key path.",
+        epilog="Example:\n  stall-watchdog check-config /etc/stall-watchdog/config.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=cmd_check_config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stall-watchdog",
+        description="Catch stalled multi-GPU training jobs: busy-spin hangs (100%% util at idle power), "
+                    "zero-util hangs, ranks waiting on one odd GPU, chronic under-use.",
+        epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"stall-watchdog {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    _add_replay(verbs)
+    _add_record(verbs)
+    _add_stacks(verbs)
+    _add_run(verbs)
+    _add_demo(verbs)
+    _add_report(verbs)
+    _add_doctor(verbs)
+    _add_check_config(verbs)
+    return parser

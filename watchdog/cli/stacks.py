@@ -1,0 +1,84 @@
+"""`stacks dump` (capture the live ranks' stacks and name the odd one) and `stacks analyze` (saved dumps)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml
+from watchdog.config import Config, load_config
+from watchdog.model import NodeSnapshot
+from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
+from watchdog.stacks.capture import StackCapturer
+from watchdog.stacks.formats import load as load_dumps
+from watchdog.stacks.picture import StackPicture, capture_job, picture_saved, write_captures
+from watchdog.stacks.text import render as render_stacks
+
+
+def print_pictures(pictures: list[StackPicture], as_json: bool) -> None:
+    for number, picture in enumerate(pictures):
+        if as_json:
+            print(json.dumps(picture.to_json()))
+        else:
+            print(("\n" if number else "") + render_stacks(picture))
+
+
+def describe_pids(discovery: RankDiscovery, pids: list[int]) -> tuple[list[RankInfo], list[int]]:
+    """The processes named with --pid, and the pids that do not exist."""
+    ranks = [r for r in (discovery.describe(pid) for pid in pids) if r is not None]
+    return ranks, sorted(set(pids) - {r.pid for r in ranks})
+
+
+def cmd_stacks_dump(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    discovery = RankDiscovery()
+    if args.pid:
+        ranks, missing = describe_pids(discovery, args.pid)
+        if missing:
+            error(f"warning: no such process: {', '.join(map(str, missing))}")
+    else:
+        found = _ranks_on_gpus(discovery, args.gpu, config)
+        if found is None:
+            return EXIT_FAILURE
+        ranks = found
+    if not ranks:
+        error("no training ranks found (looked for processes on the GPUs, or with RANK/LOCAL_RANK and WORLD_SIZE "
+              "in their environment); name them with --pid")
+        return EXIT_FAILURE
+    s = config.stacks
+    capturer = StackCapturer.from_config(s)
+    pictures = [capture_job(job, capturer, discovery, s.observe_seconds, s.flight_recorder)
+                for job in group_jobs(ranks)]
+    print_pictures(pictures, args.json)
+    if args.out:
+        for picture in pictures:
+            folder = (Path(args.out) / picture.job.replace(":", "_").replace("/", "_") if len(pictures) > 1
+                      else args.out)
+            written = write_captures(folder, picture)
+            print(f"wrote {len(written)} files to {folder}", file=sys.stderr)
+    if all(c.result != "ok" for p in pictures for c in p.captures):
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _ranks_on_gpus(discovery: RankDiscovery, gpus: list[int] | None, config: Config) -> list[RankInfo] | None:
+    """--gpu N / --all: the compute processes NVML lists; without NVML, --all scans for launched ranks."""
+    source = open_nvml(config, "--gpu needs NVML. Name the processes with --pid instead." if gpus else None)
+    if source is None:
+        return None if gpus else discovery.scan()
+    try:
+        snapshot = source.sample()
+    finally:
+        source.close()
+    if gpus:
+        snapshot = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in gpus))
+    return discovery.from_snapshot(snapshot) or ([] if gpus else discovery.scan())
+
+
+def cmd_stacks_analyze(args: argparse.Namespace) -> int:
+    dumps = [dump for path in args.files for dump in load_dumps(path)]
+    name = args.files[0] if len(args.files) == 1 else f"{len(args.files)} files"
+    print_pictures([picture_saved(dumps, name)], args.json)
+    return EXIT_OK

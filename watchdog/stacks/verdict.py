@@ -1,0 +1,75 @@
+"""The stacks' verdict: hang (critical), waiting (warning), remote, or not a stall."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from watchdog.model import Severity
+from watchdog.sample.ranks import HostActivity
+from watchdog.stacks.analysis import Analysis
+from watchdog.stacks.classify import COLLECTIVE, DATA_LOADING, IDLE_WAIT, UNKNOWN
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # "hang" | "waiting" | "remote" | "no_stall"
+    severity: Severity | None
+    sentence: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "severity": self.severity.value if self.severity else None,
+                "sentence": self.sentence}
+
+
+_PROGRESS_BYTES = 64 * 1024  # written during the observation: a checkpoint writer makes progress
+_PROGRESS_CPU = 0.2  # CPU seconds per second: real host work (compute on the host, decoding, copying)
+_IDLE_ACTIVITIES = {DATA_LOADING, IDLE_WAIT, UNKNOWN}
+
+
+def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, observed_seconds: float = 1.0,
+            spans_other_nodes: bool = False) -> Verdict:
+    """Refine a stall with the stacks: a rank making host progress in a checkpoint or evaluation is a
+    wait (warning); a rank idle in a queue or lock, or every rank in one collective, is a hang."""
+    host = host or {}
+    groups = analysis.groups
+    odd = set(analysis.outliers)
+
+    def progressing(member: str) -> bool:
+        delta = host.get(member)
+        if delta is None:
+            return False
+        return (delta.write_bytes or 0) >= _PROGRESS_BYTES or delta.cpu_seconds >= _PROGRESS_CPU * observed_seconds
+
+    if odd:
+        one = len(odd) == 1
+        odd_activities = {analysis.member_activity[m].name for m in odd}
+        busy = [m for m in odd if progressing(m)]
+        if busy and len(busy) == len(odd) and not odd_activities & _IDLE_ACTIVITIES - {UNKNOWN}:
+            written = sum(host[m].write_bytes or 0 for m in busy)
+            cpu = sum(host[m].cpu_seconds for m in busy)
+            evidence = f"wrote {written / 2**20:.1f} MiB" if written >= _PROGRESS_BYTES else f"used {cpu:.1f} CPU s"
+            return Verdict("waiting", Severity.WARNING,
+                           f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} busy on the host "
+                           f"({evidence} in {observed_seconds:.1f} s): the others wait on {'it' if one else 'them'}")
+        if odd_activities == {COLLECTIVE}:
+            return Verdict("hang", Severity.CRITICAL,
+                           f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} in another collective "
+                           "than the rest: the two will never match")
+        still = f" (no CPU or I/O progress in {observed_seconds:.1f} s)" if host else ""
+        return Verdict("hang", Severity.CRITICAL,
+                       f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving{still}: "
+                       "the others will wait forever")
+    collectives = [g for g in groups if g.activity.name == COLLECTIVE]
+    if collectives and sum(g.count for g in collectives) == analysis.total:
+        kinds = {g.activity.collective for g in collectives}
+        if spans_other_nodes:
+            return Verdict("remote", Severity.WARNING,
+                           f"{analysis.summary}. Every local rank waits, and the job has ranks on other nodes: the "
+                           "culprit is likely there; look at the other nodes' verdicts")
+        if len(kinds) == 1:
+            return Verdict("hang", Severity.CRITICAL,
+                           f"{analysis.summary}. Every rank is in the same collective and none returns: a peer "
+                           "never arrived (network, P2P or a rank stuck in C code; py-spy --native shows more)")
+        return Verdict("hang", Severity.CRITICAL, f"{analysis.summary}. Every rank waits in a collective")
+    return Verdict("no_stall", None, f"{analysis.summary}. The stacks show no rank waiting on another")
