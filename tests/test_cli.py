@@ -35,7 +35,7 @@ def test_replay_text_timeline() -> None:
     result = cli("replay", "sim:spin_hang")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
-    assert "FIRED" in lines[0] and "busy_spin" in lines[0] and "Busy-spin hang on GPUs 0-7" in lines[0]
+    assert "FIRED" in lines[0] and "busy_spin" in lines[0] and "HANG (critical): GPUs 0-7 spin at 100% util" in lines[0]
     assert "1 episode(s) fired: 1 critical, 0 warning" in lines[-1]
     assert "Still open at the end: busy_spin (critical) on GPUs 0-7" in lines[-1]
 

@@ -173,6 +173,15 @@ def test_bundles_rotate_under_the_count_limit(tmp_path: Path) -> None:
     assert len(names) == 2 and names[-1].endswith("gpu3")
 
 
+def wait_for_looks(daemon: Daemon, timeout: float = 20.0) -> None:
+    """Until every look at the stacks the incidents started has finished."""
+    deadline = time.monotonic() + timeout
+    while any(s.look is None or not s.look.done() for s in daemon.incidents.open.values()) or not \
+            daemon.incidents.open:
+        assert time.monotonic() < deadline, "the stacks were not looked at"
+        time.sleep(0.05)
+
+
 def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
     """odd_rank on real gloo ranks: the GPUs wait on GPU 4 (a warning by telemetry alone). The rank on
     GPU 4 is idle in its data loader while the others sit in all_reduce, so the stacks make it a hang:
@@ -188,7 +197,12 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
                                    bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
                                    alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]})
             daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
-            for _ in range(45):
+            ticks = 0
+            while not daemon.incidents.open and ticks < 40:  # until the episode is suspected
+                daemon.tick()
+                ticks += 1
+            wait_for_looks(daemon)  # live, the look takes about a second of the 30 s before the episode fires
+            for _ in range(45 - ticks):
                 daemon.tick()
             daemon.shutdown(timeout=15)
     finally:

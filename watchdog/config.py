@@ -88,6 +88,12 @@ class ZeroUtilConfig(EpisodeTiming):
     memory_growth_max_bytes: Annotated[int, Field(ge=0)] = Field(
         256 * 2**20, description="Memory growing by more than this over the window is start-up, not a hang."
     )
+    critical_after_seconds: Seconds = Field(
+        600.0, description="Telemetry alone (no process seen on the GPUs): a pause is a warning, critical once it "
+        "lasts this long, or sooner once it outlasts the pauses this job has recovered from "
+        "(job.recovered_pause_margin_ratio), but never before critical_min_seconds.")
+    critical_min_seconds: Seconds = Field(
+        300.0, description="Telemetry alone: never critical before this (checkpoints of large models take minutes).")
 
 
 class WaitingConfig(EpisodeTiming):
@@ -137,6 +143,18 @@ class JobConfig(_Section):
         description="A GPU belongs to the running job when it holds at least this much memory (a bare "
         "CUDA context holds ~0.5 GiB) or runs a kernel.",
     )
+    progress_cpu_min_ratio: Ratio = Field(
+        0.2, description="Host progress: the processes on a GPU that use at least this many CPU seconds per "
+        "second are moving (computing on the host).")
+    progress_io_min_bytes_per_second: Annotated[float, Field(ge=0)] = Field(
+        65536.0, description="Host progress: ... or that read and write at least this many bytes per second "
+        "(a checkpoint writer).")
+    progress_still_seconds: Seconds = Field(
+        30.0, description="Processes that have not moved for this long are still: a pause whose ranks are still "
+        "is a hang, not a checkpoint.")
+    recovered_pause_margin_ratio: Annotated[float, Field(ge=1.0)] = Field(
+        1.5, description="A pause (zero_util, waiting) no longer than this multiple of the longest pause this job "
+        "has already recovered from is not alerted again.")
 
 
 class SampleConfig(_Section):
@@ -163,6 +181,9 @@ class StacksConfig(_Section):
         1.0, description="How long to watch each rank's CPU time and I/O around the capture.")
     flight_recorder: bool = Field(
         True, description="Ask PyTorch to dump its NCCL Flight Recorder when a rank enables the debug pipe.")
+    recheck_seconds: Seconds = Field(
+        60.0, description="While a stall episode is open and not critical, look at the stacks again this often "
+        "(a rank that stopped moving between two looks makes it critical).")
 
 
 class SourceConfig(_Section):

@@ -12,6 +12,7 @@ is rejected with its problems and the old one stays); SIGTERM/SIGINT stop cleanl
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -27,11 +28,14 @@ from watchdog.act.incidents import IncidentHandler
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.counters import Counters
 from watchdog.detect.engine import DetectorEngine
+from watchdog.detect.episodes import event_key
+from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.export.metrics import EpisodeView, Published, WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, gpu_list
 from watchdog.sample import sim
+from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
@@ -71,18 +75,21 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     source = source if source is not None else source_for(config)
     counters = new_counters()
     discovery = discovery or RankDiscovery()
+    verdicts: queue.SimpleQueue[tuple[str, Verdict]] = queue.SimpleQueue()
     dispatcher = AlertDispatcher(config.alerts, counters, receivers)
     bundles = BundleStore(config.bundles, counters, render_report=write_for_bundle)
     incidents = IncidentHandler(config, counters, dispatcher, bundles, StackCapturer.from_config(config.stacks),
-                                discovery, inventory=getattr(source, "inventory", None))
+                                discovery, inventory=getattr(source, "inventory", None),
+                                on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic)
     return Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
-                  monotonic, wall)
+                  monotonic, wall, HostProgress(monotonic), verdicts)
 
 
 class Daemon:
     def __init__(self, config: Config, source: Source, incidents: IncidentHandler, counters: Counters,
                  discovery: RankDiscovery, config_path: str | None, notifier: SystemdNotifier,
-                 monotonic: Callable[[], float], wall: Callable[[], float]):
+                 monotonic: Callable[[], float], wall: Callable[[], float], host: HostProgress,
+                 verdicts: queue.SimpleQueue[tuple[str, Verdict]]):
         self.config = config
         self.config_path = config_path
         self.source = source
@@ -101,21 +108,38 @@ class Daemon:
         self.reload_requested = threading.Event()
         self.ticks = 0
         self.discovery = discovery
+        self.host = host  # host progress of each GPU's processes, a reading like the GPU's own
+        self.verdicts = verdicts  # the stacks' verdicts, handed back by the incident workers
         self._rank_cache: dict[int, tuple[int | None, str]] = {}  # pid -> (rank, job)
 
     # -- one tick ----------------------------------------------------------------------------------
     def tick(self) -> None:
         started = self.monotonic()
-        snapshot = self._guarded("sample", self.source.sample)
+        snapshot = self._guarded("sample", self._sample)
         events: list[EpisodeEvent] = []
         if snapshot is not None:
             self._remember(snapshot)
-            events = self._guarded("detect", self.engine.observe, snapshot) or []
+            events = self._guarded("detect", self._detect, snapshot) or []
             for event in events:
                 self._guarded("act", self._act, event, snapshot)
+            self._guarded("act", self.incidents.recheck, self._unsettled(), snapshot)
         self._guarded("export", self._publish, snapshot, self.monotonic() - started)
         self.ticks += 1
         self.notifier.watchdog()
+
+    def _sample(self) -> NodeSnapshot:
+        return self.host.annotate(self.source.sample())
+
+    def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
+        while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
+            key, verdict = self.verdicts.get_nowait()
+            self.engine.tracker.note_stacks(key, verdict)
+        return self.engine.observe(snapshot)
+
+    def _unsettled(self) -> list[str]:
+        """Open stall episodes not yet critical: their stacks are worth another look now and then."""
+        return [event_key(key, ep) for key, ep in self.engine.tracker.episodes.items()
+                if ep.finding.signature in STACK_SIGNATURES and ep.fired_severity is not Severity.CRITICAL]
 
     def _guarded(self, component: str, call: Callable[..., T], *args: Any) -> T | None:
         try:
@@ -140,12 +164,18 @@ class Daemon:
             history.popleft()
 
     def _act(self, event: EpisodeEvent, snapshot: NodeSnapshot) -> None:
+        if event.event is EventKind.SUSPECTED:
+            logfmt.event("episode_suspected", level=logfmt.DEBUG, signature=event.signature.value,
+                         gpus=gpu_list(event.gpus))
+            self.incidents.handle(event, snapshot, self.history)
+            return
         if event.event is not EventKind.RESOLVED:
             self.counters.inc("episodes_total", event.signature.value, event.severity.value)
         level = logfmt.INFO if event.event is EventKind.RESOLVED else logfmt.WARNING
         logfmt.event(f"episode_{event.event.value}", level=level,
                      signature=event.signature.value, severity=event.severity.value, gpus=gpu_list(event.gpus),
-                     culprits=gpu_list(event.culprit_gpus) if event.culprit_gpus else None, summary=event.summary)
+                     culprits=gpu_list(event.culprit_gpus) if event.culprit_gpus else None,
+                     verdict=event.headline, summary=event.summary)
         self.incidents.handle(event, snapshot, self.history)
 
     def _publish(self, snapshot: NodeSnapshot | None, tick_seconds: float) -> None:

@@ -71,6 +71,10 @@ class GpuSample(NamedTuple):
     clock_event_reasons: int | None = None
     energy_joules: float | None = None
     sm_activity_ratio: float | None = None
+    # Host progress of the processes on this GPU since the previous sample (sample/host_progress.py):
+    # CPU seconds per second, and bytes per second through read and write calls. None: no process seen.
+    host_cpu_ratio: float | None = None
+    host_io_bytes_per_second: float | None = None
     pids: tuple[int, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()
 
@@ -89,6 +93,14 @@ class NodeSnapshot:
     gpus: tuple[GpuSample, ...]
 
 
+class Progress(str, enum.Enum):
+    """Whether the processes on a set of GPUs move on the host (CPU or I/O), from GpuSample's host readings."""
+
+    UNKNOWN = "unknown"  # no process seen on these GPUs: a CSV replay, a simulation without pids
+    MOVING = "moving"  # computing or reading/writing on the host: a checkpoint, an evaluation
+    STILL = "still"  # neither CPU nor I/O for a while: blocked
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """What the detectors see on one tick: a signature on a set of GPUs, with the evidence.
@@ -102,13 +114,33 @@ class Finding:
     legs: tuple[str, ...] = ()
     facts: dict[str, float | str] = field(default_factory=dict)
     key: str = ""  # what makes two findings the same episode; defaults to the signature
+    # Host progress of the GPUs that decide the verdict (all of them for zero_util, the culprits for
+    # waiting) and for how long they have not moved.
+    progress: Progress = Progress.UNKNOWN
+    still_seconds: float = 0.0
 
     @property
     def episode_key(self) -> str:
         return self.key or self.signature.value
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the ranks' stacks say about a stall (stacks/verdict.py decides it; detect/ weighs it in).
+    `headline` is the conclusion in one clause, `sentence` the whole picture."""
+
+    kind: str  # "hang" | "waiting" | "remote" | "no_stall"
+    severity: Severity | None
+    sentence: str
+    headline: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "severity": self.severity.value if self.severity else None,
+                "headline": self.headline, "sentence": self.sentence}
+
+
 class EventKind(str, enum.Enum):
+    SUSPECTED = "suspected"  # the condition appeared; not alerted, but the ranks' stacks are worth a look
     FIRED = "fired"
     ESCALATED = "escalated"  # same episode, severity raised (waiting -> critical)
     RESOLVED = "resolved"
@@ -125,6 +157,8 @@ class EpisodeEvent:
     at_seconds: float
     summary: str
     legs: tuple[str, ...] = field(default=())
+    key: str = ""  # the episode's identity: the same for its suspected, fired, escalated and resolved events
+    headline: str = ""  # the verdict in one line: "HANG (critical): ..."; the summary begins with it
 
     def to_json(self, naive_time: bool = False) -> dict[str, object]:
         return {
@@ -137,6 +171,7 @@ class EpisodeEvent:
             "at": iso_time(self.at_seconds, naive_time),
             "duration_seconds": round(self.at_seconds - self.onset_seconds, 3),
             "legs": list(self.legs),
+            "headline": self.headline,
             "summary": self.summary,
         }
 
@@ -150,13 +185,18 @@ def iso_time(seconds: float, naive: bool = False) -> str:
 
 
 def gpu_list(gpus: tuple[int, ...] | list[int]) -> str:
-    """'GPU 3', 'GPUs 0-7', 'GPUs 0, 2, 5' - compact, for summaries."""
-    items = sorted(gpus)
+    """'GPU 3', 'GPUs 0-7', 'GPUs 0-3, 5-7', 'GPUs 0, 2, 5' - compact, for summaries."""
+    items = sorted(set(gpus))
     if len(items) == 1:
         return f"GPU {items[0]}"
-    if items and items == list(range(items[0], items[-1] + 1)):
-        return f"GPUs {items[0]}-{items[-1]}"
-    return "GPUs " + ", ".join(str(i) for i in items)
+    runs: list[list[int]] = []
+    for gpu in items:
+        if runs and gpu == runs[-1][-1] + 1:
+            runs[-1].append(gpu)
+        else:
+            runs.append([gpu])
+    parts = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    return "GPUs " + ", ".join(parts)
 
 
 # -- stacks -------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def run(condition: list[bool], timing: dict | None = None, finding=spin) -> list
         if not holds:
             start = None if tracker.episodes == {} else start
         findings = [finding(float(start if start is not None else tick))] if holds else []
-        out += [(tick, e.event) for e in tracker.update(float(tick), findings)]
+        out += [(tick, e.event) for e in tracker.update(float(tick), findings) if e.event is not EventKind.SUSPECTED]
     return out
 
 
@@ -38,8 +38,10 @@ def test_fires_after_for_seconds_and_resolves_after_clear_seconds() -> None:
 
 def test_onset_is_the_first_sample_of_the_evidence() -> None:
     tracker = EpisodeTracker(TIMING)
-    assert tracker.update(100.0, [spin(since=80.0)]) == []
+    (suspected,) = tracker.update(100.0, [spin(since=80.0)])
+    assert suspected.event is EventKind.SUSPECTED and suspected.key == "busy_spin@80"
     (event,) = tracker.update(110.0, [spin(since=80.0)])
+    assert event.key == suspected.key
     assert event.onset_seconds == 80.0 and event.at_seconds == 110.0
 
 

@@ -100,7 +100,14 @@ def test_snapshot_table_verdict_matches_its_label(name: str) -> None:
     elif label == "hang-spin":
         assert [(e.signature, e.severity) for e in events] == [(Signature.BUSY_SPIN, Severity.CRITICAL)]
     elif label == "hang-zero-util":
-        assert [(e.signature, e.severity) for e in events] == [(Signature.ZERO_UTIL, Severity.CRITICAL)]
+        # Telemetry alone cannot tell a hang from a long checkpoint: a warning first, critical once the pause
+        # outlasts detectors.zero_util.critical_after_seconds.
+        events = run_engine(held(table, seconds=660))
+        assert [(e.event, e.signature, e.severity) for e in events] == [
+            (EventKind.FIRED, Signature.ZERO_UTIL, Severity.WARNING),
+            (EventKind.ESCALATED, Signature.ZERO_UTIL, Severity.CRITICAL)]
+        assert events[0].at_seconds - events[0].onset_seconds <= 60
+        assert events[1].at_seconds - events[1].onset_seconds <= Config().detectors.zero_util.critical_after_seconds
     else:  # mixed: some GPUs spin, others sit at 0%; the verdict must single out the ones at 0%
         (event,) = events
         idle = {g["index"] for g in table["gpus"]

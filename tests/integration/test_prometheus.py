@@ -140,7 +140,7 @@ def test_the_daemons_alert_reaches_alertmanager(stack: dict[str, object]) -> Non
     (alert,) = until(listed, 120, "the daemon's alert in Alertmanager")  # type: ignore[misc]
     labels, annotations = alert["labels"], alert["annotations"]
     assert labels["severity"] == "critical" and labels["instance"] == "node-a" and labels["gpu"] == "0,1,2,3,4,5,6,7"
-    assert "Busy-spin hang on GPUs 0-7" in annotations["summary"]
+    assert "HANG (critical): GPUs 0-7 spin at 100% util" in annotations["summary"]
     assert annotations["bundle"].startswith(str(stack["tmp"]))
 
 

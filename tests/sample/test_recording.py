@@ -33,6 +33,8 @@ gpu_samples = st.builds(
     memory_used_bytes=st.none() | st.integers(0, 2**40), memory_total_bytes=st.none() | st.integers(0, 2**40),
     temperature_celsius=watts, energy_joules=watts,
     clock_event_reasons=st.none() | st.integers(0, 0x1FF), sm_activity_ratio=ratio,
+    host_cpu_ratio=st.none() | st.floats(0, 64, allow_nan=False),
+    host_io_bytes_per_second=st.none() | st.floats(0, 1e10, allow_nan=False),
     pids=st.lists(st.integers(1, 2**22), max_size=3).map(tuple),
     errors=st.lists(st.tuples(st.sampled_from(["power_watts", "nvml"]), st.text(max_size=10)),
                     max_size=2, unique_by=lambda e: e[0]).map(tuple),

@@ -37,7 +37,7 @@ from watchdog.stacks.picture import StackPicture, capture_file_name
 class Incident:
     event: EpisodeEvent
     telemetry: Sequence[NodeSnapshot]
-    reports: list[StackPicture] = field(default_factory=list)
+    pictures: list[StackPicture] = field(default_factory=list)
     ranks: list[RankInfo] = field(default_factory=list)
     sentence: str = ""
     severity: Severity | None = None
@@ -54,10 +54,11 @@ class Incident:
     def summary(self) -> dict[str, object]:
         return {
             "event": self.event.to_json(), "severity": (self.severity or self.event.severity).value,
-            "verdict": self.sentence or self.event.summary, "partial": self.partial, "notes": self.notes,
+            "headline": self.event.headline, "verdict": self.sentence or self.event.summary,
+            "partial": self.partial, "notes": self.notes,
             "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key} for r in self.ranks],
             "stacks": [{"job": rep.job, "summary": rep.analysis.summary, "outliers": list(rep.analysis.outliers),
-                        "verdict": rep.verdict.to_json()} for rep in self.reports],
+                        "verdict": rep.verdict.to_json()} for rep in self.pictures],
             "written": iso_time(time.time()),
         }
 
@@ -82,11 +83,11 @@ class BundleStore:
             temporary.mkdir(mode=0o700)
             self._json(temporary / "summary.json", incident.summary())
             self._telemetry(temporary / "telemetry.jsonl", incident)
-            if incident.reports:
-                self._json(temporary / "stacks.json", [r.to_json() for r in incident.reports])
+            if incident.pictures:
+                self._json(temporary / "stacks.json", [r.to_json() for r in incident.pictures])
                 stacks = temporary / "stacks"
                 stacks.mkdir(mode=0o700)
-                for report in incident.reports:
+                for report in incident.pictures:
                     for capture in report.captures:
                         if capture.raw is not None:
                             self._json(stacks / capture_file_name(capture.target), capture.raw)
@@ -114,6 +115,20 @@ class BundleStore:
         self.counters.inc("bundles_total", "partial" if incident.partial else "written")
         self.rotate(keep=final)
         return final
+
+    def rewrite_verdict(self, bundle: str, event: EpisodeEvent) -> None:
+        """An escalated episode: the bundle's summary (and page) say the new severity and sentence, so the
+        bundle never disagrees with the metrics and the alert. Replaced atomically."""
+        folder = Path(bundle)
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        summary.update({"severity": event.severity.value, "headline": event.headline, "verdict": event.summary,
+                        "event": event.to_json(), "escalated": iso_time(event.at_seconds)})
+        temporary = folder / ".summary.json.new"
+        temporary.unlink(missing_ok=True)
+        self._json(temporary, summary)
+        os.replace(temporary, folder / "summary.json")
+        if self.render_report is not None:
+            self.render_report(folder)
 
     def _json(self, path: Path, data: object) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

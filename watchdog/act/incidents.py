@@ -1,23 +1,28 @@
-"""What happens when an episode fires, escalates or resolves, all off the sampling loop:
+"""What happens around an episode, all off the sampling loop:
 
-fired     find the affected job's ranks, capture and analyse their stacks, refine the severity with
-          the stack verdict (an odd rank idle in a queue is a hang now, not in 15 minutes; a rank busy
-          writing a checkpoint is a wait), write the incident bundle, send the alert
-escalated send the alert again as critical, pointing at the same bundle
-resolved  send the resolve
+suspected  look at the affected job's stacks (py-spy, host activity) and hand the verdict back to the
+           detectors, so the episode's severity is decided with it before anything is alerted
+(open)     look again every stacks.recheck_seconds while the episode is not critical
+fired      write the incident bundle (the stacks already captured, the doctor's findings, the telemetry)
+           and alert with the episode's severity and sentence, as the detectors decided them
+escalated  rewrite the bundle's verdict and alert again as critical
+resolved   send the resolve
 
-A bounded pool runs the work; when it is full an incident is still alerted, without stacks.
-On shutdown, work not yet started is written as a partial bundle.
+The severity is never changed here: it is the episode's state, decided in detect/. A bounded pool runs
+the work; when it is full an incident is still alerted, without stacks. On shutdown, work not yet started
+is written as a partial bundle.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from watchdog import logfmt
 from watchdog.act.alerts import Alert, AlertDispatcher
@@ -26,26 +31,33 @@ from watchdog.config import Config
 from watchdog.counters import Counters
 from watchdog.doctor.checks import examine, top_finding
 from watchdog.doctor.facts import gather
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict
 from watchdog.sample.nvml_inventory import Inventory
-from watchdog.sample.ranks import RankDiscovery, group_jobs
+from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.picture import capture_job
+from watchdog.stacks.picture import StackPicture, capture_job
 
 _MAX_PENDING = 4
 
 
 @dataclass
 class _Open:
+    gpus: tuple[int, ...]
+    severity: Severity | None = None  # None while only suspected
     bundle: str | None = None
-    severity: Severity = Severity.WARNING
     job: str = "unknown"
+    looked_at: float | None = None  # monotonic time of the last look at the stacks
+    look: Future[None] | None = None
+    pictures: list[StackPicture] = field(default_factory=list)
+    ranks: list[RankInfo] = field(default_factory=list)
 
 
 class IncidentHandler:
     def __init__(self, config: Config, counters: Counters, dispatcher: AlertDispatcher, bundles: BundleStore,
                  capturer: StackCapturer, discovery: RankDiscovery,
-                 inventory: Callable[[], Inventory] | None = None):
+                 inventory: Callable[[], Inventory] | None = None,
+                 on_verdict: Callable[[str, Verdict], None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.config = config
         self.counters = counters
         self.dispatcher = dispatcher
@@ -53,46 +65,68 @@ class IncidentHandler:
         self.capturer = capturer
         self.discovery = discovery
         self.inventory = inventory
+        self.on_verdict = on_verdict
+        self.monotonic = monotonic
         self.instance = config.alerts.instance or socket.gethostname()
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="incident")
-        self.pending: set[Future[None]] = set()
+        self.pending: set[Future[Any]] = set()
         self.open: dict[str, _Open] = {}
         self.stopping = threading.Event()
         self._lock = threading.Lock()
 
-    def _key(self, event: EpisodeEvent) -> str:
-        return f"{event.signature.value}@{event.onset_seconds:.0f}"
-
+    # -- on the loop: only enqueue -----------------------------------------------------------------
     def handle(self, event: EpisodeEvent, snapshot: NodeSnapshot, telemetry: Sequence[NodeSnapshot]) -> None:
-        """Called on the loop: only enqueues."""
-        key = self._key(event)
-        if event.event is EventKind.FIRED:
-            with self._lock:
-                self.open[key] = _Open(severity=event.severity)
-                busy = len(self.pending) >= _MAX_PENDING
-            if busy or self.stopping.is_set():
-                self.counters.inc("bundles_total", "skipped")
-                self._alert(event, key, event.severity, event.summary)
-                return
-            future = self.pool.submit(self._investigate, event, key, snapshot, tuple(telemetry))
-            with self._lock:
-                self.pending.add(future)
-            future.add_done_callback(self._done)
-            return
+        key = event.key
+        gpus = tuple(sorted(set(event.gpus) | set(event.culprit_gpus)))
         with self._lock:
-            state = self.open.get(key)
-        if event.event is EventKind.ESCALATED:
-            severity = Severity.CRITICAL
-            if state is not None:
-                state.severity = severity
-            self._alert(event, key, severity, event.summary)
+            state = self.open.setdefault(key, _Open(gpus))
+        if event.event is EventKind.SUSPECTED:
+            self._look(key, state, snapshot)
+        elif event.event is EventKind.FIRED:
+            state.severity = event.severity
+            if not self._submit(self._investigate, event, state, snapshot, tuple(telemetry)):
+                self.counters.inc("bundles_total", "skipped")
+                self._alert(event, state)
+        elif event.event is EventKind.ESCALATED:
+            state.severity = event.severity
+            if state.bundle is not None:
+                self._submit(self.bundles.rewrite_verdict, state.bundle, event)
+            self._alert(event, state)
         else:
-            self._alert(event, key, state.severity if state else event.severity, event.summary,
-                        resolved=True)
+            self._alert(event, state, resolved=True)
             with self._lock:
                 self.open.pop(key, None)
 
-    def _done(self, future: Future[None]) -> None:
+    def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None:
+        """Look again at the stacks of these open, not yet critical episodes when their last look is old."""
+        now = self.monotonic()
+        for key in keys:
+            state = self.open.get(key)
+            if state is None or state.looked_at is None or (state.look is not None and not state.look.done()):
+                continue
+            if now - state.looked_at >= self.config.stacks.recheck_seconds:
+                self._look(key, state, snapshot)
+
+    def _submit(self, work: Callable[..., object], *args: object) -> bool:
+        with self._lock:
+            if len(self.pending) >= _MAX_PENDING or self.stopping.is_set():
+                return False
+            future = self.pool.submit(work, *args)
+            self.pending.add(future)
+        future.add_done_callback(self._done)
+        return True
+
+    def _look(self, key: str, state: _Open, snapshot: NodeSnapshot) -> None:
+        if not self.config.bundles.capture_stacks:
+            return
+        state.looked_at = self.monotonic()
+        on_gpus = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in state.gpus))
+        future: Future[None] = Future()
+        state.look = future
+        if not self._submit(self._capture, key, state, on_gpus, future):
+            future.set_result(None)
+
+    def _done(self, future: Future[object]) -> None:
         with self._lock:
             self.pending.discard(future)
         error = future.exception()
@@ -100,56 +134,58 @@ class IncidentHandler:
             self.counters.inc("component_errors_total", "act")
             logfmt.event("incident_failed", level=logfmt.ERROR, error=f"{type(error).__name__}: {error}")
 
-    def _investigate(self, event: EpisodeEvent, key: str, snapshot: NodeSnapshot,
+    # -- off the loop ------------------------------------------------------------------------------
+    def _capture(self, key: str, state: _Open, on_gpus: NodeSnapshot, done: Future[None]) -> None:
+        try:
+            ranks = self.discovery.from_snapshot(on_gpus)
+            s = self.config.stacks
+            pictures = [capture_job(job, self.capturer, self.discovery, s.observe_seconds, s.flight_recorder)
+                        for job in group_jobs(ranks)]
+            for picture in pictures:
+                for capture in picture.captures:
+                    self.counters.inc("stack_captures_total", capture.result)
+            state.ranks, state.pictures = ranks, pictures
+            if ranks:
+                state.job = ranks[0].job_key
+            if pictures and self.on_verdict is not None:
+                self.on_verdict(key, pictures[0].verdict)
+        finally:
+            done.set_result(None)
+
+    def _investigate(self, event: EpisodeEvent, state: _Open, snapshot: NodeSnapshot,
                      telemetry: Sequence[NodeSnapshot]) -> None:
         window = self.config.bundles.telemetry_window_seconds
         incident = Incident(event, [s for s in telemetry if s.time_seconds >= event.onset_seconds - window])
-        severity, sentence = event.severity, event.summary
-        affected = set(event.gpus) | set(event.culprit_gpus)
-        on_gpus = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in affected))
         if self.stopping.is_set():
             incident.partial = True
             incident.notes.append("stopping: stacks not captured")
         elif self.config.bundles.capture_stacks:
-            incident.ranks = self.discovery.from_snapshot(on_gpus)
+            if state.look is None:
+                self._look(event.key, state, snapshot)
+            if state.look is not None:
+                futures_wait([state.look], timeout=self.config.stacks.timeout_seconds + 10)
+            incident.ranks, incident.pictures = list(state.ranks), list(state.pictures)
             if not incident.ranks:
                 incident.notes.append("no live process found on the affected GPUs; no stacks")
-            s = self.config.stacks
-            for job in group_jobs(incident.ranks):
-                report = capture_job(job, self.capturer, self.discovery, s.observe_seconds, s.flight_recorder)
-                incident.reports.append(report)
-                for capture in report.captures:
-                    self.counters.inc("stack_captures_total", capture.result)
-            if incident.reports:
-                verdict = incident.reports[0].verdict
-                if verdict.severity is not None:  # hang: critical; waiting or remote: warning
-                    severity = verdict.severity
-                sentence = f"{event.summary}. Stacks: {verdict.sentence}"
         # The doctor costs milliseconds: it runs even while stopping.
         facts = gather(self.inventory, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)
         incident.doctor = examine(facts, incident.ranks)
         top = top_finding(incident.doctor)
-        if top is not None:
-            sentence = f"{sentence}. Doctor: {top.evidence}" + (f"; {top.fix}" if top.fix else "")
-        incident.sentence, incident.severity = sentence, severity
+        incident.sentence = event.summary + (f". Doctor: {top.evidence}" + (f"; {top.fix}" if top.fix else "")
+                                             if top is not None else "")
+        incident.severity = event.severity
         path = self.bundles.write(incident)
-        with self._lock:
-            state = self.open.get(key)
-            if state is not None:
-                state.bundle = str(path) if path else None
-                state.severity = severity
-                state.job = incident.ranks[0].job_key if incident.ranks else "unknown"
-        logfmt.event("incident", signature=event.signature.value, severity=severity.value,
-                     bundle=str(path) if path else None, verdict=sentence)
-        self._alert(event, key, severity, sentence)
+        state.bundle = str(path) if path else None
+        logfmt.event("incident", signature=event.signature.value, severity=event.severity.value,
+                     bundle=state.bundle, verdict=event.headline)
+        self._alert(event, state, summary=incident.sentence)
 
-    def _alert(self, event: EpisodeEvent, key: str, severity: Severity, summary: str, resolved: bool = False) -> None:
-        state = self.open.get(key)
+    def _alert(self, event: EpisodeEvent, state: _Open, resolved: bool = False, summary: str | None = None) -> None:
         self.dispatcher.submit(Alert(
-            key=key, status="resolved" if resolved else "firing", signature=event.signature.value,
-            severity=severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus, summary=summary,
-            onset=event.onset_seconds, at=event.at_seconds, instance=self.instance,
-            job=state.job if state else "unknown", bundle=state.bundle if state else None))
+            key=event.key, status="resolved" if resolved else "firing", signature=event.signature.value,
+            severity=event.severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus,
+            summary=summary or event.summary, onset=event.onset_seconds, at=event.at_seconds,
+            instance=self.instance, job=state.job, bundle=state.bundle))
 
     def close(self, timeout: float) -> None:
         """Finish in-flight incidents within `timeout`; those not started are written as partial."""

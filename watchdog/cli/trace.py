@@ -20,7 +20,7 @@ from watchdog.config import load_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.export import report as report_html
 from watchdog.export.timeline import TextTimeline, json_line
-from watchdog.model import EpisodeEvent, NodeSnapshot, gpu_list
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import SIM_PREFIX, open_trace, scenario
@@ -51,6 +51,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 if len(kept) > 4 * report_html.MAX_POINTS:
                     kept, stride = kept[::2], stride * 2
             for event in engine.observe(snapshot):
+                if event.event is EventKind.SUSPECTED:
+                    continue  # a look at the stacks, live; nothing to report from a trace
                 fired.append(event)
                 if timeline is None:
                     out.write(json_line(event, trace.naive_time) + "\n")

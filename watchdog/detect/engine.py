@@ -42,7 +42,7 @@ class DetectorEngine:
         self._present: tuple[int, ...] = ()
         self._last_evaluation: float | None = None
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
-        self.tracker = EpisodeTracker({sig: getattr(d, sig.value) for sig in Signature})
+        self.tracker = EpisodeTracker({sig: getattr(d, sig.value) for sig in Signature}, config)
         self.last_findings: list[Finding] = []
 
     def reconfigure(self, config: Config) -> None:
@@ -53,9 +53,15 @@ class DetectorEngine:
         self._long_seconds = d.underuse.window_seconds
         for window in self._windows.values():
             window.short_seconds, window.long_seconds = self._short_seconds, self._long_seconds
-            window.memory_min_bytes = config.job.memory_min_bytes
+            self._apply_job(window)
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
-        self.tracker.retime({sig: getattr(d, sig.value) for sig in Signature})
+        self.tracker.retime({sig: getattr(d, sig.value) for sig in Signature}, config)
+
+    def _apply_job(self, window: GpuWindow) -> None:
+        job = self.config.job
+        window.memory_min_bytes = job.memory_min_bytes
+        window.progress_cpu_min_ratio = job.progress_cpu_min_ratio
+        window.progress_io_min_bytes_per_second = job.progress_io_min_bytes_per_second
 
     def observe(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
         t = snapshot.time_seconds
@@ -68,7 +74,7 @@ class DetectorEngine:
                     sample.index, self._short_seconds, self._long_seconds,
                     bs.idle_power_max_multiple, bs.default_idle_power_ratio,
                 )
-                window.memory_min_bytes = self.config.job.memory_min_bytes
+                self._apply_job(window)
             window.add(t, sample)
         self._present = tuple(s.index for s in snapshot.gpus)
         last = self._last_evaluation

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.window import GpuView
-from watchdog.model import Finding, Severity, Signature
+from watchdog.model import Finding, Progress, Severity, Signature
 
 
 def _merged_legs(evidence: list[Evidence]) -> tuple[str, ...]:
@@ -59,6 +59,20 @@ def _culprit_facts(views: Mapping[int, GpuView], culprits: list[int]) -> dict[st
     return {"culprit_state": "; ".join(parts)}
 
 
+_HOST_FRESH_SECONDS = 5.0  # a host reading older than this is not a current view of the processes
+
+
+def progress_of(views: Mapping[int, GpuView], gpus: list[int]) -> tuple[Progress, float]:
+    """Whether the processes on `gpus` move on the host, and for how long none of them has. UNKNOWN when
+    no process is seen on some of them (a trace without host readings)."""
+    seen = [views[i] for i in gpus]
+    if not seen or any(v.host_seen_at is None or v.now - v.host_seen_at > _HOST_FRESH_SECONDS for v in seen):
+        return Progress.UNKNOWN, 0.0
+    now = max(v.now for v in seen)
+    since = max(v.moved_at if v.moved_at is not None else v.host_first_at or now for v in seen)
+    return Progress.MOVING if since >= now else Progress.STILL, now - since
+
+
 def job_findings(
     views: Mapping[int, GpuView], spin: Mapping[int, Evidence], zero: Mapping[int, Evidence]
 ) -> list[Finding]:
@@ -81,14 +95,19 @@ def job_findings(
             facts["memory_used_bytes"] = held
         if s:
             facts["spinning"] = ", ".join(str(i) for i in s)
+        progress, still = progress_of(views, z)
         return [Finding(Signature.ZERO_UTIL, Severity.CRITICAL, tuple(job),
-                        since=max(e.since for e in zero_ev + spin_ev), facts=facts)]
+                        since=max(e.since for e in zero_ev + spin_ev), facts=facts, progress=progress,
+                        still_seconds=still)]
     if s and len(s) >= len(z) + len(rest):
         culprits = z + rest
         facts = _spin_facts(spin_ev)
         facts.update(_culprit_facts(views, culprits))
+        # Host progress decides only for culprits idle on the GPU: one still at work on its GPU may use no CPU.
+        progress, still = progress_of(views, z) if not rest else (Progress.UNKNOWN, 0.0)
         return [Finding(Signature.WAITING, Severity.WARNING, tuple(job), since=max(e.since for e in spin_ev),
-                        culprit_gpus=tuple(sorted(culprits)), legs=_merged_legs(spin_ev), facts=facts)]
+                        culprit_gpus=tuple(sorted(culprits)), legs=_merged_legs(spin_ev), facts=facts,
+                        progress=progress, still_seconds=still)]
     return []
 
 

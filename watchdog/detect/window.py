@@ -22,6 +22,9 @@ class GpuView(Protocol):
     idle_watts: float | None  # learned: lowest 5-sample mean at 0% util
     busy_watts: float | None  # learned: EWMA of power while clearly working
     memory_min_bytes: int
+    host_first_at: float | None  # first sample with a host-progress reading (processes seen)
+    host_seen_at: float | None  # latest such sample
+    moved_at: float | None  # latest sample whose processes moved on the host (CPU or I/O)
 
     @property
     def long_mean_utilization(self) -> float | None: ...
@@ -61,6 +64,11 @@ class GpuWindow:
         self._idle_block: list[float] = []
         self.now = 0.0
         self.memory_min_bytes = 0
+        self.progress_cpu_min_ratio = 0.2
+        self.progress_io_min_bytes_per_second = 65536.0
+        self.host_first_at: float | None = None
+        self.host_seen_at: float | None = None
+        self.moved_at: float | None = None
         self.latest = GpuSample(index)
 
     def add(self, t: float, sample: GpuSample) -> None:
@@ -79,6 +87,13 @@ class GpuWindow:
             while self._long[0][0] < long_cutoff:
                 self._long_sum -= self._long.popleft()[1]
         self._learn(sample)
+        cpu, io = sample.host_cpu_ratio, sample.host_io_bytes_per_second
+        if cpu is not None or io is not None:
+            if self.host_seen_at is None or t - self.host_seen_at > self.short_seconds:
+                self.host_first_at = t  # processes (re)appeared: their stillness counts from here
+            self.host_seen_at = t
+            if (cpu or 0.0) >= self.progress_cpu_min_ratio or (io or 0.0) >= self.progress_io_min_bytes_per_second:
+                self.moved_at = t
 
     def _learn(self, s: GpuSample) -> None:
         power, util = s.power_watts, s.utilization_ratio

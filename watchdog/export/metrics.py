@@ -42,6 +42,8 @@ READINGS: dict[str, str] = {
     "gpu_memory_total_bytes": "memory_total_bytes",
     "gpu_temperature_celsius": "temperature_celsius",
     "gpu_sm_activity_ratio": "sm_activity_ratio",
+    "gpu_host_cpu_ratio": "host_cpu_ratio",
+    "gpu_host_io_bytes_per_second": "host_io_bytes_per_second",
 }
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -55,6 +57,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_memory_total_bytes", "gauge", "Device memory in total.", GPU),
     MetricSpec("gpu_temperature_celsius", "gauge", "GPU temperature.", GPU),
     MetricSpec("gpu_sm_activity_ratio", "gauge", "GPM SM activity (Hopper and later): SMs doing work.", GPU),
+    MetricSpec("gpu_host_cpu_ratio", "gauge", "Host progress: CPU seconds per second used by the processes on "
+               "this GPU since the last sample.", GPU),
+    MetricSpec("gpu_host_io_bytes_per_second", "gauge", "Host progress: bytes per second the processes on this "
+               "GPU moved through read and write calls (rchar + wchar).", GPU),
     MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
     MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
                "slowdown.", GPU),

@@ -39,6 +39,8 @@ def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, objec
     """Fired (or escalated) episodes with the time they ended, for shading a replay's timeline."""
     episodes: dict[tuple[str, float], dict[str, object]] = {}
     for e in events:
+        if e.event is EventKind.SUSPECTED:
+            continue
         key = (e.signature.value, e.onset_seconds)
         entry = episodes.setdefault(key, {"signature": e.signature.value, "onset": e.onset_seconds,
                                           "at": e.at_seconds, "end": None, "severity": e.severity.value,
@@ -194,13 +196,21 @@ def from_bundle(folder: Path) -> ReportData:
     if onset:
         episodes.append({"signature": event.get("signature"), "severity": summary.get("severity"),
                          "onset": _epoch(onset), "at": _epoch(event.get("at", onset)), "summary": event.get("summary")})
-    title = f"stall-watchdog: {event.get('signature', 'incident')} on GPUs {', '.join(map(str, event.get('gpus', [])))}"
+    title = f"stall-watchdog: {summary.get('headline') or _plain_title(event)}"
     if onset:
         title += f", from {onset}"
     return ReportData(title, snapshots, episodes,
                       str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
                       report.get("groups", []), report.get("outliers", []),
                       _load_json(folder / "doctor.json") or [])  # type: ignore[arg-type]
+
+
+def _plain_title(event: dict[str, object]) -> str:
+    """For bundles written before headlines: the signature and the GPUs it names (the culprits first)."""
+    culprits = [str(g) for g in event.get("culprit_gpus") or []]  # type: ignore[attr-defined]
+    gpus = culprits or [str(g) for g in event.get("gpus") or []]  # type: ignore[attr-defined]
+    where = f"waiting on GPUs {', '.join(gpus)}" if culprits else f"on GPUs {', '.join(gpus)}"
+    return f"{event.get('signature', 'incident')} {where}"
 
 
 def _epoch(text: str) -> float:

@@ -130,8 +130,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
           _WARMUP + ((300, None, "spin"),), "busy_spin critical within a minute of t=300 s"),
     _h100("startup_spin", "hangs before its first step at 100% util (no busy level yet)", 600,
           ((0, None, "startup"), (40, None, "spin")), "busy_spin critical within a minute of t=40 s"),
-    _h100("zero_util_hang", "all 8 GPUs idle with memory held from t=300 s", 900,
-          _WARMUP + ((300, None, "zero"),), "zero_util critical within a minute of t=300 s"),
+    _h100("zero_util_hang", "all 8 GPUs idle with memory held from t=300 s", 1200,
+          _WARMUP + ((300, None, "zero"),),
+          "zero_util warning within a minute of t=300 s; critical by t=900 s on telemetry alone, within a "
+          "minute when the ranks are seen still"),
     _h100("odd_rank", "rank 4 stuck in its data loader from t=300 s while the other 7 spin", 1500,
           _WARMUP + ((300, (4,), "zero"), (300, (0, 1, 2, 3, 5, 6, 7), "spin")),
           "waiting warning naming GPU 4 within a minute, critical after 900 s of unbroken wait"),

@@ -33,6 +33,7 @@ class Analysis:
     summary: str
     total: int
     member_activity: Mapping[str, Activity] = field(default_factory=dict)
+    member_label: Mapping[str, str] = field(default_factory=dict)  # 'rank 4 (pid 8358, GPU 4)'
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -74,8 +75,9 @@ def analyze(dumps: Sequence[StackDump], idle_seconds: Mapping[str, float] | None
     weight = {d.member: d.count for d in dumps}
     outliers = _outliers(groups, total)
     noun = "rank" if any(d.rank is not None for d in dumps) else "process"
+    label = {d.member: _member_label(d) for d in dumps}
     return Analysis(tuple(groups), outliers, _sentence(groups, outliers, total, noun, activity_of, weight,
-                                                       idle_seconds or {}, dumps), total, activity_of)
+                                                       idle_seconds or {}, label), total, activity_of, label)
 
 
 def _outliers(groups: Sequence[Group], total: int) -> tuple[str, ...]:
@@ -101,12 +103,11 @@ def _outliers(groups: Sequence[Group], total: int) -> tuple[str, ...]:
 
 def _sentence(groups: Sequence[Group], outliers: Sequence[str], total: int, noun: str,
               activity_of: Mapping[str, Activity], weight: Mapping[str, int], idle: Mapping[str, float],
-              dumps: Sequence[StackDump]) -> str:
+              label: Mapping[str, str]) -> str:
     if not groups:
         return "no stacks"
     odd = set(outliers)
     main = [g for g in groups if not odd & set(g.members)]
-    label = {d.member: _member_label(d) for d in dumps}
     parts = []
     if main:
         count = sum(g.count for g in main)

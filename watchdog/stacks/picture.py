@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.model import StackDump, member_id
+from watchdog.model import StackDump, Verdict, member_id
 from watchdog.sample.ranks import HostActivity, Job, RankDiscovery
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
 from watchdog.stacks.flight_recorder import FlightRecorder, trigger
-from watchdog.stacks.verdict import Verdict, verdict
+from watchdog.stacks.verdict import verdict
 
 
 @dataclass

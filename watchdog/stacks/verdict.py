@@ -3,28 +3,50 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from watchdog.model import Severity
+from watchdog.model import Severity, Verdict
 from watchdog.sample.ranks import HostActivity
 from watchdog.stacks.analysis import Analysis
-from watchdog.stacks.classify import COLLECTIVE, DATA_LOADING, IDLE_WAIT, UNKNOWN
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # "hang" | "waiting" | "remote" | "no_stall"
-    severity: Severity | None
-    sentence: str
-
-    def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "severity": self.severity.value if self.severity else None,
-                "sentence": self.sentence}
-
+from watchdog.stacks.classify import (
+    BACKWARD,
+    CHECKPOINT_IO,
+    COLLECTIVE,
+    COMPILE,
+    DATA_LOADING,
+    EVALUATION,
+    FORWARD,
+    GENERATION,
+    IDLE_WAIT,
+    UNKNOWN,
+)
 
 _PROGRESS_BYTES = 64 * 1024  # written during the observation: a checkpoint writer makes progress
 _PROGRESS_CPU = 0.2  # CPU seconds per second: real host work (compute on the host, decoding, copying)
 _IDLE_ACTIVITIES = {DATA_LOADING, IDLE_WAIT, UNKNOWN}
+_HOST_WORK = {CHECKPOINT_IO, EVALUATION, GENERATION, COMPILE, FORWARD, BACKWARD}
+
+
+def _headline(analysis: Analysis, stuck: bool) -> str:
+    """'rank 4 (pid 8358, GPU 4) is stuck in DataLoader.__next__ -> Queue.get; the other 7 ranks wait for
+    it in all_reduce': the odd ones first, then what the rest do."""
+    odd = set(analysis.outliers)
+    verb = "is stuck in" if stuck else "is in"
+    parts = [f"{analysis.member_label.get(m, m)} {verb} {g.where}" for g in analysis.groups for m in g.members
+             if m in odd]
+    rest = [g for g in analysis.groups if not odd & set(g.members)]
+    if rest:
+        count = sum(g.count for g in rest)
+        noun = "rank" if count == 1 else "ranks"
+        if odd and rest[0].activity.name == COLLECTIVE:
+            them = "it" if len(odd) == 1 else "them"
+            parts.append(f"the other {count} {noun} wait for {them} in {rest[0].where}")
+        elif odd:
+            parts.append(f"the other {count} {noun} are in {rest[0].where}")
+        else:
+            verb = "wait in" if rest[0].activity.name == COLLECTIVE else "are in"
+            parts.append(f"{'all ' if len(rest) == 1 else ''}{count} {noun} {verb} {rest[0].where}"
+                         + (" and elsewhere" if len(rest) > 1 else ""))
+    return "; ".join(parts[:4]) or "no stacks"
 
 
 def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, observed_seconds: float = 1.0,
@@ -51,25 +73,36 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
             evidence = f"wrote {written / 2**20:.1f} MiB" if written >= _PROGRESS_BYTES else f"used {cpu:.1f} CPU s"
             return Verdict("waiting", Severity.WARNING,
                            f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} busy on the host "
-                           f"({evidence} in {observed_seconds:.1f} s): the others wait on {'it' if one else 'them'}")
+                           f"({evidence} in {observed_seconds:.1f} s): the others wait on {'it' if one else 'them'}",
+                           _headline(analysis, stuck=False))
         if odd_activities == {COLLECTIVE}:
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} in another collective "
-                           "than the rest: the two will never match")
+                           "than the rest: the two will never match", _headline(analysis, stuck=True))
         still = f" (no CPU or I/O progress in {observed_seconds:.1f} s)" if host else ""
         return Verdict("hang", Severity.CRITICAL,
                        f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving{still}: "
-                       "the others will wait forever")
+                       "the others will wait forever", _headline(analysis, stuck=True))
     collectives = [g for g in groups if g.activity.name == COLLECTIVE]
     if collectives and sum(g.count for g in collectives) == analysis.total:
         kinds = {g.activity.collective for g in collectives}
         if spans_other_nodes:
             return Verdict("remote", Severity.WARNING,
                            f"{analysis.summary}. Every local rank waits, and the job has ranks on other nodes: the "
-                           "culprit is likely there; look at the other nodes' verdicts")
+                           "culprit is likely there; look at the other nodes' verdicts",
+                           _headline(analysis, stuck=False) + ": the culprit is likely on another node")
         if len(kinds) == 1:
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. Every rank is in the same collective and none returns: a peer "
-                           "never arrived (network, P2P or a rank stuck in C code; py-spy --native shows more)")
-        return Verdict("hang", Severity.CRITICAL, f"{analysis.summary}. Every rank waits in a collective")
-    return Verdict("no_stall", None, f"{analysis.summary}. The stacks show no rank waiting on another")
+                           "never arrived (network, P2P or a rank stuck in C code; py-spy --native shows more)",
+                           _headline(analysis, stuck=True) + " and none returns")
+        return Verdict("hang", Severity.CRITICAL, f"{analysis.summary}. Every rank waits in a collective",
+                       _headline(analysis, stuck=True))
+    members = list(analysis.member_activity)
+    if members and all(analysis.member_activity[m].name in _HOST_WORK for m in members) and all(
+            progressing(m) for m in members):
+        return Verdict("waiting", Severity.WARNING,
+                       f"{analysis.summary}. Every rank is busy on the host (a checkpoint, an evaluation): no rank "
+                       "waits on another", _headline(analysis, stuck=False))
+    return Verdict("no_stall", None, f"{analysis.summary}. The stacks show no rank waiting on another",
+                   _headline(analysis, stuck=False))

@@ -1,0 +1,86 @@
+"""One severity for an episode, decided once from all the evidence: the telemetry signature, the host
+progress of the ranks, the stacks' verdict when there is one, how long it has lasted, and the pauses
+this job has already shown it recovers from. What this returns is the episode's state: /metrics, the
+alerts, the bundle and the report all read it.
+
+    busy_spin  every GPU spins: critical. Stacks that show a rank busy on the host (waiting) or the
+               culprit on another node (remote) make it a warning until critical_after_seconds.
+    zero_util  every GPU idle with memory held:
+               stacks show a hang, or the ranks are still on the host for progress_still_seconds -> critical
+               the ranks move on the host (a checkpoint, an evaluation) -> warning
+               telemetry alone -> warning; critical once the pause outlasts what the job has recovered
+               from (x recovered_pause_margin_ratio, not before critical_min_seconds) or critical_after_seconds
+    waiting    the odd rank's stacks show it blocked, or its GPU is idle and its process still -> critical;
+               otherwise a warning until one unbroken wait outlives critical_after_seconds
+A zero_util or waiting pause no longer than the job's recovered pauses (x the margin) is held back: it
+stays suspect, so the job's every checkpoint does not raise a warning again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from watchdog.config import Config, EpisodeTiming, WaitingConfig, ZeroUtilConfig
+from watchdog.detect.summary import duration_text
+from watchdog.model import Finding, Progress, Severity, Signature, Verdict
+
+PAUSES = (Signature.ZERO_UTIL, Signature.WAITING)  # what a healthy job also shows for a while
+STACK_SIGNATURES = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)  # worth a look at the stacks
+
+
+@dataclass(frozen=True)
+class Judgement:
+    severity: Severity
+    reason: str  # why this severity, in one clause a person reads after the verdict
+
+
+def judge(finding: Finding, elapsed: float, unbroken: float, timing: EpisodeTiming, config: Config,
+          stacks: Verdict | None, recovered_pause: float | None) -> Judgement | None:
+    """The episode's severity now; None to hold it back (a pause of a length the job has recovered from).
+    `timing` is the signature's own section (the tracker's, which a reload replaces)."""
+    sig = finding.signature
+    if sig not in STACK_SIGNATURES:
+        return Judgement(finding.severity, "")
+    job, d = config.job, config.detectors
+    hang = stacks is not None and stacks.kind == "hang"
+    if hang:
+        return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked")
+    still = finding.progress is not Progress.UNKNOWN and finding.still_seconds >= job.progress_still_seconds
+    moving = finding.progress is not Progress.UNKNOWN and not still
+    known = recovered_pause is not None and elapsed <= job.recovered_pause_margin_ratio * recovered_pause
+    if sig is Signature.BUSY_SPIN:
+        if stacks is not None and stacks.kind in ("waiting", "remote"):
+            if elapsed >= d.waiting.critical_after_seconds:
+                return Judgement(Severity.CRITICAL, f"still spinning after {duration_text(elapsed)}")
+            return Judgement(Severity.WARNING, "the stacks say the ranks wait on work that is still running")
+        return Judgement(Severity.CRITICAL, "a collective that will not finish")
+    if sig is Signature.ZERO_UTIL:
+        if still:
+            return Judgement(Severity.CRITICAL, f"the ranks have not moved on the host for "
+                                                f"{duration_text(finding.still_seconds)}")
+        if known:
+            return None
+        if moving or (stacks is not None and stacks.kind == "waiting"):
+            return Judgement(Severity.WARNING, "the ranks are busy on the host: a checkpoint or evaluation; "
+                                               "critical if they stop moving")
+        zero = timing if isinstance(timing, ZeroUtilConfig) else d.zero_util
+        limit = zero.critical_after_seconds
+        if recovered_pause is not None:
+            limit = min(limit, max(zero.critical_min_seconds,
+                                   job.recovered_pause_margin_ratio * recovered_pause))
+        if elapsed >= limit:
+            return Judgement(Severity.CRITICAL, f"longer than this job's pauses ({duration_text(limit)})")
+        return Judgement(Severity.WARNING, f"a checkpoint or evaluation is plausible; critical after "
+                                           f"{duration_text(limit)}")
+    # waiting
+    critical_after = (timing if isinstance(timing, WaitingConfig) else d.waiting).critical_after_seconds
+    if still:
+        return Judgement(Severity.CRITICAL, f"the odd rank's GPU is idle and its process has not moved for "
+                                            f"{duration_text(finding.still_seconds)}")
+    if unbroken >= critical_after:
+        return Judgement(Severity.CRITICAL, "longer than a checkpoint or evaluation should take")
+    if known:
+        return None
+    busy = " (its process is busy on the host)" if moving else ""
+    return Judgement(Severity.WARNING, f"a checkpoint or evaluation on the odd GPU is plausible{busy}; critical "
+                                       f"after {duration_text(critical_after)}")
