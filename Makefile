@@ -27,6 +27,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/detector_tick.py
 	$(BIN)/python bench/capture_stacks.py
 	$(BIN)/python bench/daemon_cost.py
+	$(BIN)/python bench/accuracy.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

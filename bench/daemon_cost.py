@@ -1,12 +1,14 @@
 """The daemon's own cost: CPU (share of one core) and resident memory while it runs at 1 Hz over a
 simulated node of 8 and 64 GPUs (healthy, then a busy-spin hang, so detectors, bundles and alerts
-all run), and the latency of a /metrics scrape.
+all run), and the latency of a /metrics scrape. Each simulated GPU has a real process on it, so the
+host-progress reading (psutil /proc reads per process, every tick) is part of the cost.
 
     python bench/daemon_cost.py [SECONDS]
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -18,16 +20,17 @@ from pathlib import Path
 import psutil
 
 CHILD = """
-import sys
+import json, sys
 from watchdog.config import parse_config
 from watchdog.daemon import build
 from watchdog.export.server import Endpoint
 from watchdog.sample import sim
 gpus, port, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+pids = {int(gpu): [pid] for gpu, pid in json.loads(sys.argv[4]).items()}
 scenario = sim.Scenario("bench", "", "h100", gpus, 3600, ((0, None, "train"), (40, None, "spin")), gpm=True)
 config = parse_config({"export": {"listen_address": f"127.0.0.1:{port}"},
                        "bundles": {"directory": folder, "capture_stacks": False}})
-daemon = build(config, sim.SimSource(scenario))
+daemon = build(config, sim.SimSource(scenario, pids=pids))
 endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
 endpoint.start()
 daemon.run()
@@ -40,7 +43,9 @@ def measure(gpus: int, seconds: float, folder: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpus), str(port), str(folder / f"b{gpus}")])
+    ranks = [subprocess.Popen(["sleep", "3600"]) for _ in range(gpus)]  # stand-ins for the ranks on the GPUs
+    pids = json.dumps({gpu: rank.pid for gpu, rank in enumerate(ranks)})
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpus), str(port), str(folder / f"b{gpus}"), pids])
     process = psutil.Process(child.pid)
     url = f"http://127.0.0.1:{port}/metrics"
     deadline = time.monotonic() + 30
@@ -65,6 +70,9 @@ def measure(gpus: int, seconds: float, folder: Path) -> None:
     elapsed = time.monotonic() - started
     child.terminate()
     child.wait(timeout=20)
+    for rank in ranks:
+        rank.kill()
+        rank.wait()
     used = (cpu_after.user + cpu_after.system) - (warm.user + warm.system)
     # The scrapes themselves cost CPU in the daemon too: they are included, as in production.
     print(f"{gpus:>3} GPUs over {elapsed:.0f} s at 1 Hz: CPU {used / elapsed * 100:.2f}% of one core, "

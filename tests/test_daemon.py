@@ -220,3 +220,10 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
     doctor = {d["check"]: d for d in json.loads((bundle / "doctor.json").read_text())}
     assert {"driver", "p2p", "kernel", "timeouts", "flight_recorder"} <= doctor.keys()  # node and job checks
     assert metric(daemon, 'stall_watchdog_stack_captures_total{result="ok"}') == 4
+    # One severity everywhere: the episode's state, the alert, the bundle and its page.
+    assert metric(daemon, 'stall_watchdog_episode_state{gpu="4",signature="waiting"}') == 3
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["severity"] == "critical" and alert["summary"].startswith(summary["headline"])
+    assert summary["headline"].startswith("HANG (critical): rank 2 (pid")
+    assert "the other 3 ranks wait for it in all_reduce" in summary["headline"]
+    assert 'class="verdict critical"' in (bundle / "report.html").read_text()

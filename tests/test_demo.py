@@ -37,7 +37,7 @@ def test_demo_names_the_stuck_rank_serves_metrics_and_cleans_up_on_ctrl_c(tmp_pa
         read_until(process, "still serving", 150, lines)
         text = "\n".join(lines)
         assert re.search(r"^\[\s*\d+ s\] GPU util/power 0:", text, re.M)  # progress while it waits
-        assert "verdict (critical):" in text and "rank 4" in text
+        assert "HANG (critical): rank 4 (pid " in text and "the other 7 ranks wait for it in all_reduce" in text
         assert "culprit: rank 4 in DataLoader.__next__ -> Queue.get; its stack:" in text
         assert "Queue.get (" in text and "DataLoader.__next__ (" in text
         bundle = Path(re.search(r"^bundle:\s+(\S+)", text, re.M).group(1))  # type: ignore[union-attr]

@@ -60,6 +60,13 @@ class BusySpinConfig(EpisodeTiming):
     power_flat_max_ratio: Ratio = Field(
         0.05, description="Leg power_flat: interquartile range of power at most this fraction of its median."
     )
+    power_flat_min_watts: Annotated[float, Field(ge=0)] = Field(
+        5.0, description="Leg power_flat also holds when the interquartile range is within this many watts (the "
+        "sensor noise of small GPUs: a T4 reads +-4 W).")
+    fell_max_ratio: Ratio = Field(
+        0.75, description="Leg power_fell (weak): median power at most this fraction of the power this GPU drew "
+        "doing real work. It counts only when every GPU of the job is pinned at 100% with it (a T4 spins at "
+        "60-65% of its busy power).")
     memory_utilization_max_ratio: Ratio = Field(
         0.05,
         description="Leg memory_idle: memory-controller utilization at most this over the window. Above it "

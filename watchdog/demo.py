@@ -101,7 +101,8 @@ def _progress(daemon: Daemon, started: float) -> str:
 
 def _describe(bundle: Path) -> list[str]:
     summary = json.loads((bundle / "summary.json").read_text())
-    lines = ["", "=== incident ===", f"verdict ({summary['severity']}): {summary['verdict']}"]
+    lines = ["", "=== incident ===", summary.get("headline") or summary["verdict"],
+             f"why: {summary['verdict'].removeprefix(summary.get('headline', '')).lstrip('; ')}"]
     stacks_file = bundle / "stacks.json"
     if stacks_file.exists():
         (report, *_) = json.loads(stacks_file.read_text())

@@ -9,7 +9,10 @@ Legs:
   power_near_idle    median power <= idle_power_max_multiple x this GPU's idle power (learned at 0% util,
                      else default_idle_power_ratio x the power limit)
   power_below_busy   median power <= busy_power_max_ratio x the power this GPU drew doing real work
-  power_flat         interquartile range of power <= power_flat_max_ratio x its median
+  power_fell         median power <= fell_max_ratio x that power (weak: low-range GPUs such as a T4 spin
+                     at 60-65% of their busy power, so it counts only when the whole job is pinned with it)
+  power_flat         interquartile range of power <= power_flat_max_ratio x its median, or within
+                     power_flat_min_watts (sensor noise)
   memory_idle        memory-controller utilization ~0 (a spinning kernel moves no memory)
   sm_activity_low    GPM SM activity low (Hopper and later)
 Vetoes: hardware/thermal clock slowdown, SM clock far below max (that is throttle, not a spin),
@@ -22,6 +25,9 @@ from watchdog.config import BusySpinConfig
 from watchdog.detect.evidence import Evidence, percentile, run_start
 from watchdog.detect.window import GpuView
 from watchdog.model import THROTTLE_REASON_MASK, Signature
+
+_WEAK = ("power_flat", "power_fell")
+_MIN_SAMPLES = 8  # the flatness of fewer samples means little
 
 
 def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
@@ -36,7 +42,7 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         return None
     if latest.sm_activity_ratio is not None and latest.sm_activity_ratio > 2 * cfg.sm_activity_max_ratio:
         return None
-    window = view.recent(cfg.window_seconds)
+    window = view.recent(_span(view, cfg.window_seconds))
     if len(window) < 3:
         return None
 
@@ -85,20 +91,49 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         limit = latest.power_limit_watts
         if limit:
             facts["power_limit_watts"] = limit
+        busy = view.busy_watts
         idle = view.idle_watts
         if idle is None and limit:
             idle = cfg.default_idle_power_ratio * limit
-        if idle is not None and median <= cfg.idle_power_max_multiple * idle:
+        # Near idle means nothing where this GPU's work itself draws little more than idle (a T4: 27 W held,
+        # 64 W busy): not while the power stays within fell_max_ratio of what it drew working.
+        if idle is not None and median <= cfg.idle_power_max_multiple * idle and (
+                busy is None or median <= cfg.fell_max_ratio * busy):
             legs.append("power_near_idle")
             facts["idle_watts"] = idle
-        if view.busy_watts is not None and median <= cfg.busy_power_max_ratio * view.busy_watts:
+        if busy is not None and median <= cfg.busy_power_max_ratio * busy:
             legs.append("power_below_busy")
-            facts["busy_watts"] = view.busy_watts
-        if percentile(power, 0.75) - percentile(power, 0.25) <= cfg.power_flat_max_ratio * median:
+            facts["busy_watts"] = busy
+        elif busy is not None and median <= cfg.fell_max_ratio * busy:
+            legs.append("power_fell")
+            facts["busy_watts"] = busy
+        spread = percentile(power, 0.75) - percentile(power, 0.25)
+        if spread <= max(cfg.power_flat_max_ratio * median, cfg.power_flat_min_watts):
             legs.append("power_flat")
 
-    substantive = [leg for leg in legs if leg != "power_flat"]
-    if len(legs) < cfg.min_legs or not substantive:
+    substantive = [leg for leg in legs if leg not in _WEAK]
+    weak = not substantive and {"power_fell", "power_flat"} <= set(legs)
+    if len(legs) < cfg.min_legs or not (substantive or weak):
         return None
     since = run_start([(t, s.utilization_ratio) for t, s in window], lambda u: u >= floor)
-    return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts)
+    return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts, weak=weak)
+
+
+def _span(view: GpuView, seconds: float) -> float:
+    """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow."""
+    samples = view.samples
+    if len(samples) < 2:
+        return seconds
+    interval = samples[-1][0] - samples[-2][0]
+    return max(seconds, _MIN_SAMPLES * interval)
+
+
+def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:
+    """Utilization pinned at 100% with no memory traffic seen: a GPU like this may spin without enough
+    power evidence of its own, and is never the one the others wait on."""
+    window = view.recent(_span(view, cfg.window_seconds))
+    utils = sorted(s.utilization_ratio for _, s in window if s.utilization_ratio is not None)
+    if len(utils) < 3 or percentile(utils, 0.5) < cfg.utilization_min_ratio:
+        return False
+    mem = sorted(s.memory_utilization_ratio for _, s in window if s.memory_utilization_ratio is not None)
+    return not mem or percentile(mem, 0.9) <= cfg.memory_utilization_max_ratio

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from watchdog.config import Config
-from watchdog.detect import DETECTORS, Detector
+from watchdog.detect import DETECTORS, Detector, busy_spin
 from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import job_findings, underuse_finding
@@ -72,7 +72,7 @@ class DetectorEngine:
                 bs = self.config.detectors.busy_spin
                 window = windows[sample.index] = GpuWindow(
                     sample.index, self._short_seconds, self._long_seconds,
-                    bs.idle_power_max_multiple, bs.default_idle_power_ratio,
+                    bs.idle_power_max_multiple, bs.default_idle_power_ratio, bs.fell_max_ratio,
                 )
                 self._apply_job(window)
             window.add(t, sample)
@@ -122,6 +122,8 @@ class DetectorEngine:
             findings.append(underuse_finding(underused))
         if spin or zero:
             waiting_on = self.config.detectors.waiting.enabled
-            findings.extend(f for f in job_findings(views, spin, zero)
+            bs = self.config.detectors.busy_spin
+            pinned = [i for i, v in views.items() if i not in spin and i not in zero and busy_spin.pinned(v, bs)]
+            findings.extend(f for f in job_findings(views, spin, zero, pinned)
                             if waiting_on or f.signature is not Signature.WAITING)
         return findings

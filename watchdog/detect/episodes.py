@@ -12,16 +12,14 @@ so the stacks can be captured before it fires.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from watchdog.config import Config, EpisodeTiming
+from watchdog.detect.pauses import PauseMemory
 from watchdog.detect.severity import PAUSES, STACK_SIGNATURES, judge
 from watchdog.detect.summary import summarize
 from watchdog.model import EpisodeEvent, EventKind, Finding, Severity, Signature, Verdict
-
-_PAUSES_KEPT = 16  # recent recovered pauses remembered per job (a long run's checkpoint lengths)
 
 
 @dataclass(slots=True)
@@ -45,7 +43,7 @@ class EpisodeTracker:
         self.config = config or Config()
         self.episodes: dict[str, Episode] = {}
         self._resolved_at: dict[str, float] = {}
-        self.recovered_pauses: deque[float] = deque(maxlen=_PAUSES_KEPT)
+        self.pauses = PauseMemory()
 
     def retime(self, timing: Mapping[Signature, EpisodeTiming], config: Config | None = None) -> None:
         self._timing = timing
@@ -71,7 +69,6 @@ class EpisodeTracker:
     def update(self, now: float, findings: Iterable[Finding]) -> list[EpisodeEvent]:
         events: list[EpisodeEvent] = []
         present: set[str] = set()
-        recovered = max(self.recovered_pauses, default=None)
         for finding in findings:
             key = finding.episode_key
             present.add(key)
@@ -89,7 +86,8 @@ class EpisodeTracker:
             timing = self._timing[finding.signature]
             if elapsed < timing.for_seconds:
                 continue
-            judgement = judge(finding, elapsed, now - ep.wait_since, timing, self.config, ep.stacks, recovered)
+            judgement = judge(finding, ep.onset, elapsed, now - ep.wait_since, timing, self.config, ep.stacks,
+                              self.pauses)
             if judgement is None:
                 continue
             if ep.fired_severity is None:
@@ -107,7 +105,7 @@ class EpisodeTracker:
                 del self.episodes[key]
                 self._resolved_at[key] = now
                 if ep.finding.signature in PAUSES:
-                    self.recovered_pauses.append(ep.absent_since - ep.onset)
+                    self.pauses.record(ep.onset, ep.absent_since - ep.onset)
                 if ep.fired_severity is not None:
                     events.append(self._event(EventKind.RESOLVED, ep, now, ep.fired_severity))
         return events

@@ -15,6 +15,7 @@ class Evidence:
     since: float  # first sample of the window that shows the condition (the episode's onset)
     legs: tuple[str, ...] = ()
     facts: dict[str, float | str] = field(default_factory=dict)
+    weak: bool = False  # busy_spin on power_fell and power_flat alone: counts only with the whole job
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

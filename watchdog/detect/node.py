@@ -12,7 +12,7 @@ A few GPUs spinning beside a busy majority is not a verdict.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.window import GpuView
@@ -74,18 +74,27 @@ def progress_of(views: Mapping[int, GpuView], gpus: list[int]) -> tuple[Progress
 
 
 def job_findings(
-    views: Mapping[int, GpuView], spin: Mapping[int, Evidence], zero: Mapping[int, Evidence]
+    views: Mapping[int, GpuView], spin: Mapping[int, Evidence], zero: Mapping[int, Evidence],
+    pinned: Collection[int] = (),
 ) -> list[Finding]:
+    """The node's verdict from its GPUs' evidence. `pinned` are GPUs at 100% util with no memory traffic
+    but not enough power evidence of their own: they spin along when others do, and are never culprits."""
     job = sorted(i for i, v in views.items() if v.active or i in spin or i in zero)
     if not job:
         return []
-    s = [i for i in job if i in spin]
+    strong = [i for i in job if i in spin and not spin[i].weak]
+    weak = [i for i in job if i in spin and spin[i].weak]
+    along = [i for i in job if i not in spin and i not in zero and i in pinned]
     z = [i for i in job if i in zero and i not in spin]
-    rest = [i for i in job if i not in spin and i not in zero]
-    spin_ev = [spin[i] for i in s]
+    rest = [i for i in job if i not in spin and i not in zero and i not in pinned]
+    s = sorted(strong + weak + along)  # every GPU pinned at 100% with no work seen
+    spin_ev = [spin[i] for i in strong + weak]
     zero_ev = [zero[i] for i in z]
 
-    if s and not z and not rest:
+    # At least half the job must show spin evidence of its own (GPUs pinned along only join it); weak
+    # evidence alone (power fell, flat) counts when every GPU is pinned.
+    evidenced = len(strong) + len(weak)
+    if s and not z and not rest and 2 * evidenced >= len(job) and (strong or len(s) == len(job)):
         return [Finding(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(s), since=max(e.since for e in spin_ev),
                         legs=_merged_legs(spin_ev), facts=_spin_facts(spin_ev))]
     if z and not rest and len(s) < len(z):
@@ -99,7 +108,7 @@ def job_findings(
         return [Finding(Signature.ZERO_UTIL, Severity.CRITICAL, tuple(job),
                         since=max(e.since for e in zero_ev + spin_ev), facts=facts, progress=progress,
                         still_seconds=still)]
-    if s and len(s) >= len(z) + len(rest):
+    if (strong or 2 * len(weak) >= len(job)) and (z or rest) and evidenced >= len(z) + len(rest):
         culprits = z + rest
         facts = _spin_facts(spin_ev)
         facts.update(_culprit_facts(views, culprits))

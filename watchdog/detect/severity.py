@@ -12,8 +12,9 @@ alerts, the bundle and the report all read it.
                from (x recovered_pause_margin_ratio, not before critical_min_seconds) or critical_after_seconds
     waiting    the odd rank's stacks show it blocked, or its GPU is idle and its process still -> critical;
                otherwise a warning until one unbroken wait outlives critical_after_seconds
-A zero_util or waiting pause no longer than the job's recovered pauses (x the margin) is held back: it
-stays suspect, so the job's every checkpoint does not raise a warning again.
+A zero_util or waiting pause that comes when the job's rhythm says one is due and lasts no longer than
+its recovered pauses (x the margin) is held back (detect/pauses.py): it stays suspect, so the job's every
+checkpoint does not raise a warning again, while a pause at an unexpected time is alerted at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchdog.config import Config, EpisodeTiming, WaitingConfig, ZeroUtilConfig
+from watchdog.detect.pauses import PauseMemory
 from watchdog.detect.summary import duration_text
 from watchdog.model import Finding, Progress, Severity, Signature, Verdict
 
@@ -34,8 +36,8 @@ class Judgement:
     reason: str  # why this severity, in one clause a person reads after the verdict
 
 
-def judge(finding: Finding, elapsed: float, unbroken: float, timing: EpisodeTiming, config: Config,
-          stacks: Verdict | None, recovered_pause: float | None) -> Judgement | None:
+def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timing: EpisodeTiming, config: Config,
+          stacks: Verdict | None, pauses: PauseMemory) -> Judgement | None:
     """The episode's severity now; None to hold it back (a pause of a length the job has recovered from).
     `timing` is the signature's own section (the tracker's, which a reload replaces)."""
     sig = finding.signature
@@ -47,7 +49,8 @@ def judge(finding: Finding, elapsed: float, unbroken: float, timing: EpisodeTimi
         return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked")
     still = finding.progress is not Progress.UNKNOWN and finding.still_seconds >= job.progress_still_seconds
     moving = finding.progress is not Progress.UNKNOWN and not still
-    known = recovered_pause is not None and elapsed <= job.recovered_pause_margin_ratio * recovered_pause
+    known = pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio)
+    recovered_pause = pauses.longest
     if sig is Signature.BUSY_SPIN:
         if stacks is not None and stacks.kind in ("waiting", "remote"):
             if elapsed >= d.waiting.critical_after_seconds:

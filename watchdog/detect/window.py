@@ -3,13 +3,15 @@ power levels this GPU has shown when idle and when doing real work (its own base
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Protocol
 
 from watchdog.model import GpuHealth, GpuSample
 
+_MIN_SAMPLES = 10  # kept whatever their age: a window of -l 5 samples still has enough to judge
 _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the idle estimate
-_BUSY_EWMA_ALPHA = 0.02
+_BUSY_SECONDS = 50.0  # time constant of the busy level's average
 
 
 class GpuView(Protocol):
@@ -48,6 +50,7 @@ class GpuWindow:
         long_seconds: float,
         idle_power_max_multiple: float,
         default_idle_power_ratio: float,
+        fell_max_ratio: float = 0.75,
     ):
         self.index = index
         self.short_seconds = short_seconds
@@ -56,6 +59,8 @@ class GpuWindow:
         # busy level is learned from (the same line busy_spin's power_near_idle leg draws).
         self._busy_floor_multiple = idle_power_max_multiple
         self._default_idle_ratio = default_idle_power_ratio
+        self._fell_max_ratio = fell_max_ratio
+        self._busy_at: float | None = None
         self.samples: deque[tuple[float, GpuSample]] = deque()
         self._long: deque[tuple[float, float]] = deque()
         self._long_sum = 0.0
@@ -77,7 +82,7 @@ class GpuWindow:
         samples = self.samples
         samples.append((t, sample))
         cutoff = t - self.short_seconds
-        while samples[0][0] < cutoff:
+        while samples[0][0] < cutoff and len(samples) > _MIN_SAMPLES:  # slow sampling keeps a few more
             samples.popleft()
         util = sample.utilization_ratio
         if util is not None:
@@ -86,7 +91,7 @@ class GpuWindow:
             long_cutoff = t - self.long_seconds
             while self._long[0][0] < long_cutoff:
                 self._long_sum -= self._long.popleft()[1]
-        self._learn(sample)
+        self._learn(t, sample)
         cpu, io = sample.host_cpu_ratio, sample.host_io_bytes_per_second
         if cpu is not None or io is not None:
             if self.host_seen_at is None or t - self.host_seen_at > self.short_seconds:
@@ -95,7 +100,7 @@ class GpuWindow:
             if (cpu or 0.0) >= self.progress_cpu_min_ratio or (io or 0.0) >= self.progress_io_min_bytes_per_second:
                 self.moved_at = t
 
-    def _learn(self, s: GpuSample) -> None:
+    def _learn(self, t: float, s: GpuSample) -> None:
         power, util = s.power_watts, s.utilization_ratio
         if power is None or util is None:
             return
@@ -108,13 +113,24 @@ class GpuWindow:
                 self._idle_block.clear()
             return
         self._idle_block.clear()
-        if util >= 0.5:
-            reference = self.idle_watts
-            if reference is None and s.power_limit_watts:
-                reference = self._default_idle_ratio * s.power_limit_watts
-            if reference is not None and power > self._busy_floor_multiple * reference:
-                busy = self.busy_watts
-                self.busy_watts = power if busy is None else busy + _BUSY_EWMA_ALPHA * (power - busy)
+        if util < 0.5:
+            return
+        busy = self.busy_watts
+        reference = self.idle_watts
+        if reference is None and s.power_limit_watts:
+            reference = self._default_idle_ratio * s.power_limit_watts
+        if reference is not None:
+            working = power > self._busy_floor_multiple * reference
+        else:  # a log without a power limit that never saw this GPU idle: learn from work, not from a spin
+            working = busy is None or power > self._fell_max_ratio * busy
+        if not working:
+            return
+        if busy is None or self._busy_at is None:
+            self.busy_watts = power
+        else:  # an average over about a minute of work, whatever the sampling interval
+            alpha = 1.0 - math.exp(-min(t - self._busy_at, 10.0) / _BUSY_SECONDS)
+            self.busy_watts = busy + alpha * (power - busy)
+        self._busy_at = t
 
     @property
     def long_mean_utilization(self) -> float | None:

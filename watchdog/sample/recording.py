@@ -7,7 +7,8 @@ Every other line is one snapshot of the node, column by column:
 
 Each key of "gpus" is a GpuSample field name in base units, with one entry per GPU (null where that GPU
 does not support the reading). A column is left out when no GPU has it. "health" holds ok|lost|hung,
-"errors" per GPU a map of field -> why it could not be read, "pids" the compute processes.
+"errors" per GPU a map of field -> why it could not be read, "pids" the compute processes,
+"host_cpu_ratio" and "host_io_bytes_per_second" the host progress of those processes.
 Columns, rather than one object per GPU, make a day-long trace several times faster to read.
 """
 
