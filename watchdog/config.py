@@ -11,12 +11,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-Seconds = Annotated[float, Field(gt=0)]
-SecondsOrZero = Annotated[float, Field(ge=0)]
-Ratio = Annotated[float, Field(ge=0, le=1)]
+# Every duration is finite and at most a week: `.inf` or `1e10` would be accepted and then overflow a timer.
+Seconds = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
+SecondsOrZero = Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)]
+Interval = Annotated[float, Field(ge=0.05, le=3600, allow_inf_nan=False)]  # a loop period: 50 ms to an hour
+Ratio = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# The built-in scenarios of sample/sim.py (a test keeps the two lists equal; config imports nothing else).
+SCENARIO_NAMES = ("healthy", "checkpoint", "spin_hang", "startup_spin", "zero_util_hang", "odd_rank", "underuse",
+                  "throttle", "gpu_lost", "tp_small_batch", "t4_spin")
+MAX_DOCUMENT_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake or an attack
+MAX_NODES = 20_000  # values in the document, aliases counted each time they are used
+MAX_DEPTH = 32
+_EXCERPT = 60  # characters of an offending value quoted in an error
 
 
 class _Section(BaseModel):
@@ -165,11 +174,11 @@ class JobConfig(_Section):
 
 
 class SampleConfig(_Section):
-    interval_seconds: Seconds = Field(1.0, description="Sampling period of the live source.")
+    interval_seconds: Interval = Field(1.0, description="Sampling period of the live source (0.05 s to 1 h).")
     nvml_call_timeout_seconds: Seconds = Field(
         2.0, description="An NVML call that takes longer marks the GPU hung; the loop goes on."
     )
-    evaluate_interval_seconds: Seconds = Field(
+    evaluate_interval_seconds: Interval = Field(
         1.0, description="Detectors run at most this often (traces sampled faster are still all ingested)."
     )
 
@@ -198,7 +207,8 @@ class SourceConfig(_Section):
 
     kind: Literal["nvml", "sim"] = Field("nvml", description="nvml: the real GPUs; sim: a built-in scenario played in "
                                          "real time (tests, demos).")
-    scenario: str = Field("spin_hang", description="With kind sim: the scenario (see `stall-watchdog replay --help`).")
+    scenario: Literal[SCENARIO_NAMES] = Field(  # type: ignore[valid-type]
+        "spin_hang", description="With kind sim: the scenario (see `stall-watchdog replay --help`).")
     start_offset_seconds: Annotated[float, Field(ge=0)] = Field(
         0.0, description="With kind sim: start this far into the scenario.")
     pids: dict[int, list[int]] = Field(
@@ -216,6 +226,29 @@ class ExportConfig(_Section):
     basic_auth_password_file: str | None = Field(None, description="File holding the basic auth password.")
     basic_auth_password_env: str | None = Field(None, description="Environment variable holding the password.")
     stale_after_seconds: Seconds = Field(10.0, description="/healthz fails when the last sample is older than this.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("expected host:port with a port from 1 to 65535 (0: any free port)")
+        if host.startswith("[") != host.endswith("]"):
+            raise ValueError("expected [IPv6]:port")
+        return value
+
+    @model_validator(mode="after")
+    def _all_or_none(self) -> ExportConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: give both or neither")
+        has_password = self.basic_auth_password_file is not None or self.basic_auth_password_env is not None
+        if self.basic_auth_user is not None and not has_password:
+            raise ValueError("basic_auth_user needs basic_auth_password_file or basic_auth_password_env")
+        if self.basic_auth_user is None and has_password:
+            raise ValueError("a basic auth password without basic_auth_user would serve without auth: set the user")
+        if self.basic_auth_password_file is not None and self.basic_auth_password_env is not None:
+            raise ValueError("give basic_auth_password_file or basic_auth_password_env, not both")
+        return self
 
 
 class BundlesConfig(_Section):
@@ -245,6 +278,27 @@ class ReceiverConfig(_Section):
     timeout_seconds: Seconds = Field(10.0, description="One delivery attempt is abandoned after this long.")
     min_severity: Literal["warning", "critical"] = Field("warning", description="Send only alerts at least this "
                                                          "severe.")
+
+    @field_validator("url")
+    @classmethod
+    def _inline_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> ReceiverConfig:
+        sources = [v for v in (self.url, self.url_file, self.url_env) if v is not None]
+        if self.type == "command":
+            if not self.argv or not self.argv[0]:
+                raise ValueError(f"receiver {self.name!r}: a command receiver needs argv (the program first)")
+            if sources:
+                raise ValueError(f"receiver {self.name!r}: a command receiver takes argv, not a URL")
+        elif len(sources) != 1:
+            raise ValueError(f"receiver {self.name!r}: give exactly one of url, url_file, url_env")
+        if self.token_file is not None and self.token_env is not None:
+            raise ValueError(f"receiver {self.name!r}: give token_file or token_env, not both")
+        return self
 
 
 class AlertsConfig(_Section):
@@ -288,6 +342,11 @@ def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + f"... ({len(text)} characters)"
+
+
 def _describe(error: ErrorDetails) -> str:
     path = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
@@ -297,20 +356,23 @@ def _describe(error: ErrorDetails) -> str:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         limit = next(iter(error.get("ctx", {}).values()))
-        return f"{path}: expected a number {op} {limit:g}, got {given!r}"
+        return f"{path}: expected a number {op} {limit:g}, got {_excerpt(given)}"
     if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
         whole = "a whole number" if kind.startswith("int") else "a number"
         unit = " of seconds" if path.endswith("_seconds") else ""
-        return f"{path}: expected {whole}{unit}, got {given!r}"
+        return f"{path}: expected {whole}{unit}, got {_excerpt(given)}"
     if kind in ("bool_parsing", "bool_type"):
-        return f"{path}: expected true or false, got {given!r}"
+        return f"{path}: expected true or false, got {_excerpt(given)}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{path}: expected a mapping of keys, got {given!r}"
+        return f"{path}: expected a mapping of keys, got {type(given).__name__}"
     message = error["msg"].removeprefix("Value error, ")
-    return f"{path}: {message[0].lower()}{message[1:]}, got {given!r}"
+    if isinstance(given, (dict, list)):  # a whole section: the message names the problem, never the values
+        return f"{path}: {message[0].lower()}{message[1:]}"
+    return f"{path}: {message[0].lower()}{message[1:]}, got {_excerpt(given)}"
 
 
 def parse_config(data: object, source: str = "config") -> Config:
+    _check_size(data, source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -322,21 +384,53 @@ def parse_config(data: object, source: str = "config") -> Config:
 
 
 def load_config(path: str | Path | None) -> Config:
-    """The defaults when path is None; otherwise the YAML file, validated."""
+    """The defaults when path is None; otherwise the YAML file, validated. Every problem, whatever the
+    file holds (bytes that are not UTF-8, a YAML alias bomb, a document 3000 levels deep), is a
+    ConfigError: `check-config` reports it and a reload rejects it, exactly as `run` would."""
     if path is None:
         return Config()
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as f:
+            raw = f.read(MAX_DOCUMENT_BYTES + 1)
     except OSError as exc:
         raise ConfigError(source, [f"cannot read: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ConfigError(source, [f"larger than {MAX_DOCUMENT_BYTES // 1024} KiB: not a configuration"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [f"byte {exc.start}: not UTF-8 text"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ConfigError(source, [f"{where}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+        problem = str(getattr(exc, "problem", None) or "unreadable")
+        raise ConfigError(source, [f"{where}not valid YAML ({problem[:_EXCERPT]})"]) from None
+    except RecursionError:
+        raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"]) from None
+    _check_size(data, source)
     return parse_config(data, source)
+
+
+def _check_size(data: object, source: str) -> None:
+    """Refuse documents whose values, with every alias expanded, exceed MAX_NODES or MAX_DEPTH, before
+    anything walks them (a 'billion laughs' document is a few lines that expand to billions of values)."""
+    count = 0
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigError(source, [f"more than {MAX_NODES} values (aliases expanded): not a configuration"])
+        if depth > MAX_DEPTH:
+            raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"])
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth + 1) for k in value)
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
 
 
 def _keys(model: BaseModel, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], BaseModel | None,

@@ -134,7 +134,12 @@ class Daemon:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
             key, verdict = self.verdicts.get_nowait()
             self.engine.tracker.note_stacks(key, verdict)
-        return self.engine.observe(snapshot)
+        steps = self.engine.clock_steps
+        events = self.engine.observe(snapshot)
+        if self.engine.clock_steps != steps:
+            logfmt.event("clock_stepped_back", level=logfmt.WARNING, seconds=round(self.engine.last_step_seconds, 1),
+                         action="detection continues on a shifted timeline")
+        return events
 
     def _unsettled(self) -> list[str]:
         """Open stall episodes not yet critical: their stacks are worth another look now and then."""
@@ -241,6 +246,10 @@ class Daemon:
         except ConfigError as exc:
             logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path,
                          problems="; ".join(exc.problems))
+            return False
+        except Exception as exc:  # whatever the file holds, a reload problem is a rejected reload
+            logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path,
+                         problems=f"{type(exc).__name__}")
             return False
         unchanged_until_restart = [name for name in ("source", "export", "alerts", "bundles")
                                    if getattr(new, name) != getattr(self.config, name)]

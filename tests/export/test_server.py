@@ -95,7 +95,7 @@ def test_endpoint_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(EndpointError, match="export.basic_auth_password_file"):
         serve(tmp_path, basic_auth_user="prom", basic_auth_password_file=str(tmp_path / "absent"))
     with pytest.raises(EndpointError, match="export.tls_cert_file"):
-        serve(tmp_path, tls_cert_file=str(tmp_path / "absent.pem"))
+        serve(tmp_path, tls_cert_file=str(tmp_path / "absent.pem"), tls_key_file=str(tmp_path / "absent.key"))
     daemon, endpoint = serve(tmp_path)
     try:
         port = endpoint.url.rsplit(":", 1)[1].split("/")[0]

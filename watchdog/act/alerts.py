@@ -8,14 +8,16 @@ files or environment variables and never appear in a log line or an error (recei
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import queue
+import signal
+import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,20 +87,63 @@ def _secret(cfg: ReceiverConfig, value: str | None, file: str | None, env: str |
     return value
 
 
-def _post(url: str, body: object, token: str | None, timeout: float) -> None:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+def _target(cfg: ReceiverConfig, url: str) -> urllib.parse.SplitResult:
+    """The receiver's URL, checked where it enters (the config, a file or the environment). The message
+    names the receiver and the key, never the value: a URL may carry a key."""
+    where = "url_file" if cfg.url_file else "url_env" if cfg.url_env else "url"
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (configured URL)
-            response.read()
-    except urllib.error.HTTPError as exc:
-        raise DeliveryError(f"HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DeliveryError(f"unreachable ({type(reason).__name__}: {getattr(reason, 'strerror', None) or reason})"
-                            if not isinstance(reason, str) else f"unreachable ({reason})") from None
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        raise ValueError(f"receiver {cfg.name}: {where}: not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"receiver {cfg.name}: {where}: expected an http:// or https:// URL with a host")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"receiver {cfg.name}: {where}: the URL holds spaces or control characters")
+    return parts
+
+
+def _checked_token(cfg: ReceiverConfig, token: str | None) -> str | None:
+    if token is None:
+        return None
+    if not token or any(not (0x21 <= ord(c) <= 0x7E) for c in token):
+        where = "token_file" if cfg.token_file else "token_env"
+        raise ValueError(f"receiver {cfg.name}: {where}: the token must be one line of printable ASCII")
+    return token
+
+
+def _post(target: urllib.parse.SplitResult, body: object, token: str | None, timeout: float) -> None:
+    """One POST, bounded as a whole by `timeout` (a server that trickles its answer a byte a second is cut
+    off at the deadline). Redirects are not followed: a 3xx is a failure, and the token goes nowhere else."""
+    kind = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+    connection = kind(target.hostname or "", target.port, timeout=timeout)
+    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    deadline = threading.Timer(timeout, _cut, (connection,))
+    deadline.daemon = True
+    deadline.start()
+    try:
+        connection.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        status = connection.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        reason = "no answer in time" if not deadline.is_alive() else type(exc).__name__
+        raise DeliveryError(f"unreachable ({reason})") from None
+    finally:
+        deadline.cancel()
+        connection.close()
+    if 300 <= status < 400:
+        raise DeliveryError(f"HTTP {status}: redirects are not followed")
+    if not 200 <= status < 300:
+        raise DeliveryError(f"HTTP {status}")
+
+
+def _cut(connection: http.client.HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class _HttpReceiver:
@@ -110,8 +155,8 @@ class _HttpReceiver:
         url = _secret(cfg, cfg.url, cfg.url_file, cfg.url_env, "URL")
         if not url:
             raise ValueError(f"receiver {cfg.name}: a {cfg.type} receiver needs url, url_file or url_env")
-        self._url = url
-        self._token = _secret(cfg, None, cfg.token_file, cfg.token_env, "token")
+        self._url = _target(cfg, url)
+        self._token = _checked_token(cfg, _secret(cfg, None, cfg.token_file, cfg.token_env, "token"))
 
 
 class WebhookReceiver(_HttpReceiver):
@@ -124,7 +169,7 @@ class AlertmanagerReceiver(_HttpReceiver):
 
     def __init__(self, cfg: ReceiverConfig):
         super().__init__(cfg)
-        self._url = self._url.rstrip("/") + "/api/v2/alerts"
+        self._url = self._url._replace(path=self._url.path.rstrip("/") + "/api/v2/alerts")
         self._labels: dict[str, dict[str, str]] = {}
 
     def send(self, alert: Alert) -> None:
@@ -157,15 +202,22 @@ class CommandReceiver:
         self.argv = list(cfg.argv)
 
     def send(self, alert: Alert) -> None:
+        """In a session of its own, so a timeout kills the command and every child it started."""
         try:
-            result = subprocess.run([*self.argv, alert.bundle or ""], input=json.dumps(alert.to_json()),
-                                    text=True, capture_output=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise DeliveryError(f"did not finish within {self.timeout:g} s") from None
+            process = subprocess.Popen([*self.argv, alert.bundle or ""], stdin=subprocess.PIPE,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                                       start_new_session=True)
         except OSError as exc:
             raise DeliveryError(f"cannot start: {exc.strerror or exc}") from None
-        if result.returncode != 0:
-            raise DeliveryError(f"exit status {result.returncode}")
+        try:
+            process.communicate(json.dumps(alert.to_json()), timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise DeliveryError(f"did not finish within {self.timeout:g} s") from None
+        if process.returncode != 0:
+            raise DeliveryError(f"exit status {process.returncode}")
 
 
 def build_receiver(cfg: ReceiverConfig) -> Receiver:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +64,10 @@ class Incident:
         }
 
 
+MARKER = ".stall-watchdog-bundle"  # written first into every bundle: what rotation may remove
+_BUNDLE_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+-gpu[\w-]*$")
+
+
 class BundleStore:
     def __init__(self, cfg: BundlesConfig, counters: Counters,
                  render_report: Callable[[Path], object] | None = None):
@@ -81,6 +86,7 @@ class BundleStore:
             if temporary.exists():
                 shutil.rmtree(temporary)
             temporary.mkdir(mode=0o700)
+            self._json(temporary / MARKER, {"written_by": "stall-watchdog", "pid": os.getpid()})
             self._json(temporary / "summary.json", incident.summary())
             self._telemetry(temporary / "telemetry.jsonl", incident)
             if incident.pictures:
@@ -101,7 +107,8 @@ class BundleStore:
             try:
                 if self.render_report is not None:
                     self.render_report(temporary)
-            except Exception as exc:  # the bundle's data matters more than its page
+            except Exception as exc:  # the bundle's data matters more than its page: it is kept, as partial
+                incident.partial = True
                 logfmt.event("report_failed", level=logfmt.WARNING, error=f"{type(exc).__name__}: {exc}")
             if final.exists():
                 final = self.root / f"{incident.name}-{int(time.time() * 1000) % 100000}"
@@ -143,17 +150,34 @@ class BundleStore:
                                     onset=incident.event.onset_seconds)
             recording.write(f, head, incident.telemetry)
 
+    def _ours(self, path: Path) -> bool:
+        """A folder this daemon wrote: the name it gives bundles and its marker inside. Nothing else in a
+        shared directory is ever counted, rotated or removed."""
+        return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
+
     def bundles(self) -> list[Path]:
         try:
-            return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            return sorted(p for p in self.root.iterdir() if _BUNDLE_NAME.match(p.name) and self._ours(p))
         except OSError:
             return []
 
+    def leftovers(self) -> list[Path]:
+        """Half-written bundles of a daemon that died mid-write (kill -9, power loss): ours, not in use."""
+        try:
+            found = [p for p in self.root.iterdir() if p.name.startswith(".partial-") and self._ours(p)]
+        except OSError:
+            return []
+        return [p for p in found if not p.name.endswith(f"-{os.getpid()}")]
+
     def disk_bytes(self) -> int:
-        return sum(_size(p) for p in self.bundles())
+        return sum(_size(p) for p in self.bundles() + self.leftovers())
 
     def rotate(self, keep: Path | None = None) -> None:
-        """Oldest first, until under the count and the disk budget; the newest bundle always stays."""
+        """Leftovers first, then the oldest bundles, until under the count and the disk budget; the newest
+        bundle always stays. Only folders this daemon wrote (see _ours)."""
+        for leftover in self.leftovers():
+            shutil.rmtree(leftover, ignore_errors=True)
+            logfmt.event("bundle_removed", bundle=str(leftover), reason="left half-written by an earlier run")
         bundles = self.bundles()
         sizes = {p: _size(p) for p in bundles}
         total = sum(sizes.values())

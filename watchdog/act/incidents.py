@@ -165,6 +165,9 @@ class IncidentHandler:
             if state.look is not None:
                 futures_wait([state.look], timeout=self.config.stacks.timeout_seconds + 10)
             incident.ranks, incident.pictures = list(state.ranks), list(state.pictures)
+            if self.stopping.is_set():
+                incident.partial = True
+                incident.notes.append("stopping: stack captures cut short")
             if not incident.ranks:
                 incident.notes.append("no live process found on the affected GPUs; no stacks")
         # The doctor costs milliseconds: it runs even while stopping.
@@ -188,8 +191,10 @@ class IncidentHandler:
             instance=self.instance, job=state.job, bundle=state.bundle))
 
     def close(self, timeout: float) -> None:
-        """Finish in-flight incidents within `timeout`; those not started are written as partial."""
+        """Finish in-flight incidents within `timeout`; those not started are written as partial. Running
+        stack captures are killed: a capture hung on a wedged rank must not outlast systemd's stop timeout."""
         self.stopping.set()
+        self.capturer.abort()
         self.pool.shutdown(wait=False, cancel_futures=False)
         with self._lock:
             pending = list(self.pending)

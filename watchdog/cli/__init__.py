@@ -19,8 +19,8 @@ __all__ = ["build_parser", "main"]
 
 
 def _positive(value: float | None, name: str, parser: argparse.ArgumentParser) -> None:
-    if value is not None and value <= 0:
-        parser.error(f"{name} must be > 0, got {value:g}")
+    if value is not None and not (0 < value <= 7 * 86400):  # NaN fails this too
+        parser.error(f"{name} must be a number of seconds > 0 (at most a week), got {value:g}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in ("interval_seconds", "duration_seconds"):
         _positive(getattr(args, name, None), "--" + name.replace("_", "-"), parser)
+    interval = getattr(args, "interval_seconds", None)
+    if interval is not None and interval < 0.05:
+        parser.error(f"--interval-seconds must be at least 0.05 (nvidia-smi's own floor is 0.1), got {interval:g}")
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -13,6 +13,7 @@ from watchdog.doctor.checks import ERROR, WARNING, examine
 from watchdog.doctor.facts import gather
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
+from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankDiscovery, group_jobs
@@ -25,7 +26,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (folder / "summary.json").exists() or not (folder / "telemetry.jsonl").exists():
         error(f"{folder}: not an incident bundle (no summary.json and telemetry.jsonl)")
         return EXIT_FAILURE
-    print(report_html.write_for_bundle(folder))
+    try:
+        print(report_html.write_for_bundle(folder))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, TraceError) as exc:
+        error(f"{folder}: cannot build the report: the bundle's files are damaged ({type(exc).__name__}: "
+              f"{str(exc)[:120]})")
+        return EXIT_FAILURE
     return EXIT_OK
 
 

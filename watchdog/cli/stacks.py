@@ -56,7 +56,11 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
         for picture in pictures:
             folder = (Path(args.out) / picture.job.replace(":", "_").replace("/", "_") if len(pictures) > 1
                       else args.out)
-            written = write_captures(folder, picture)
+            try:
+                written = write_captures(folder, picture)
+            except OSError as exc:
+                error(f"--out {folder}: cannot write there ({exc.strerror or exc}); the stacks are printed above")
+                return EXIT_FAILURE
             print(f"wrote {len(written)} files to {folder}", file=sys.stderr)
     if all(c.result != "ok" for p in pictures for c in p.captures):
         return EXIT_FAILURE

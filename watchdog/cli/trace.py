@@ -58,6 +58,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     out.write(json_line(event, trace.naive_time) + "\n")
                 else:
                     timeline.event(event)
+        if engine.clock_steps:
+            error(f"warning: the trace's clock stepped back {engine.clock_steps} time(s) (the last by "
+                  f"{engine.last_step_seconds:.0f} s: DST or an NTP step?); later samples were read as following "
+                  "on, so event times after a step are shifted by the step")
         if trace.skips.count:
             error(f"warning: {trace.skips.count} line(s) or sample(s) skipped; first: "
                   + "; ".join(trace.skips.first[:3]))
@@ -74,7 +78,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         page = report_html.render(report_html.ReportData(
             f"replay of {args.trace}", kept, episodes, naive_time=trace.naive_time,
             verdict="; ".join(str(e["summary"]) for e in episodes[:3]) or "no episode"))
-        Path(args.report).write_text(page, encoding="utf-8")
+        try:
+            Path(args.report).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            error(f"--report {args.report}: cannot write: {exc.strerror or exc}")
+            return EXIT_FAILURE
         print(f"report: {args.report}", file=sys.stderr)
     return EXIT_OK
 

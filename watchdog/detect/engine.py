@@ -28,6 +28,9 @@ def _ignore(component: str, error: Exception) -> None:
     pass
 
 
+_STEP_TOLERANCE_SECONDS = 0.5  # nvidia-smi prints a sample's GPUs milliseconds apart, not always in order
+
+
 class DetectorEngine:
     def __init__(self, config: Config, on_error: Callable[[str, Exception], None] = _ignore,
                  detectors: Mapping[str, Detector] = DETECTORS):
@@ -35,6 +38,11 @@ class DetectorEngine:
         self.detectors = detectors
         self.on_error = on_error
         self.detector_up: dict[str, bool] = {}
+        self.clock_steps = 0  # backward steps of the stream's clock, survived
+        self.last_step_seconds = 0.0
+        self._last_stamp: float | None = None
+        self._offset = 0.0
+        self._step = 1.0
         d = config.detectors
         self._short_seconds = max(d.busy_spin.window_seconds, d.zero_util.window_seconds)
         self._long_seconds = d.underuse.window_seconds
@@ -63,8 +71,22 @@ class DetectorEngine:
         window.progress_cpu_min_ratio = job.progress_cpu_min_ratio
         window.progress_io_min_bytes_per_second = job.progress_io_min_bytes_per_second
 
+    def _timeline(self, stamp: float) -> float:
+        """The stream's time, kept in order. When the clock steps back (DST on a local-time nvidia-smi log,
+        an NTP step live), later samples are shifted to continue where the clock was, so the windows and
+        the schedule keep working; the step is counted (clock_steps) for the caller to say once."""
+        last = self._last_stamp
+        self._last_stamp = stamp
+        if last is not None and stamp < last - _STEP_TOLERANCE_SECONDS:
+            self.clock_steps += 1
+            self.last_step_seconds = last - stamp
+            self._offset += last - stamp + self._step
+        elif last is not None and stamp > last:
+            self._step = min(stamp - last, 60.0)
+        return stamp + self._offset
+
     def observe(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
-        t = snapshot.time_seconds
+        t = self._timeline(snapshot.time_seconds)
         windows = self._windows
         for sample in snapshot.gpus:
             window = windows.get(sample.index)

@@ -46,6 +46,32 @@ class HostActivity:
                             delta(self.write_bytes, earlier.write_bytes), self.threads)
 
 
+# Names that look like they hold a secret: their values never reach a bundle, a log line or a metric.
+SECRET_NAME = re.compile(r"token(?!iz)|secret|passw|credential|api[_-]?key|access[_-]?key|private[_-]?key|"
+                         r"auth[_-]?(token|key|header)", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
+    """A command line with the values of secret-looking options hidden: `--hf-token=abc` and
+    `--hf-token abc` become `--hf-token=<redacted>` and `--hf-token <redacted>`; so does `HF_TOKEN=abc`."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name, sep, _ = arg.partition("=")
+        if SECRET_NAME.search(name.lstrip("-")):
+            if sep:
+                out.append(f"{name}={REDACTED}")
+                continue
+            hide_next = arg.startswith("-")
+        out.append(arg)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class RankInfo:
     pid: int
@@ -151,7 +177,7 @@ class RankDiscovery:
                 continue
             name = key.decode(errors="replace")
             if name in RANK_VARIABLES or name.startswith(KEPT_PREFIXES):
-                env[name] = value.decode(errors="replace")
+                env[name] = REDACTED if SECRET_NAME.search(name) else value.decode(errors="replace")
         return env, None
 
     def container(self, pid: int) -> str | None:
@@ -203,7 +229,7 @@ class RankDiscovery:
                 self.counters["pid_reused"] += 1
                 return None
             try:
-                cmdline = tuple(process.cmdline())
+                cmdline = redact_arguments(process.cmdline())
             except psutil.AccessDenied:
                 cmdline = ()
             activity = self.activity(process)

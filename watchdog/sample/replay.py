@@ -11,6 +11,7 @@ from pathlib import Path
 from watchdog.model import NodeSnapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.lines import TextLines
 from watchdog.sample.smi_csv import read_smi_csv
 
 SIM_PREFIX = "sim:"
@@ -38,13 +39,14 @@ def open_trace(spec: str, lenient: bool = False, csv_fields: list[str] | None = 
         return
     path = Path(spec)
     try:
-        stream = path.open(encoding="utf-8", newline="")
+        stream = path.open("rb")
     except OSError as exc:
         raise TraceError(f"{spec}: cannot open: {exc.strerror or exc}") from None
     with stream:
-        first = stream.read(1)
-        stream.seek(0)
-        if first == "{":
-            yield Trace(recording.read(stream, spec, skips), naive_time=False, skips=skips)
+        first = stream.peek(4)[:4].removeprefix(b"\xef\xbb\xbf")[:1]
+        lines = TextLines(stream, spec, skips)
+        if first == b"{":
+            yield Trace(recording.read(lines, spec, skips), naive_time=False, skips=skips)  # type: ignore[arg-type]
         else:
-            yield Trace(read_smi_csv(stream, spec, csv_fields, skips), naive_time=True, skips=skips)
+            yield Trace(read_smi_csv(lines, spec, csv_fields, skips), naive_time=True,  # type: ignore[arg-type]
+                        skips=skips)

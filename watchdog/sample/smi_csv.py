@@ -97,7 +97,7 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
         except ValueError:
             pass
         else:
-            if math.isfinite(value):  # float() also takes "nan" and "inf": those go to the strict path
+            if math.isfinite(value) and value >= 0:  # "nan", "inf" and negatives go to the strict path
                 return value * scale
     lowered = text.strip().lower()
     if lowered in _MISSING:
@@ -106,6 +106,8 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
     if match is None:
         raise ValueError(f"cannot read {text.strip()!r} as a number")
     digits, written = match.groups()
+    if digits.startswith("-"):
+        raise ValueError(f"negative value {text.strip()!r}")
     scale = _SCALE.get(written or unit or default_unit)
     if scale is None:
         raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")

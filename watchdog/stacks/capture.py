@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -101,10 +102,22 @@ class StackCapturer:
         self.native = native
         self.max_parallel = max_parallel
         self.nonblocking = nonblocking and not native  # --native needs a blocking read
+        self._running: set[subprocess.Popen[str]] = set()
+        self._lock = threading.Lock()
+        self._aborted = False
 
     @classmethod
     def from_config(cls, cfg: StacksConfig) -> StackCapturer:
         return cls(cfg.py_spy_command, cfg.timeout_seconds, cfg.native, cfg.max_parallel)
+
+    def abort(self) -> None:
+        """Shutting down: kill every py-spy still running (a capture hung on a wedged process would otherwise
+        hold the stop up to its timeout) and start no more."""
+        with self._lock:
+            self._aborted = True
+            running = list(self._running)
+        for process in running:
+            _kill_group(process)
 
     def capture(self, targets: Iterable[Target]) -> list[Capture]:
         targets = list(targets)
@@ -132,11 +145,16 @@ class StackCapturer:
             args.append("--nonblocking")
         if self.native:
             args.append("--native")
-        try:
-            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       start_new_session=True)
-        except OSError as exc:
-            return Capture(target, NO_PY_SPY, f"cannot start py-spy: {exc}", time.monotonic() - started, blocking)
+        with self._lock:
+            if self._aborted:
+                return Capture(target, TIMEOUT, "stopping: not captured", 0.0, blocking)
+            try:
+                process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           start_new_session=True)
+            except OSError as exc:
+                return Capture(target, NO_PY_SPY, f"cannot start py-spy: {exc}", time.monotonic() - started,
+                               blocking)
+            self._running.add(process)
         remaining = max(0.1, self.timeout - (time.monotonic() - started))
         try:
             stdout, stderr = process.communicate(timeout=remaining)
@@ -144,6 +162,11 @@ class StackCapturer:
             _kill_group(process)
             return Capture(target, TIMEOUT, f"py-spy did not finish within {self.timeout:g} s; killed",
                            time.monotonic() - started, blocking)
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        if self._aborted:
+            return Capture(target, TIMEOUT, "stopping: capture killed", time.monotonic() - started, blocking)
         seconds = time.monotonic() - started
         if process.returncode != 0:
             kind = classify_failure(stderr)

@@ -161,6 +161,17 @@ def parse_capture(data: dict[str, Any], source: str = "") -> list[StackDump]:
     return parse_pyspy_json(data.get("threads") or [], source, data.get("rank"), tuple(data.get("gpus") or ()))
 
 
+def _parse_json(data: object, source: str) -> list[StackDump] | None:
+    """A JSON dump by its shape; None when it is none of the known ones."""
+    if isinstance(data, list):
+        return parse_pyspy_json(data, source)
+    if isinstance(data, dict) and "processes" in data:
+        return parse_fact_json(data, source)
+    if isinstance(data, dict) and "threads" in data:
+        return parse_capture(data, source)
+    return None
+
+
 def load(path: str | Path) -> list[StackDump]:
     """Any of the forms above, told apart by content. A folder written by `stacks dump --out` is read
     as all the rank dumps in it."""
@@ -180,17 +191,19 @@ def load(path: str | Path) -> list[StackDump]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise StackFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        if isinstance(data, list):
-            dumps = parse_pyspy_json(data, str(path))
-        elif isinstance(data, dict) and "processes" in data:
-            dumps = parse_fact_json(data, str(path))
-        elif isinstance(data, dict) and "threads" in data:
-            dumps = parse_capture(data, str(path))
-        elif isinstance(data, dict) and "outliers" in data:
+        except RecursionError:
+            raise StackFormatError(f"{path}: JSON nested too deeply to be a dump") from None
+        if isinstance(data, dict) and "outliers" in data:
             raise StackFormatError(f"{path}: an analysis written by stall-watchdog, not a dump; analyze the "
                                    "rank-*.json / pid-*.json files beside it (or the folder)")
-        else:
+        try:
+            parsed = _parse_json(data, str(path))
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            raise StackFormatError(f"{path}: JSON of the wrong shape for a py-spy dump ({type(exc).__name__}: "
+                                   f"{str(exc)[:80]})") from None
+        if parsed is None:
             raise StackFormatError(f"{path}: JSON, but not a py-spy dump (expected a list of threads)")
+        dumps = parsed
     else:
         dumps = parse_text(text, str(path))
     if not dumps:

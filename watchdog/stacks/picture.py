@@ -88,7 +88,9 @@ def capture_file_name(target: Target) -> str:
 def write_captures(directory: str | Path, report: StackPicture) -> list[Path]:
     """Raw py-spy JSON per rank plus the analysis, files 0600 (stacks name paths and functions)."""
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not folder.is_dir() or folder.is_symlink():
+        raise NotADirectoryError(f"{folder}: not a folder")
     written = []
     for capture in report.captures:
         if capture.raw is None:
@@ -101,7 +103,8 @@ def write_captures(directory: str | Path, report: StackPicture) -> list[Path]:
 
 
 def _write_private(path: Path, data: object) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # O_NOFOLLOW: a link planted where a file goes is refused, never written through (this may run as root).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
