@@ -26,6 +26,7 @@ MAX_DOCUMENT_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake 
 MAX_NODES = 20_000  # values in the document, aliases counted each time they are used
 MAX_DEPTH = 32
 _EXCERPT = 60  # characters of an offending value quoted in an error
+_SECRET_KEYS = {"url", "token", "password"}
 
 
 class _Section(BaseModel):
@@ -366,7 +367,9 @@ def _describe(error: ErrorDetails) -> str:
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return f"{path}: expected a mapping of keys, got {type(given).__name__}"
     message = error["msg"].removeprefix("Value error, ")
-    if isinstance(given, (dict, list)):  # a whole section: the message names the problem, never the values
+    # A whole section, or a value that may carry a secret (a URL with a key in it): the message names the
+    # problem, never the value.
+    if isinstance(given, (dict, list)) or str(error["loc"][-1] if error["loc"] else "") in _SECRET_KEYS:
         return f"{path}: {message[0].lower()}{message[1:]}"
     return f"{path}: {message[0].lower()}{message[1:]}, got {_excerpt(given)}"
 

@@ -1,0 +1,88 @@
+"""Hostile configuration files: each is refused by `check-config` with its key named and no traceback,
+exactly as `run` would refuse it, and a SIGHUP reload of it leaves the running daemon as it was."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BAD = {
+    "not_utf8": (b"sample:\n  interval_seconds: 1\n# \xff\xfe\n", "not UTF-8"),
+    "deep": (b"a: " + b"[" * 3000 + b"]" * 3000 + b"\n", "nested deeper"),
+    "inf": (b"sample: {interval_seconds: .inf}\n", "sample.interval_seconds"),
+    "huge": (b"detectors: {busy_spin: {for_seconds: 1e10}}\n", "detectors.busy_spin.for_seconds"),
+    "tiny": (b"sample: {interval_seconds: 0.000001}\n", "sample.interval_seconds"),
+    "port": (b"export: {listen_address: '127.0.0.1:99999'}\n", "export.listen_address"),
+    "nonsense": (b"export: {listen_address: nonsense}\n", "export.listen_address"),
+    "webhook_without_url": (b"alerts: {receivers: [{type: webhook, name: hook}]}\n", "give exactly one of url"),
+    "command_without_argv": (b"alerts: {receivers: [{type: command, name: page}]}\n", "needs argv"),
+    "scenario": (b"source: {kind: sim, scenario: nope}\n", "source.scenario"),
+    "cert_without_key": (b"export: {tls_cert_file: /etc/cert.pem}\n", "tls_cert_file and tls_key_file"),
+    "password_without_user": (b"export: {basic_auth_password_file: /etc/pw}\n", "without basic_auth_user"),
+    "url_without_scheme": (b"alerts: {receivers: [{type: webhook, name: h, url: 'hooks.example/SECRETKEY'}]}\n",
+                           "http:// or https://"),
+    "alias_bomb": (b"a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                   b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                   b"e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+                   b"g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]\nh: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]\n",
+                   "aliases expanded"),
+    "long_value": (b"sample: {interval_seconds: '" + b"x" * 100_000 + b"'}\n", "(100002 characters)"),
+}
+
+
+def check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "watchdog", "check-config", str(path)], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_check_config_refuses_with_the_key_and_no_traceback(tmp_path: Path, name: str) -> None:
+    content, phrase = BAD[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(content)
+    started = time.monotonic()
+    result = check(path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert phrase in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr) < 4000  # an excerpt, never the whole input
+    assert "SECRETKEY" not in result.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_a_bad_reload_is_rejected_and_the_daemon_keeps_running(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    good = (f"source: {{kind: sim, scenario: healthy}}\nexport: {{listen_address: '127.0.0.1:0'}}\n"
+            f"bundles: {{directory: '{tmp_path / 'incidents'}'}}\n")
+    config.write_text(good)
+    daemon = subprocess.Popen([sys.executable, "-m", "watchdog", "run", "--config", str(config)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert daemon.stderr is not None
+        line = daemon.stderr.readline()
+        assert "event=started" in line, line
+        for name in ("not_utf8", "deep", "inf", "alias_bomb", "port"):
+            config.write_bytes(BAD[name][0])
+            daemon.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 20
+            seen = ""
+            while "reload_rejected" not in seen:
+                assert time.monotonic() < deadline, f"no reload_rejected for {name}"
+                seen = daemon.stderr.readline()
+            assert daemon.poll() is None, f"the daemon died reloading {name}"
+        config.write_text(good)
+        daemon.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "event=reloaded" not in (seen := daemon.stderr.readline()):
+            assert time.monotonic() < deadline and "Traceback" not in seen, seen
+    finally:
+        daemon.terminate()
+        rest = daemon.communicate(timeout=30)[1]
+    assert "Traceback" not in rest and daemon.returncode == 0, rest[-2000:]

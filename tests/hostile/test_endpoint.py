@@ -1,0 +1,146 @@
+"""Hostile clients of /metrics, on loopback: each costs only itself. An idle TLS client, a flood of
+half-sent requests past the descriptor limit, many scrapers at once, a header that is not ASCII."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, need_tool
+from tests.export.test_server import get, serve
+
+
+def self_signed(tmp: Path) -> tuple[str, str]:
+    openssl = need_tool("openssl")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+def test_an_idle_tls_client_does_not_block_scrapes(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    daemon, endpoint = serve(tmp_path, tls_cert_file=cert, tls_key_file=key)
+    daemon.tick()
+    port = endpoint.server.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # never start the handshake
+    try:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        started = time.monotonic()
+        status, body = get(endpoint.url, context=context)
+        assert status == 200 and "stall_watchdog_build_info" in body
+        assert time.monotonic() - started < 3
+    finally:
+        for s in idle:
+            s.close()
+        endpoint.stop()
+
+
+def test_many_scrapers_at_once_are_all_served(tmp_path: Path) -> None:
+    daemon, endpoint = serve(tmp_path)
+    daemon.tick()
+    failures: list[str] = []
+
+    def scrape() -> None:
+        for _ in range(40):
+            try:
+                with urllib.request.urlopen(endpoint.url.replace("/metrics", "/healthz"), timeout=10) as r:
+                    r.read()
+            except OSError as exc:
+                failures.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=scrape) for _ in range(25)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        endpoint.stop()
+    assert failures == []
+
+
+def test_a_header_that_is_not_ascii_gets_an_answer(tmp_path: Path) -> None:
+    password = tmp_path / "pw"
+    password.write_text("s3cret\n")
+    _, endpoint = serve(tmp_path, basic_auth_user="prom", basic_auth_password_file=str(password))
+    port = endpoint.server.server_address[1]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall("GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic ééé\r\n\r\n".encode())
+            answer = s.recv(200)
+        assert answer.startswith(b"HTTP/1.0 401") or answer.startswith(b"HTTP/1.1 401"), answer
+    finally:
+        endpoint.stop()
+
+
+def _limit_descriptors() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def test_a_flood_of_half_sent_requests_past_the_descriptor_limit(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.fail(f"this test opens 1100 connections; the hard descriptor limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300), hard))
+    config = tmp_path / "config.yaml"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config.write_text(f"source: {{kind: sim, scenario: healthy}}\nexport: {{listen_address: '127.0.0.1:{port}'}}\n"
+                      f"bundles: {{directory: '{tmp_path / 'incidents'}'}}\n")
+    daemon = subprocess.Popen([sys.executable, "-m", "watchdog", "run", "--config", str(config)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True, preexec_fn=_limit_descriptors,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    flood: list[socket.socket] = []
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        assert daemon.stderr is not None and "event=started" in daemon.stderr.readline()
+        for _ in range(1100):
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=2)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+                flood.append(s)
+            except OSError:
+                break
+        process = psutil.Process(daemon.pid)
+        process.cpu_percent(None)
+        time.sleep(3)
+        assert process.cpu_percent(None) < 50, "the accept loop spins"
+        assert daemon.poll() is None
+        for s in flood:
+            s.close()
+        flood.clear()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    assert b"stall_watchdog_build_info" in response.read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "scrapes did not come back after the flood"
+                time.sleep(0.5)
+        daemon.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert daemon.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+        daemon.terminate()
+        stderr = daemon.communicate(timeout=30)[1]
+    assert "Traceback" not in stderr and "Too many open files" not in stderr, stderr[-3000:]
+    assert "event=reloaded" in stderr
+    assert stderr.count("\n") < 200, "one line per failure, and not one per connection"

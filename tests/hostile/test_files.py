@@ -1,0 +1,161 @@
+"""Hostile files and folders: a shared bundle directory, a half-written bundle left by a kill -9, a report
+that cannot be written, links planted where `stacks dump --out` writes, traces that are not text, that
+never end a line, or whose clock steps back."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO, python_target
+from watchdog.act.bundles import MARKER, BundleStore, Incident
+from watchdog.config import parse_config
+from watchdog.export.metrics import new_counters
+from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
+
+
+def event(onset: float) -> EpisodeEvent:
+    return EpisodeEvent(EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL, (0, 1), (), onset, onset + 30,
+                        "HANG (critical): GPUs 0, 1 spin", key=f"busy_spin@{onset:.0f}", headline="HANG (critical)")
+
+
+def store(root: Path, render: object = None, **cfg: object) -> BundleStore:
+    config = parse_config({"bundles": {"directory": str(root), **cfg}}).bundles
+    return BundleStore(config, new_counters(), render_report=render)  # type: ignore[arg-type]
+
+
+def test_rotation_removes_only_what_the_daemon_wrote(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    for foreign in ("home-backup", "aaa-important-data", "20200101T000000Z-busy_spin-gpu0"):  # the last: no marker
+        (shared / foreign).mkdir(parents=True)
+        (shared / foreign / "data").write_text("keep me")
+    bundles = store(shared, max_count=1)
+    for n in range(3):
+        assert bundles.write(Incident(event(1.9e9 + 100 * n), [])) is not None
+    left = sorted(p.name for p in shared.iterdir())
+    assert {"home-backup", "aaa-important-data", "20200101T000000Z-busy_spin-gpu0"} <= set(left)
+    assert len(bundles.bundles()) == 1 and all((shared / f / "data").exists() for f in ("home-backup",))
+
+
+def test_a_half_written_bundle_from_a_killed_daemon_is_counted_and_cleaned(tmp_path: Path) -> None:
+    root = tmp_path / "incidents"
+    leftover = root / ".partial-20260101T000000Z-busy_spin-gpu0-1-999999"
+    leftover.mkdir(parents=True)
+    (leftover / MARKER).write_text("{}")
+    (leftover / "telemetry.jsonl").write_bytes(b"x" * 10_000)
+    foreign = root / ".partial-something-else"  # not ours: no marker
+    foreign.mkdir()
+    bundles = store(root)
+    assert bundles.disk_bytes() >= 10_000  # inside the budget's count
+    bundles.write(Incident(event(1.9e9), []))
+    assert not leftover.exists() and foreign.exists()
+
+
+def test_a_report_that_cannot_be_written_makes_the_bundle_partial(tmp_path: Path) -> None:
+    def full_disk(folder: Path) -> None:
+        (folder / "report.html").write_bytes(b"")
+        raise OSError(28, "No space left on device")
+
+    bundles = store(tmp_path / "incidents", render=full_disk)
+    assert bundles.write(Incident(event(1.9e9), [])) is not None
+    assert bundles.counters.get("bundles_total", "partial") == 1
+    assert bundles.counters.get("bundles_total", "written") == 0
+
+
+def test_stacks_dump_out_never_writes_through_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "analysis.json").symlink_to(victim)
+    with python_target("queue", tmp_path) as process:
+        result = subprocess.run([sys.executable, "-m", "watchdog", "stacks", "dump", "--pid", str(process.pid),
+                                 "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert victim.read_text() == "precious"
+    assert result.returncode == 1 and "cannot write there" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_stacks_dump_out_at_a_file_is_a_clear_error_and_new_folders_are_private(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    with python_target("queue", tmp_path) as process:
+        bad = subprocess.run([sys.executable, "-m", "watchdog", "stacks", "dump", "--pid", str(process.pid),
+                              "--out", str(a_file)], capture_output=True, text=True, cwd=REPO, timeout=60)
+        good = subprocess.run([sys.executable, "-m", "watchdog", "stacks", "dump", "--pid", str(process.pid),
+                               "--out", str(tmp_path / "new")], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert bad.returncode == 1 and "cannot write there" in bad.stderr and "Traceback" not in bad.stderr
+    assert good.returncode == 0 and (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+
+
+def replay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "watchdog", "replay", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+def test_traces_that_are_not_text_are_a_clear_error(tmp_path: Path) -> None:
+    binary = tmp_path / "trace.csv"
+    binary.write_bytes(b"timestamp, index, utilization.gpu [%]\n" + bytes(range(256)) * 4 + b"\n")
+    jsonl = tmp_path / "trace.jsonl"
+    jsonl.write_bytes(b'{"stall_watchdog_recording": 1}\n\xff\xfe\x00garbage\n')
+    for trace in (binary, jsonl):
+        for lenient in ([], ["--lenient"]):
+            result = replay(str(trace), *lenient)
+            assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+            assert re.search(r"trace\.(csv|jsonl):\d+: ", result.stderr) or "no samples" in result.stderr
+    assert "not UTF-8 text" in replay(str(jsonl)).stderr
+
+
+def test_a_line_that_never_ends_is_bounded(tmp_path: Path) -> None:
+    result = replay("/dev/zero")
+    assert result.returncode == 1 and "longer than 1 MiB" in result.stderr and "Traceback" not in result.stderr
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"stall_watchdog_recording": 1}\n{"t": 1, "gpus": {"index": [' + "0," * 3_000_000 + "0]}}\n")
+    result = replay(str(huge))
+    assert result.returncode == 1 and ":2: line longer than" in result.stderr
+
+
+def test_a_byte_order_mark_and_a_report_to_a_folder(tmp_path: Path) -> None:
+    log = tmp_path / "bom.csv"
+    rows = "".join(f"2026/01/01 00:{m:02d}:{s:02d}.000, 0, 100 %, 150.0 W, 40000 MiB\n"
+                   for m in range(2) for s in range(60))
+    log.write_bytes("\ufefftimestamp, index, utilization.gpu [%], power.draw [W], memory.used [MiB]\n".encode()
+                    + rows.encode())
+    assert replay(str(log)).returncode == 0
+    result = replay(str(log), "--report", str(tmp_path))
+    assert result.returncode == 1 and "--report" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_clock_that_steps_back_an_hour_keeps_detecting(tmp_path: Path) -> None:
+    """DST on a local-time log: the spin that starts after the step is still found, and the step is said once."""
+    lines = []
+    for t in range(0, 200):
+        stamp = t if t < 100 else t - 3600  # the clock steps back an hour at t=100
+        hh, rest = divmod(stamp + 7200, 3600)
+        mm, ss = divmod(rest, 60)
+        busy = t < 120
+        for gpu in range(4):
+            util, power = (98, 560.0) if busy else (100, 150.0)
+            lines.append(f"2026/03/29 {hh:02d}:{mm:02d}:{ss:02d}.000, {gpu}, {util} %, {power} W, 700.00 W, "
+                         f"40000 MiB\n")
+    log = tmp_path / "dst.csv"
+    log.write_text("timestamp, index, utilization.gpu [%], power.draw [W], enforced.power.limit [W], "
+                   "memory.used [MiB]\n" + "".join(lines))
+    result = replay(str(log), "--json")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["event"], e["signature"], e["severity"]) for e in events][:1] == [("fired", "busy_spin", "critical")]
+    assert result.stderr.count("stepped back") == 1
+
+
+def test_the_recorded_host_readings_are_checked_like_the_rest(tmp_path: Path) -> None:
+    from watchdog.sample import recording
+
+    line = recording.encode(NodeSnapshot(1.0, (GpuSample(index=0, host_cpu_ratio=0.5),)))
+    assert '"host_cpu_ratio":[0.5]' in line
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"stall_watchdog_recording": 1}\n' + line.replace("0.5", "-1") + "\n")
+    result = replay(str(bad))
+    assert result.returncode == 1 and "bad.jsonl:2: 'host_cpu_ratio' entries must be finite" in result.stderr

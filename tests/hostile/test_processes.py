@@ -1,0 +1,58 @@
+"""Hostile processes: a py-spy that hangs when the daemon is told to stop, and a rank whose command line
+and environment carry secrets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import python_target
+from tests.fakes.daemon import daemon_config, stepping_clock
+from watchdog.daemon import build
+from watchdog.sample import sim
+from watchdog.sample.ranks import REDACTED, RankDiscovery
+
+
+def test_stopping_kills_a_hung_capture_within_the_stop_timeout(tmp_path: Path) -> None:
+    hung = tmp_path / "py-spy"
+    hung.write_text("#!/bin/sh\nsleep 120\n")
+    hung.chmod(0o755)
+    with python_target("queue", tmp_path) as rank:
+        pids = {gpu: [rank.pid] for gpu in range(8)}
+        config = daemon_config(tmp_path, source={"scenario": "spin_hang", "pids": pids},
+                               bundles={"capture_stacks": True},
+                               stacks={"py_spy_command": [str(hung)], "timeout_seconds": 90})
+        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()))
+        ticks = 0
+        while not daemon.incidents.open and ticks < 60:
+            daemon.tick()
+            ticks += 1
+        assert daemon.incidents.open, "the spin was never suspected"
+        time.sleep(0.5)  # the capture is running (and hung)
+        started = time.monotonic()
+        daemon.shutdown(timeout=10)
+        took = time.monotonic() - started
+    assert took < 20, f"shutdown took {took:.0f} s behind a hung py-spy (systemd stops after 30 s)"
+    stray = subprocess.run(["pgrep", "-f", str(hung)], capture_output=True, text=True)
+    assert stray.stdout.strip() == "", "the hung py-spy was left running"
+
+
+def test_secret_looking_arguments_and_variables_never_leave_the_rank(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--hf-token=hf_SECRET1",
+                                "--api-key", "SECRET2", "--tokenizer", "gpt2"],
+                               env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "NCCL_IB_AUTH_TOKEN": "SECRET3",
+                                    "NCCL_DEBUG": "WARN"})
+    try:
+        time.sleep(0.3)
+        info = RankDiscovery().describe(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert info is not None
+    text = " ".join(info.cmdline) + " " + " ".join(f"{k}={v}" for k, v in info.env.items())
+    assert "SECRET" not in text
+    assert f"--hf-token={REDACTED}" in info.cmdline and "gpt2" in info.cmdline
+    assert info.env["NCCL_IB_AUTH_TOKEN"] == REDACTED and info.env["NCCL_DEBUG"] == "WARN"
