@@ -66,21 +66,38 @@ class FlakySource:
 
 
 class Receiver:
-    """A real HTTP server on loopback that records requests; `mode` is ok, fail (500) or hang."""
+    """A real HTTP server on loopback that records requests. `mode`: ok; fail (500); hang (5 s, then ok);
+    redirect (302 to `location`); trickle (a byte a second for a minute, never a whole answer)."""
 
-    def __init__(self, mode: str = "ok"):
+    def __init__(self, mode: str = "ok", location: str = ""):
         self.mode = mode
         self.requests: list[tuple[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.requests.append((self.path, json.loads(body)))
+                outer.headers.append(dict(self.headers))
+                if outer.mode == "trickle":
+                    self._trickle()
+                    return
                 if outer.mode == "hang":
                     time.sleep(5)
-                self.send_response(500 if outer.mode == "fail" else 200)
+                self.send_response({"fail": 500, "redirect": 302}.get(outer.mode, 200))
+                if outer.mode == "redirect":
+                    self.send_header("Location", location)
                 self.end_headers()
+
+            def _trickle(self) -> None:
+                for _ in range(60):
+                    try:
+                        self.wfile.write(b"H")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(1)
 
             def log_message(self, format: str, *args: object) -> None:
                 return None

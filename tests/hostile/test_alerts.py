@@ -4,58 +4,16 @@ a server that trickles its answer, a command whose children outlive it."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.act.test_alerts import alert, alerts_config
+from tests.fakes.daemon import Receiver
 from watchdog.act.alerts import AlertDispatcher, build_receivers
 from watchdog.export.metrics import new_counters
-
-
-class Server:
-    """A loopback HTTP server whose answer a test chooses; it records what it was sent."""
-
-    def __init__(self, answer: str, location: str = ""):
-        self.requests: list[dict[str, str]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.requests.append(dict(self.headers))
-                if answer == "redirect":
-                    self.send_response(302)
-                    self.send_header("Location", location)
-                    self.end_headers()
-                elif answer == "trickle":
-                    self.wfile.write(b"H")
-                    for _ in range(60):  # one byte a second, for a minute
-                        time.sleep(1)
-                        try:
-                            self.wfile.write(b"T")
-                            self.wfile.flush()
-                        except OSError:
-                            return
-                else:
-                    self.send_response(200)
-                    self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_url_file_without_a_scheme_is_refused_without_its_secret(tmp_path: Path) -> None:
@@ -77,8 +35,8 @@ def test_a_token_with_a_line_break_is_refused_without_its_value(tmp_path: Path) 
 
 def test_a_redirect_is_a_failure_and_the_token_goes_nowhere_else(tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    elsewhere = Server("ok")
-    redirecting = Server("redirect", location=elsewhere.url + "/steal")
+    elsewhere = Receiver("ok")
+    redirecting = Receiver("redirect", location=elsewhere.url + "/steal")
     token = tmp_path / "token"
     token.write_text("T0KEN\n")
     caplog.set_level(logging.INFO, logger="stall_watchdog")
@@ -97,7 +55,7 @@ def test_a_redirect_is_a_failure_and_the_token_goes_nowhere_else(tmp_path: Path,
 
 
 def test_a_trickling_server_costs_one_delivery_timeout_not_the_receiver() -> None:
-    server = Server("trickle")
+    server = Receiver("trickle")
     try:
         counters = new_counters()
         dispatcher = AlertDispatcher(alerts_config([{"type": "webhook", "name": "hook", "url": server.url,

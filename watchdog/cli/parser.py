@@ -16,10 +16,15 @@ _SCENARIO_HELP = "\n".join(f"  sim:{name:<16} {s.description}" for name, s in si
 Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+def _verb(verbs: Verbs, name: str, help: str, description: str, epilog: str | None = None
+          ) -> argparse.ArgumentParser:
+    """A verb's parser: its help line, description and examples, laid out as written."""
+    return verbs.add_parser(name, help=help, description=description, epilog=epilog,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _add_replay(verbs: Verbs) -> None:
-    replay = verbs.add_parser(
-        "replay", help="run the detectors over a recorded trace at full speed",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    replay = _verb(verbs, "replay", help="run the detectors over a recorded trace at full speed",
         description="Run the stall detectors over a trace and print every episode transition "
                     "(fired, escalated, resolved).\n\nTRACE is one of:\n"
                     "  an nvidia-smi CSV log  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,"
@@ -44,9 +49,7 @@ def _add_replay(verbs: Verbs) -> None:
 
 
 def _add_record(verbs: Verbs) -> None:
-    record = verbs.add_parser(
-        "record", help="record the live GPUs (NVML) to a JSON Lines trace",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    record = _verb(verbs, "record", help="record the live GPUs (NVML) to a JSON Lines trace",
         description="Sample every GPU through NVML on a fixed interval and write one JSON line per sample "
                     "(the format `replay` reads). Stop with Ctrl+C or --duration-seconds.",
         epilog="Examples:\n  stall-watchdog record --out node.jsonl --interval-seconds 1\n"
@@ -63,15 +66,13 @@ def _add_record(verbs: Verbs) -> None:
 
 
 def _add_stacks(verbs: Verbs) -> None:
-    stacks = verbs.add_parser(
-        "stacks", help="capture or analyse the training ranks' Python stacks and name the odd one out",
+    stacks = _verb(
+        verbs, "stacks", help="capture or analyse the training ranks' Python stacks and name the odd one out",
         description="Where is every rank, and which one is different? `dump` captures live stacks with py-spy; "
                     "`analyze` reads saved ones.")
     stack_verbs = stacks.add_subparsers(dest="stacks_verb", metavar="VERB")
     stack_verbs.required = True
-    dump = stack_verbs.add_parser(
-        "dump", help="capture the ranks' stacks now (py-spy, nonblocking) and name the outliers",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    dump = _verb(stack_verbs, "dump", help="capture the ranks' stacks now (py-spy, nonblocking) and name the outliers",
         description="Capture every selected rank's Python stack with py-spy in parallel, watch their CPU and "
                     "I/O for a second, group identical stacks, name the ranks the others wait on, and say "
                     "whether it is a hang or a wait. Needs the same user as the ranks, or root / CAP_SYS_PTRACE.",
@@ -87,9 +88,7 @@ def _add_stacks(verbs: Verbs) -> None:
     dump.add_argument("--out", metavar="DIR", help="also write each rank's py-spy JSON and the analysis here")
     dump.add_argument("--config", metavar="FILE", help="YAML configuration (the stacks section)")
     dump.set_defaults(func=cmd_stacks_dump)
-    analyse = stack_verbs.add_parser(
-        "analyze", help="group saved stack dumps and name the outliers",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    analyse = _verb(stack_verbs, "analyze", help="group saved stack dumps and name the outliers",
         description="Read saved dumps (py-spy --json output, py-spy text as pasted into issues, or a folder "
                     "written by `stacks dump --out`) and print the grouped picture with the outliers.",
         epilog="Examples:\n  stall-watchdog stacks analyze node48.txt\n"
@@ -100,9 +99,7 @@ def _add_stacks(verbs: Verbs) -> None:
 
 
 def _add_run(verbs: Verbs) -> None:
-    run = verbs.add_parser(
-        "run", help="the daemon: sample, detect, capture, alert and serve /metrics until stopped",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    run = _verb(verbs, "run", help="the daemon: sample, detect, capture, alert and serve /metrics until stopped",
         description="Sample every GPU each interval, run the detectors, and when an episode fires capture the "
                     "job's stacks, write an incident bundle and alert. Serves /metrics and /healthz. SIGHUP "
                     "reloads the configuration; SIGTERM stops. Under systemd (Type=notify) it reports readiness "
@@ -115,9 +112,7 @@ def _add_run(verbs: Verbs) -> None:
 
 
 def _add_demo(verbs: Verbs) -> None:
-    demo = verbs.add_parser(
-        "demo", help="see it work: the real daemon on a simulated 8-GPU node with real hung ranks",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    demo = _verb(verbs, "demo", help="see it work: the real daemon on a simulated 8-GPU node with real hung ranks",
         description="Start 8 real torch.distributed ranks (gloo, CPU) on a simulated 8-GPU node and run the real "
                     "daemon over them: healthy training, then rank 4 gets stuck in its data loader while the other "
                     "seven wait in all_reduce. Within about a minute it prints the verdict with the culprit rank and "
@@ -131,9 +126,7 @@ def _add_demo(verbs: Verbs) -> None:
 
 
 def _add_report(verbs: Verbs) -> None:
-    rep = verbs.add_parser(
-        "report", help="(re)build an incident bundle's report.html",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    rep = _verb(verbs, "report", help="(re)build an incident bundle's report.html",
         description="Write BUNDLE/report.html: the per-GPU timeline around the onset with the episode shaded, "
                     "the verdict, the ranks, the grouped stacks with the outliers highlighted, and the doctor's "
                     "findings. Self-contained: open it from disk, no network needed.",
@@ -144,9 +137,8 @@ def _add_report(verbs: Verbs) -> None:
 
 
 def _add_doctor(verbs: Verbs) -> None:
-    doctor = verbs.add_parser(
-        "doctor", help="diagnose the node and the job's NCCL setup (P2P, ACS, IOMMU, IB, interfaces, kernel)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    doctor = _verb(
+        verbs, "doctor", help="diagnose the node and the job's NCCL setup (P2P, ACS, IOMMU, IB, interfaces, kernel)",
         description="Check the environment faults behind most stalls: P2P and ACS, IOMMU mode, PCIe link width, "
                     "NVLink, InfiniBand ports, the kernel, mixed GPU models; and, for running ranks, "
                     "NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE, NCCL_P2P_DISABLE, CUDA_VISIBLE_DEVICES, timeouts and "
@@ -164,11 +156,9 @@ def _add_doctor(verbs: Verbs) -> None:
 
 
 def _add_check_config(verbs: Verbs) -> None:
-    check = verbs.add_parser(
-        "check-config", help="validate a configuration file",
+    check = _verb(verbs, "check-config", help="validate a configuration file",
         description="Validate a YAML configuration and report every problem with its key path.",
         epilog="Example:\n  stall-watchdog check-config /etc/stall-watchdog/config.yaml",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=cmd_check_config)
@@ -180,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Catch stalled multi-GPU training jobs: busy-spin hangs (100%% util at idle power), "
                     "zero-util hangs, ranks waiting on one odd GPU, chronic under-use.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"stall-watchdog {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
