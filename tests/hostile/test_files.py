@@ -159,3 +159,29 @@ def test_the_recorded_host_readings_are_checked_like_the_rest(tmp_path: Path) ->
     bad.write_text('{"stall_watchdog_recording": 1}\n' + line.replace("0.5", "-1") + "\n")
     result = replay(str(bad))
     assert result.returncode == 1 and "bad.jsonl:2: 'host_cpu_ratio' entries must be finite" in result.stderr
+
+
+def test_the_same_gpu_twice_at_one_time_is_a_malformed_row(tmp_path: Path) -> None:
+    log = tmp_path / "dup.csv"
+    log.write_text("timestamp, index, utilization.gpu [%], power.draw [W]\n"
+                   "2026/01/01 00:00:00.000, 0, 100 %, 150 W\n2026/01/01 00:00:00.000, 0, 100 %, 150 W\n")
+    result = replay(str(log))
+    assert result.returncode == 1 and "dup.csv:3: GPU 0 twice at the same time" in result.stderr
+
+
+def test_damaged_inputs_of_other_verbs_are_clear_errors(tmp_path: Path) -> None:
+    bundle = tmp_path / "20260101T000000Z-busy_spin-gpu0"
+    bundle.mkdir()
+    (bundle / "summary.json").write_text("{garbage")
+    (bundle / "telemetry.jsonl").write_text("")
+    shapes = [tmp_path / "a.json", tmp_path / "b.json"]
+    shapes[0].write_text("[1, 2, 3]")
+    shapes[1].write_text('{"threads": 5}')
+    runs = [["report", str(bundle)], ["record", "--simulate", "healthy", "--interval-seconds", "nan"],
+            ["record", "--simulate", "healthy", "--interval-seconds", "0.000001"],
+            *[["stacks", "analyze", str(p)] for p in shapes]]
+    for args in runs:
+        result = subprocess.run([sys.executable, "-m", "watchdog", *args], capture_output=True, text=True, cwd=REPO,
+                                timeout=60)
+        assert result.returncode in (1, 2) and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
+        assert result.stderr.startswith(("stall-watchdog: ", "usage: ")), result.stderr

@@ -271,29 +271,35 @@ def read_smi_csv(
         yield line, t, index, uuid, sample
 
     if has_identity:
-        yield from _group_by_identity(rows())
+        yield from _group_by_identity(rows(), path, skips)
     else:
         yield from group_by_time(rows(), path, skips)
 
 
 def _group_by_identity(
-    rows: Iterator[tuple[int, float, int | None, str | None, GpuSample]],
+    rows: Iterator[tuple[int, float, int | None, str | None, GpuSample]], path: str, skips: SkipLog,
 ) -> Iterator[NodeSnapshot]:
+    """Rows with an index or uuid: a GPU seen again starts the next sample. The same GPU twice at the same
+    time is a malformed row (one row per GPU per sample, as in a JSON Lines recording)."""
     ordinals: dict[str, int] = {}
     group: list[GpuSample] = []
     seen: set[int] = set()
-    start = 0.0
-    for _line, t, index, uuid, sample in rows:
+    start = last = 0.0
+    for line, t, index, uuid, sample in rows:
         if index is None:
             index = ordinals.setdefault(uuid or "", len(ordinals))
             sample = with_index(sample, index)
         if index in seen:
+            if t == last:
+                skips.malformed(f"{path}:{line}: GPU {index} twice at the same time")
+                continue
             yield NodeSnapshot(start, tuple(group))
             group, seen = [], set()
         if not group:
             start = t
         group.append(sample)
         seen.add(index)
+        last = t
     if group:
         yield NodeSnapshot(start, tuple(group))
 
