@@ -413,8 +413,7 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(source, [f"{where}not valid YAML ({problem[:_EXCERPT]})"]) from None
     except RecursionError:
         raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"]) from None
-    _check_size(data, source)
-    return parse_config(data, source)
+    return parse_config(data, source)  # which checks the size before anything walks the document
 
 
 def _check_size(data: object, source: str) -> None:

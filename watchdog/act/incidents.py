@@ -120,11 +120,14 @@ class IncidentHandler:
         if not self.config.bundles.capture_stacks:
             return
         state.looked_at = self.monotonic()
-        on_gpus = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in state.gpus))
         future: Future[None] = Future()
         state.look = future
-        if not self._submit(self._capture, key, state, on_gpus, future):
+        if not self._submit(self._capture, key, state, self._on_gpus(state, snapshot), future):
             future.set_result(None)
+
+    @staticmethod
+    def _on_gpus(state: _Open, snapshot: NodeSnapshot) -> NodeSnapshot:
+        return NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in state.gpus))
 
     def _done(self, future: Future[object]) -> None:
         with self._lock:
@@ -160,9 +163,11 @@ class IncidentHandler:
             incident.partial = True
             incident.notes.append("stopping: stacks not captured")
         elif self.config.bundles.capture_stacks:
-            if state.look is None:
-                self._look(event.key, state, snapshot)
-            if state.look is not None:
+            if state.look is None:  # never suspected (a source that jumps straight to firing): look here
+                state.looked_at = self.monotonic()
+                state.look = Future()
+                self._capture(event.key, state, self._on_gpus(state, snapshot), state.look)
+            else:  # the look started when the episode was suspected, ahead of this in the pool's queue
                 futures_wait([state.look], timeout=self.config.stacks.timeout_seconds + 10)
             incident.ranks, incident.pictures = list(state.ranks), list(state.pictures)
             if self.stopping.is_set():

@@ -70,6 +70,7 @@ class DetectorEngine:
         window.memory_min_bytes = job.memory_min_bytes
         window.progress_cpu_min_ratio = job.progress_cpu_min_ratio
         window.progress_io_min_bytes_per_second = job.progress_io_min_bytes_per_second
+        window.progress_still_seconds = job.progress_still_seconds
 
     def _timeline(self, stamp: float) -> float:
         """The stream's time, kept in order. When the clock steps back (DST on a local-time nvidia-smi log,

@@ -69,8 +69,8 @@ def progress_of(views: Mapping[int, GpuView], gpus: list[int]) -> tuple[Progress
     if not seen or any(v.host_seen_at is None or v.now - v.host_seen_at > _HOST_FRESH_SECONDS for v in seen):
         return Progress.UNKNOWN, 0.0
     now = max(v.now for v in seen)
-    since = max(v.moved_at if v.moved_at is not None else v.host_first_at or now for v in seen)
-    return Progress.MOVING if since >= now else Progress.STILL, now - since
+    still = now - max(v.moved_at if v.moved_at is not None else v.host_first_at or now for v in seen)
+    return Progress.STILL if still >= seen[0].progress_still_seconds else Progress.MOVING, still
 
 
 def job_findings(

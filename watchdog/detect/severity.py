@@ -44,11 +44,9 @@ def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timin
     if sig not in STACK_SIGNATURES:
         return Judgement(finding.severity, "")
     job, d = config.job, config.detectors
-    hang = stacks is not None and stacks.kind == "hang"
-    if hang:
+    if stacks is not None and stacks.kind == "hang":
         return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked")
-    still = finding.progress is not Progress.UNKNOWN and finding.still_seconds >= job.progress_still_seconds
-    moving = finding.progress is not Progress.UNKNOWN and not still
+    still, moving = finding.progress is Progress.STILL, finding.progress is Progress.MOVING
     known = pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio)
     recovered_pause = pauses.longest
     if sig is Signature.BUSY_SPIN:

@@ -27,6 +27,7 @@ class GpuView(Protocol):
     host_first_at: float | None  # first sample with a host-progress reading (processes seen)
     host_seen_at: float | None  # latest such sample
     moved_at: float | None  # latest sample whose processes moved on the host (CPU or I/O)
+    progress_still_seconds: float  # processes that have not moved for this long are still
 
     @property
     def long_mean_utilization(self) -> float | None: ...
@@ -71,6 +72,7 @@ class GpuWindow:
         self.memory_min_bytes = 0
         self.progress_cpu_min_ratio = 0.2
         self.progress_io_min_bytes_per_second = 65536.0
+        self.progress_still_seconds = 30.0
         self.host_first_at: float | None = None
         self.host_seen_at: float | None = None
         self.moved_at: float | None = None

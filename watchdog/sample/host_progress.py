@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psutil
 
 from watchdog.model import NodeSnapshot
+from watchdog.sample.ranks import host_counters
 
 
 @dataclass
@@ -37,18 +38,11 @@ class HostProgress:
         seen = self._seen.get(pid)
         try:
             process = seen.process if seen is not None else psutil.Process(pid)
-            with process.oneshot():
-                times = process.cpu_times()
-                try:
-                    io = process.io_counters()
-                    io_bytes: int | None = getattr(io, "read_chars", io.read_bytes) + getattr(
-                        io, "write_chars", io.write_bytes)
-                except (psutil.AccessDenied, AttributeError):
-                    io_bytes = None
+            cpu, read, write = host_counters(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             self._seen.pop(pid, None)
             return None, None
-        cpu = times.user + times.system
+        io_bytes = read + write if read is not None and write is not None else None
         self._seen[pid] = _Seen(process, now, cpu, io_bytes)
         if seen is None or now <= seen.at:
             return None, None

@@ -72,6 +72,19 @@ def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def host_counters(process: psutil.Process) -> tuple[float, int | None, int | None]:
+    """CPU seconds, and bytes through read and write calls (rchar, wchar; None when not readable), from
+    one read of /proc/<pid>/stat and /proc/<pid>/io."""
+    with process.oneshot():
+        times = process.cpu_times()
+        try:
+            io = process.io_counters()
+            read, write = getattr(io, "read_chars", io.read_bytes), getattr(io, "write_chars", io.write_bytes)
+        except (psutil.AccessDenied, AttributeError):
+            read = write = None
+    return times.user + times.system, read, write
+
+
 @dataclass(frozen=True)
 class RankInfo:
     pid: int
@@ -210,14 +223,8 @@ class RankDiscovery:
         return dict(states)
 
     def activity(self, process: psutil.Process) -> HostActivity:
-        with process.oneshot():
-            times = process.cpu_times()
-            try:
-                io = process.io_counters()
-                read, write = getattr(io, "read_chars", io.read_bytes), getattr(io, "write_chars", io.write_bytes)
-            except (psutil.AccessDenied, AttributeError):
-                read = write = None
-        return HostActivity(times.user + times.system, read, write, self.thread_states(process.pid))
+        cpu, read, write = host_counters(process)
+        return HostActivity(cpu, read, write, self.thread_states(process.pid))
 
     def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None
                  ) -> RankInfo | None:
