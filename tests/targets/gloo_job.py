@@ -7,6 +7,11 @@ MASTER_ADDR and MASTER_PORT in its environment. Usage: gloo_job.py SCENARIO READ
   collective   the odd rank enters broadcast; the rest enter all_reduce
   checkpoint   rank 0 writes a checkpoint slowly with torch.save; the rest wait in all_reduce
   healthy      every rank keeps training
+
+With TORCH_FR_BUFFER_SIZE set, PyTorch's Flight Recorder records the gloo collectives. PyTorch opens its
+dump-on-request pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE / TORCH_FR_DEBUG_INFO_PIPE_FILE) only in
+ProcessGroupNCCL, so a rank here does what that code does: a thread reads `<pipe stem><rank>.pipe` and
+writes PyTorch's own dump (`_dump_fr_trace`) to `<TORCH_FR_DUMP_TEMP_FILE><rank>`.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,10 +70,30 @@ def save_checkpoint(model: torch.Tensor, folder: Path) -> None:
     torch.save({"model": model.repeat(64)}, SlowFile(folder / "checkpoint.pt"))
 
 
+def serve_flight_recorder_pipe(rank: int) -> None:
+    stem = os.environ.get("TORCH_FR_DEBUG_INFO_PIPE_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    if not stem:
+        return
+    pipe = Path(f"{stem}{rank}.pipe")
+    os.mkfifo(pipe)
+    dump_stem = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "/tmp/nccl_trace_rank_")
+
+    def serve() -> None:
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        while True:
+            with pipe.open("rb") as requests:
+                if requests.read(1):
+                    Path(f"{dump_stem}{rank}").write_bytes(_dump_fr_trace())
+
+    threading.Thread(target=serve, name="fr-pipe", daemon=True).start()
+
+
 def main() -> None:
     scenario, ready = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    serve_flight_recorder_pipe(rank)
     model = torch.zeros(1 << 18)
     for _ in range(3):
         train_step(model)

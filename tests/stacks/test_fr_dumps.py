@@ -1,0 +1,92 @@
+"""Flight Recorder dumps from real gloo ranks (PyTorch 2.13 records gloo collectives), asked for through
+the dump pipe, read back safely and matched: the rank that never reached the collective is named, and
+PyTorch's own analyzer agrees where it can run."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import gloo_job
+from watchdog.sample.ranks import RankDiscovery
+from watchdog.stacks import fr_dumps
+from watchdog.stacks.flight_recorder import collect, trigger
+from watchdog.stacks.fr_dumps import FlightRecorderError, analyze, analyze_with_torch
+
+
+def dumps_of(scenario: str, tmp: Path, odd_rank: int = 2) -> list[fr_dumps.RankTrace]:
+    with gloo_job(scenario, tmp, odd_rank=odd_rank, flight_recorder=True) as processes:
+        discovery = RankDiscovery()
+        ranks = [r for r in (discovery.describe(p.pid) for p in processes) if r is not None]
+        asked_at = time.time()
+        asked = [trigger(r) for r in ranks]
+        assert [a.result for a in asked] == ["triggered"] * 4, [a.message for a in asked]
+        traces, problems = collect(asked, asked_at, timeout_seconds=20)
+    assert not problems and len(traces) == 4
+    return traces
+
+
+def test_the_rank_stuck_in_its_data_loader_never_reached_the_all_reduce(tmp_path: Path) -> None:
+    traces = dumps_of("dataloader", tmp_path)
+    assert {t.version for t in traces} == {"2.10"}
+    found = analyze(traces)
+    (group,) = found.groups
+    assert group.stuck and group.waiting == (0, 1, 3) and group.op == "gloo:all_reduce"
+    assert dict(group.behind) == {2: (group.seq - 1, "gloo:all_reduce")}
+    assert found.culprits == (2,)
+    assert found.summary == (f"Flight Recorder: process group default_pg: ranks 0, 1, 3 wait in all_reduce "
+                             f"#{group.seq}; rank 2 never reached it (its last is all_reduce #{group.seq - 1})")
+    pytorch = analyze_with_torch(traces)
+    assert pytorch is not None, "PyTorch's analyzer is importable here and must run on these dumps"
+    assert [(c["collective"], c["seq"], c["missing_ranks"]) for c in pytorch] == [("gloo:all_reduce", group.seq, [2])]
+
+
+def test_the_rank_in_another_collective_is_named(tmp_path: Path) -> None:
+    traces = dumps_of("collective", tmp_path, odd_rank=1)
+    found = analyze(traces)
+    (group,) = found.groups
+    assert group.stuck and dict(group.other_op) == {1: "gloo:broadcast"} and found.culprits == (1,)
+    assert "rank 1 is in broadcast" in group.sentence()
+    pytorch = analyze_with_torch(traces)
+    assert pytorch is not None
+    (mismatch,) = pytorch
+    assert mismatch["seq"] == group.seq and mismatch["mismatch"] == {"1": "gloo:broadcast"}
+
+
+def test_a_hostile_pickle_is_refused_without_running(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Boom:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (os.system, (f"touch {marker}",))
+
+    dump = tmp_path / "nccl_trace_rank_0"
+    dump.write_bytes(pickle.dumps({"entries": [], "boom": Boom()}))
+    with pytest.raises(FlightRecorderError, match="refused to load"):
+        fr_dumps.read(dump)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content,why", [(b"\x80\x04K\x01.", "no `entries` list"), (b"{\"entries\": 3}", "no `entries`"),
+                                         (b"hello", "not a Flight Recorder dump")])
+def test_not_a_dump_is_a_clear_error(tmp_path: Path, content: bytes, why: str) -> None:
+    path = tmp_path / "trace_3"
+    path.write_bytes(content)
+    with pytest.raises(FlightRecorderError, match=why):
+        fr_dumps.read(path)
+
+
+def test_json_dumps_and_rank_from_the_name() -> None:
+    import json
+
+    entry = {"pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1, "profiling_name": "nccl:all_reduce",
+             "state": "completed", "is_p2p": False}
+    trace = fr_dumps.parse(json.dumps({"version": "2.10", "entries": [entry], "pg_config": {}}).encode(),
+                           source="/tmp/dumps/nccl_trace_rank_12")
+    assert trace.rank == 12 and len(trace.entries) == 1
+    found = analyze([trace])
+    assert not found.groups[0].stuck and "no process group is stuck" in found.summary

@@ -1,0 +1,307 @@
+"""Read PyTorch Flight Recorder dumps back and name the ranks a process group waits on.
+
+A dump (format 2.x, one per rank, `<TORCH_FR_DUMP_TEMP_FILE or TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>`) is
+a pickle (or the JSON twin `_dump_fr_trace_json` writes) holding `entries` (one per collective:
+`pg_id`, `process_group` (name, desc), `collective_seq_id`, `profiling_name`, `state`, `retired`...),
+`pg_config` (each group's ranks) and `pg_status` (per group: the last collective enqueued, started and
+completed).
+
+Per process group, the collective furthest along is the one the group is in. Ranks that never enqueued
+it are behind (they are the culprits: the others wait on them); ranks that enqueued another operation
+under the same sequence number are in a different collective; ranks that enqueued it but never completed
+it are stuck in it.
+
+Pickles are read with an unpickler that refuses every class: a dump holds only dicts, lists, tuples,
+strings and numbers, and a file in /tmp must never run code in a daemon that may run as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import pickle
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_DUMP_BYTES = 64 * 2**20
+_RANK_SUFFIX = re.compile(r"(\d+)$")
+
+
+class FlightRecorderError(Exception):
+    """A file that is not a readable Flight Recorder dump (the message names it and says why)."""
+
+
+class _DataOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only data")
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's dump, reduced to what matching needs."""
+
+    rank: int
+    version: str
+    entries: tuple[Mapping[str, Any], ...]
+    groups: Mapping[str, tuple[int, ...]]  # process group name -> its global ranks (from pg_config)
+    status: Mapping[str, Mapping[str, int]]  # pg id -> last_enqueued/started/completed_collective
+    source: str = ""
+    node: str = ""
+
+
+def _loads(data: bytes, source: str) -> dict[str, Any]:
+    if data[:1] in (b"{", b" ", b"\n"):
+        try:
+            loaded = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise FlightRecorderError(f"{source}: not a Flight Recorder dump (JSON: {exc})") from None
+    else:
+        try:
+            loaded = _DataOnly(io.BytesIO(data)).load()
+        except Exception as exc:  # any failure to unpickle is a file we do not read
+            raise FlightRecorderError(f"{source}: not a Flight Recorder dump ({type(exc).__name__}: "
+                                      f"{str(exc)[:120]})") from None
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("entries"), list):
+        raise FlightRecorderError(f"{source}: not a Flight Recorder dump (no `entries` list)")
+    return loaded
+
+
+def _ranks_of(text: object) -> tuple[int, ...]:
+    if isinstance(text, (list, tuple)):
+        return tuple(int(r) for r in text if isinstance(r, int))
+    return tuple(int(r) for r in re.findall(r"-?\d+", str(text)))
+
+
+def parse(data: bytes, rank: int | None = None, source: str = "", node: str = "") -> RankTrace:
+    """One dump. `rank` defaults to the digits the file name ends with (PyTorch appends the rank)."""
+    loaded = _loads(data, source)
+    if rank is None:
+        found = _RANK_SUFFIX.search(Path(source).name)
+        if found is None:
+            raise FlightRecorderError(f"{source}: no rank in the file name (PyTorch names dumps <prefix><rank>)")
+        rank = int(found.group(1))
+    entries = tuple(e for e in loaded["entries"] if isinstance(e, dict))
+    config = loaded.get("pg_config") if isinstance(loaded.get("pg_config"), dict) else {}
+    groups = {str(name): _ranks_of(c.get("ranks")) for name, c in config.items() if isinstance(c, dict)}
+    status_raw = loaded.get("pg_status") if isinstance(loaded.get("pg_status"), dict) else {}
+    status = {str(k): {s: int(v) for s, v in st.items() if isinstance(v, int)}
+              for k, st in status_raw.items() if isinstance(st, dict)}
+    return RankTrace(rank, str(loaded.get("version", "")), entries, groups, status, source, node)
+
+
+def read(path: str | Path, node: str = "") -> RankTrace:
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_DUMP_BYTES + 1)
+    except OSError as exc:
+        raise FlightRecorderError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_DUMP_BYTES:
+        raise FlightRecorderError(f"{path}: over {MAX_DUMP_BYTES // 2**20} MiB; not a Flight Recorder dump")
+    return parse(data, source=str(path), node=node)
+
+
+def looks_like_dump(path: Path) -> bool:
+    """A file named <prefix><rank> that starts like a pickle (protocol 2+) or like the JSON dump."""
+    if not path.is_file() or not _RANK_SUFFIX.search(path.name):
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" or (head.lstrip()[:1] == b"{" and (b'"entries"' in head or b'"pg_config"' in head))
+
+
+# -- matching ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupFinding:
+    group: str  # process group name (desc)
+    seq: int  # the collective the group is in (its collective_seq_id)
+    op: str  # its name, e.g. "nccl:all_reduce"
+    waiting: tuple[int, ...]  # ranks that enqueued it and did not complete it
+    completed: tuple[int, ...]  # ranks that completed it
+    behind: Mapping[int, tuple[int, str]]  # rank -> (last seq, last op) for ranks that never enqueued it
+    other_op: Mapping[int, str]  # rank -> the op it enqueued under the same seq, when not `op`
+    missing: tuple[int, ...]  # members with no dump at all
+
+    @property
+    def stuck(self) -> bool:
+        return bool(self.waiting) and (bool(self.behind) or bool(self.other_op) or not self.completed)
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.behind, *self.other_op}))
+
+    def sentence(self) -> str:
+        name = _short(self.op)
+        parts = []
+        if self.waiting:
+            parts.append(f"{_ranks(self.waiting)} wait in {name} #{self.seq}")
+        for rank, (seq, op) in sorted(self.behind.items()):
+            last = f"its last is {_short(op)} #{seq}" if seq > 0 else "it enqueued none"
+            parts.append(f"rank {rank} never reached it ({last})")
+        for rank, op in sorted(self.other_op.items()):
+            parts.append(f"rank {rank} is in {_short(op)} #{self.seq} instead")
+        if self.missing:
+            parts.append(f"no dump from {_ranks(self.missing)}")
+        if not self.stuck and not parts:
+            parts.append(f"every rank completed {name} #{self.seq}")
+        return f"process group {self.group}: " + "; ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        return {"group": self.group, "seq": self.seq, "op": self.op, "stuck": self.stuck,
+                "waiting": list(self.waiting), "completed": list(self.completed),
+                "behind": {str(r): {"seq": s, "op": o} for r, (s, o) in sorted(self.behind.items())},
+                "other_op": {str(r): o for r, o in sorted(self.other_op.items())},
+                "missing": list(self.missing), "culprits": list(self.culprits), "sentence": self.sentence()}
+
+
+@dataclass(frozen=True)
+class FlightRecorderAnalysis:
+    groups: tuple[GroupFinding, ...]
+    ranks: tuple[int, ...]  # ranks with a dump
+    nodes: Mapping[int, str] = field(default_factory=dict)
+    analyzer: str = "stall-watchdog"
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        return tuple(sorted({r for g in self.groups if g.stuck for r in g.culprits}))
+
+    @property
+    def summary(self) -> str:
+        stuck = [g for g in self.groups if g.stuck]
+        if not stuck:
+            return (f"Flight Recorder ({len(self.ranks)} ranks): no process group is stuck" if self.groups
+                    else f"Flight Recorder ({len(self.ranks)} ranks): no collective recorded")
+        return "Flight Recorder: " + ". ".join(g.sentence() for g in stuck[:4])
+
+    def to_json(self) -> dict[str, object]:
+        return {"analyzer": self.analyzer, "ranks": list(self.ranks), "culprits": list(self.culprits),
+                "summary": self.summary, "groups": [g.to_json() for g in self.groups]}
+
+
+def _short(op: str) -> str:
+    return op.split(":", 1)[-1] if op else "a collective"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(map(str, ranks[:12]))}{' ...' if len(ranks) > 12 else ''}"
+
+
+def _group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
+    group = entry.get("process_group")
+    if isinstance(group, (list, tuple)) and len(group) == 2:
+        return str(group[0]), str(group[1])
+    return str(entry.get("pg_id", "")), ""
+
+
+def _completed(entry: Mapping[str, Any]) -> bool:
+    return entry.get("state") == "completed" or (entry.get("retired") is True)
+
+
+def analyze(traces: Iterable[RankTrace]) -> FlightRecorderAnalysis:
+    traces = sorted(traces, key=lambda t: t.rank)
+    by_rank = {t.rank: t for t in traces}
+    # group key -> rank -> entries of that rank in the group (collectives only, by sequence number)
+    per_group: dict[tuple[str, str], dict[int, dict[int, Mapping[str, Any]]]] = {}
+    for trace in traces:
+        for entry in trace.entries:
+            seq = entry.get("collective_seq_id")
+            if entry.get("is_p2p") or not isinstance(seq, int) or seq <= 0:
+                continue
+            per_group.setdefault(_group_key(entry), {}).setdefault(trace.rank, {})[seq] = entry
+    findings = []
+    for (name, desc), ranks in sorted(per_group.items()):
+        members = _members(name, desc, ranks.keys(), traces)
+        findings.append(_judge_group(desc or name, members, ranks, by_rank))
+    return FlightRecorderAnalysis(tuple(findings), tuple(by_rank), {t.rank: t.node for t in traces if t.node})
+
+
+def _members(name: str, desc: str, seen: Iterable[int], traces: Sequence[RankTrace]) -> tuple[int, ...]:
+    declared: set[int] = set()
+    for trace in traces:
+        declared.update(trace.groups.get(name, ()))
+    if desc == "default_pg" or name == "0":
+        declared.update(t.rank for t in traces)  # every rank is in the default group
+    return tuple(sorted(declared | set(seen)))
+
+
+def _judge_group(label: str, members: Sequence[int], ranks: Mapping[int, Mapping[int, Mapping[str, Any]]],
+                 by_rank: Mapping[int, RankTrace]) -> GroupFinding:
+    seq = max(max(seqs) for seqs in ranks.values())
+    ops = [seqs[seq].get("profiling_name", "") for seqs in ranks.values() if seq in seqs]
+    op = max(set(ops), key=ops.count) if ops else ""
+    waiting, completed, behind, other, missing = [], [], {}, {}, []
+    for rank in members:
+        seqs = ranks.get(rank)
+        if rank not in by_rank:
+            missing.append(rank)
+            continue
+        if not seqs or seq not in seqs:
+            last = max(seqs) if seqs else 0
+            behind[rank] = (last, str(seqs[last].get("profiling_name", "")) if seqs else "")
+            continue
+        entry = seqs[seq]
+        if str(entry.get("profiling_name", "")) != op:
+            other[rank] = str(entry.get("profiling_name", ""))
+        elif _completed(entry) or _status_completed(by_rank[rank], entry, seq):
+            completed.append(rank)
+        else:
+            waiting.append(rank)
+    return GroupFinding(label, seq, op, tuple(waiting), tuple(completed), behind, other, tuple(missing))
+
+
+def _status_completed(trace: RankTrace, entry: Mapping[str, Any], seq: int) -> bool:
+    status = trace.status.get(str(entry.get("pg_id", "")))
+    return status is not None and status.get("last_completed_collective", -1) >= seq
+
+
+def _torch_pg_config(trace: RankTrace) -> dict[str, dict[str, str]]:
+    """pg_config as PyTorch's analyzer wants it: keyed by the group names the entries use. Gloo dumps
+    (PyTorch 2.13) key the default group '' while its entries name it '0' (desc 'default_pg'): the
+    analyzer then fails with KeyError ('0', rank). The group is renamed to what its entries say."""
+    named = {_group_key(e) for e in trace.entries}
+    config = {n: {"name": n, "desc": n, "ranks": str(list(r))} for n, r in trace.groups.items()}
+    for name, desc in named:
+        if name not in config and "" in config and desc == "default_pg":
+            config[name] = {"name": name, "desc": desc, "ranks": config.pop("")["ranks"]}
+    return config
+
+
+def analyze_with_torch(traces: Sequence[RankTrace]) -> list[dict[str, object]] | None:
+    """PyTorch's own matcher (torch.distributed.flight_recorder), run on the dumps we already read safely:
+    per collective it did not match everywhere, its name, sequence number and missing ranks. None when
+    PyTorch (or its analyzer) is not importable, or when it gives up on these dumps."""
+    try:
+        from argparse import Namespace
+
+        from torch.distributed.flight_recorder.components.builder import build_db
+    except Exception:  # ImportError, or a torch that fails to import: our own matcher stands
+        return None
+    details = {f"rank{t.rank}": {"host_name": t.node or f"host_rank{t.rank}", "rank": t.rank,
+                                 "entries": [dict(e) for e in t.entries], "version": t.version,
+                                 "pg_config": _torch_pg_config(t)}
+               for t in traces}
+    args = Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True, mismatch_cap=10,
+                     selected_ranks=None, pg_filters=None, print_stack_trace=False)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            logging.disable(logging.CRITICAL)  # it reports through logging and print; we report its result
+            try:
+                db = build_db(details, args, traces[0].version if traces else "2.0")
+            finally:
+                logging.disable(logging.NOTSET)
+    except (Exception, SystemExit):  # its asserts and exits are its way of saying "cannot match these"
+        return None
+    return [{"collective": c.collective_name, "seq": c.collective_seq_id, "group": c.pg_desc,
+             "state": c.collective_state, "missing_ranks": sorted(c.missing_ranks or ()),
+             "mismatch": {str(r): m.collective_name for r, m in sorted((c.mismatch_collectives or {}).items())}}
+            for c in db.collectives if c.missing_ranks or not c.pass_check]

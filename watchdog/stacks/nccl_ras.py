@@ -1,0 +1,379 @@
+"""NCCL's RAS service (NCCL 2.24+): every rank's collective counts across the whole job, from any rank's host.
+
+Each NCCL process runs a RAS thread; the first on a host listens on localhost:28028 (or NCCL_RAS_ADDR).
+The protocol is text (NCCL's docs/troubleshooting/ras.rst and src/ras/client.cc):
+
+    -> CLIENT PROTOCOL 2        <- SERVER PROTOCOL <n>
+    -> TIMEOUT <seconds>        <- OK
+    -> SET FORMAT json          <- OK          (2.28.7+; older versions answer otherwise: text then)
+    -> VERBOSE STATUS           <- the report, until the server closes the connection
+
+The official `ncclras` client is used where installed; otherwise the same protocol is spoken here.
+The JSON report (2.28.7+) lists per communicator each rank's `collective_counts` per operation, host, pid
+and GPU, and the `missing_ranks`; 2.28.9 writes a missing rank without the comma before its `status`
+(invalid JSON), which is repaired before parsing. The text report's MISMATCH / INCOMPLETE / DEAD sections
+are read too.
+
+A rank behind the others in an operation's count is only *stuck* when the counts are unchanged across two
+queries a few seconds apart (collectives outpace RAS's gathering on a healthy job); a DEAD or missing
+rank is named as such.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_PORT = 28028
+PROTOCOL = 2
+MAX_REPORT_BYTES = 16 * 2**20
+
+
+class RasError(Exception):
+    """The RAS service could not be asked (nothing listens, a timeout, an answer we cannot read)."""
+
+
+def address(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """Where a rank's RAS service listens; None when the job switched RAS off (NCCL_RAS_ENABLE=0)."""
+    if env.get("NCCL_RAS_ENABLE", "1").strip() == "0":
+        return None
+    text = env.get("NCCL_RAS_ADDR", "").strip()
+    if not text:
+        return "localhost", DEFAULT_PORT
+    host, _, port = text.rpartition(":")
+    try:
+        return (host.strip("[]") or "localhost"), int(port)
+    except ValueError:
+        return "localhost", DEFAULT_PORT
+
+
+# -- asking --------------------------------------------------------------------------------------------
+def query(host: str = "localhost", port: int = DEFAULT_PORT, timeout_seconds: float = 5.0,
+          binary: str | None = None) -> str:
+    """One VERBOSE STATUS report, JSON where the service can write it. `binary`: the ncclras client to
+    use (default: the one on PATH, if any)."""
+    binary = binary if binary is not None else shutil.which("ncclras")
+    if binary:
+        return _query_binary(binary, host, port, timeout_seconds)
+    return _query_socket(host, port, timeout_seconds)
+
+
+def _query_binary(binary: str, host: str, port: int, timeout_seconds: float) -> str:
+    wait = max(1, int(timeout_seconds))
+    for fmt in ("json", None):
+        argv = [binary, "-h", host, "-p", str(port), "-t", str(wait), "-v"] + (["-f", fmt] if fmt else [])
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                  timeout=timeout_seconds * 2 + 5)
+        except subprocess.TimeoutExpired:
+            raise RasError(f"ncclras did not answer within {timeout_seconds * 2 + 5:.0f} s") from None
+        except OSError as exc:
+            raise RasError(f"ncclras: {exc.strerror or exc}") from None
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout
+        if fmt and "Invalid format" not in done.stderr and "Unexpected response" not in done.stderr:
+            break  # not a format problem: asking for text will not help
+    first = (done.stderr.strip().splitlines() or ["no output"])[0]
+    raise RasError(f"ncclras exited {done.returncode}: {first[:200]}")
+
+
+def _query_socket(host: str, port: int, timeout_seconds: float) -> str:
+    deadline = time.monotonic() + timeout_seconds * 2 + 5  # RAS's own gathering may take the timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=min(timeout_seconds, 2.0))
+    except OSError as exc:
+        raise RasError(f"nothing answers at {host}:{port} ({exc.strerror or exc}): the job is not NCCL 2.24+, "
+                       "set NCCL_RAS_ENABLE=0, or listens elsewhere (NCCL_RAS_ADDR)") from None
+    with sock:
+        reader = _Lines(sock, deadline)
+        reader.send(f"CLIENT PROTOCOL {PROTOCOL}\n")
+        hello = reader.line()
+        if not hello.upper().startswith("SERVER PROTOCOL"):
+            raise RasError(f"{host}:{port} is not NCCL's RAS service (it said {hello[:60]!r})")
+        reader.send(f"TIMEOUT {max(1, int(timeout_seconds))}\n")
+        if reader.line().strip().upper() != "OK":
+            raise RasError(f"{host}:{port}: TIMEOUT refused")
+        reader.send("SET FORMAT json\n")
+        reader.line()  # OK on 2.28.7+; anything else: the report comes as text
+        reader.send("VERBOSE STATUS\n")
+        return reader.rest()
+
+
+class _Lines:
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline, self.buffer = sock, deadline, b""
+
+    def _recv(self) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RasError("the RAS service did not finish its answer in time")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv(65536)
+        except OSError as exc:
+            raise RasError(f"reading from the RAS service: {exc.strerror or exc}") from None
+
+    def send(self, text: str) -> None:
+        try:
+            self.sock.sendall(text.encode())
+        except OSError as exc:
+            raise RasError(f"writing to the RAS service: {exc.strerror or exc}") from None
+
+    def line(self) -> str:
+        while b"\n" not in self.buffer:
+            chunk = self._recv()
+            if not chunk:
+                raise RasError("the RAS service closed the connection")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def rest(self) -> str:
+        while len(self.buffer) <= MAX_REPORT_BYTES:
+            chunk = self._recv()
+            if not chunk:
+                return self.buffer.decode(errors="replace")
+            self.buffer += chunk
+        raise RasError(f"the RAS report is over {MAX_REPORT_BYTES // 2**20} MiB")
+
+
+# -- reading -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RasRank:
+    rank: int
+    host: str = ""
+    pid: int | None = None
+    gpu: int | None = None
+    counts: Mapping[str, int] = field(default_factory=dict)  # operation -> launched so far
+    missing: bool = False
+    dead: bool = False
+
+
+@dataclass(frozen=True)
+class RasCommunicator:
+    hash: str
+    size: int
+    ranks: tuple[RasRank, ...]
+    # op -> (highest count, ranks at it) where a text report names only the outliers' ranks
+    tops: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RasStatus:
+    communicators: tuple[RasCommunicator, ...]
+    version: str = ""
+    dead: tuple[RasRank, ...] = ()  # processes RAS declared dead (text: the DEAD section)
+    format: str = "json"
+
+
+_MISSING_COMMA = re.compile(r'("nvml_dev":\s*-?\d+)(\s*\n\s*"status")')
+
+
+def parse(text: str) -> RasStatus:
+    """A RAS report, JSON or text, told apart by its first character."""
+    if text.lstrip().startswith("{"):
+        return _parse_json(text)
+    return _parse_text(text)
+
+
+def _parse_json(text: str) -> RasStatus:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        try:  # NCCL 2.28.9: a missing rank's "nvml_dev" line lacks its comma
+            data = json.loads(_MISSING_COMMA.sub(r"\1,\2", text))
+        except json.JSONDecodeError as exc:
+            raise RasError(f"RAS JSON line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
+        raise RasError("RAS JSON without a `communicators` list")
+    comms = []
+    for comm in data["communicators"]:
+        if not isinstance(comm, dict):
+            continue
+        ranks = [_json_rank(r, missing=False) for r in comm.get("ranks") or [] if isinstance(r, dict)]
+        ranks += [_json_rank(r, missing=True) for r in comm.get("missing_ranks") or [] if isinstance(r, dict)]
+        comms.append(RasCommunicator(str(comm.get("hash", "")), int(comm.get("size") or len(ranks)),
+                                     tuple(sorted(ranks, key=lambda r: r.rank))))
+    return RasStatus(tuple(comms), str(data.get("nccl_version", "")), format="json")
+
+
+def _json_rank(raw: Mapping[str, object], missing: bool) -> RasRank:
+    status = raw.get("status") if isinstance(raw.get("status"), dict) else {}
+    counts = raw.get("collective_counts") if isinstance(raw.get("collective_counts"), dict) else {}
+    pid = raw.get("pid")
+    gpu = raw.get("nvml_dev", raw.get("cuda_dev"))
+    return RasRank(int(raw.get("rank", -1)), str(raw.get("host", "")), pid if isinstance(pid, int) and pid >= 0
+                   else None, gpu if isinstance(gpu, int) else None,
+                   {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}, missing,
+                   bool(status.get("considered_dead")))  # type: ignore[union-attr]
+
+
+_COMM_HEAD = re.compile(r"^#\d+-\d+ \((?P<hash>[0-9a-f]+)\) (?P<kind>\w+)")
+_OP_HEAD = re.compile(r"^\s+Communicator ranks have different (?:(?P<op>\w+) )?operation counts")
+_COUNT_GROUP = re.compile(r"^\s+(?P<n>\d+) ranks have (?:launched up to operation (?P<v>\d+)|not launched any)")
+_RANK_LINE = re.compile(r"^\s+Rank (?P<rank>\d+)(?: has (?:launched up to operation (?P<v>\d+)|not launched any "
+                        r"operations))? -- (?:GPU (?P<gpu>\d+)\S*(?: \(NVML (?P<nvml>\d+)\))? managed by process "
+                        r"(?P<pid>\d+) on node (?P<host>\S+)|\[process information not found\])")
+_PROCESS_LINE = re.compile(r"^\s+Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>\d+)")
+_MISSING_RANK = re.compile(r"^\s+The missing rank: (?P<rank>\d+)")
+
+
+def _parse_text(text: str) -> RasStatus:
+    """The text report: only what it names. Per MISMATCH'd communicator and operation, the ranks it lists
+    with their counts (an outlier group's members follow its 'N ranks have launched up to operation V'
+    line, or carry their own count); per INCOMPLETE communicator, its missing ranks; the DEAD processes."""
+    if "Communicators" not in text and "Job summary" not in text and "RAS" not in text:
+        raise RasError("not a RAS report (no 'Job summary' or 'Communicators' section)")
+    comms: dict[str, dict[int, RasRank]] = {}
+    tops: dict[str, dict[str, tuple[int, int]]] = {}
+    dead: list[RasRank] = []
+    section = current = op = ""
+    value: int | None = None
+    for line in text.splitlines():
+        head = _COMM_HEAD.match(line)
+        if head:
+            current, section, op, value = head["hash"], head["kind"], "", None
+            comms.setdefault(current, {})
+            continue
+        if line.strip() in ("DEAD", "INCOMPLETE", "TIMEOUT", "Errors", "Warnings"):
+            section, current = line.strip(), ""
+            continue
+        if section == "DEAD" and (m := _PROCESS_LINE.match(line)):
+            dead.append(RasRank(-1, m["host"], int(m["pid"]), int(m["gpu"]), dead=True))
+            continue
+        if not current:
+            continue
+        if m := _OP_HEAD.match(line):
+            op, value = m["op"] or "Collectives", None
+        elif m := _COUNT_GROUP.match(line):
+            value = int(m["v"] or 0)
+            if op and value >= tops.setdefault(current, {}).get(op, (-1, 0))[0]:
+                tops[current][op] = (value, int(m["n"]))
+        elif m := _MISSING_RANK.match(line):
+            comms[current][int(m["rank"])] = RasRank(int(m["rank"]), missing=True)
+        elif (m := _RANK_LINE.match(line)) and op:
+            rank = int(m["rank"])
+            count = int(m["v"]) if m["v"] else (0 if "not launched" in line else value)
+            known = comms[current].get(rank) or RasRank(rank, m["host"] or "", int(m["pid"]) if m["pid"] else None,
+                                                        int(m["nvml"] or m["gpu"]) if m["gpu"] else None)
+            counts = dict(known.counts)
+            if count is not None:
+                counts[op] = count
+            comms[current][rank] = RasRank(rank, known.host, known.pid, known.gpu, counts, known.missing)
+    communicators = tuple(RasCommunicator(h, len(r), tuple(sorted(r.values(), key=lambda x: x.rank)),
+                                          tops.get(h, {})) for h, r in comms.items())
+    return RasStatus(communicators, dead=tuple(dead), format="text")
+
+
+# -- judging -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Behind:
+    rank: RasRank
+    op: str
+    by: int  # operations behind the others
+    others: int  # how many ranks are ahead
+
+    def sentence(self) -> str:
+        where = f" on {self.rank.host}" if self.rank.host else ""
+        return (f"rank {self.rank.rank}{where} is {self.by} {self.op} behind the other {self.others}"
+                + (f" (pid {self.rank.pid}, GPU {self.rank.gpu})" if self.rank.pid is not None else ""))
+
+
+@dataclass(frozen=True)
+class RasFinding:
+    stuck: bool  # counts unchanged across the two queries while some rank is behind
+    behind: tuple[Behind, ...]
+    missing: tuple[RasRank, ...]
+    dead: tuple[RasRank, ...]
+    queries: int
+    version: str = ""
+    problem: str | None = None
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        return tuple(sorted({b.rank.rank for b in self.behind} | {r.rank for r in self.missing + self.dead
+                                                                    if r.rank >= 0}))
+
+    @property
+    def summary(self) -> str:
+        if self.problem:
+            return f"NCCL RAS: {self.problem}"
+        parts = [b.sentence() for b in self.behind[:4]]
+        parts += [f"rank {r.rank}{' on ' + r.host if r.host else ''} is missing (RAS cannot reach it)"
+                  for r in self.missing[:4]]
+        parts += [f"rank {r.rank}{' on ' + r.host if r.host else ''} is dead" if r.rank >= 0
+                  else f"process {r.pid} on {r.host} (GPU {r.gpu}) is dead" for r in self.dead[:4]]
+        if not parts:
+            return "NCCL RAS: every rank has launched the same collectives"
+        tail = "" if self.stuck or not self.behind else " (still moving between the two queries: not stuck)"
+        return "NCCL RAS: " + "; ".join(parts) + tail
+
+    def to_json(self) -> dict[str, object]:
+        def rank(r: RasRank) -> dict[str, object]:
+            return {"rank": r.rank, "host": r.host, "pid": r.pid, "gpu": r.gpu, "dead": r.dead}
+
+        return {"stuck": self.stuck, "queries": self.queries, "nccl_version": self.version,
+                "problem": self.problem, "summary": self.summary, "culprits": list(self.culprits),
+                "behind": [{**rank(b.rank), "op": b.op, "by": b.by, "others": b.others} for b in self.behind],
+                "missing": [rank(r) for r in self.missing], "dead": [rank(r) for r in self.dead]}
+
+
+def behind(status: RasStatus) -> list[Behind]:
+    """Per communicator and operation, the ranks whose count is below the most common one."""
+    found: dict[int, Behind] = {}
+    for comm in status.communicators:
+        present = [r for r in comm.ranks if not r.missing]
+        ops = {op for r in present for op in r.counts}
+        for op in sorted(ops):
+            counts = Counter(r.counts[op] for r in present if op in r.counts)
+            listed_top, listed_ahead = comm.tops.get(op, (-1, 0))
+            top = max(max(counts, default=-1), listed_top)
+            ahead = listed_ahead if listed_top == top else counts[top]
+            if top < 0 or all(value == top for value in counts):
+                continue
+            for r in present:
+                if op in r.counts and r.counts[op] < top:
+                    gap = top - r.counts[op]
+                    if r.rank not in found or found[r.rank].by < gap:
+                        found[r.rank] = Behind(r, op, gap, ahead)
+    return sorted(found.values(), key=lambda b: b.rank.rank)
+
+
+def judge(first: RasStatus, second: RasStatus | None) -> RasFinding:
+    """Two reports a few seconds apart: ranks behind in both with unchanged counts are stuck."""
+    latest = second or first
+    lagging = behind(latest)
+    stuck = second is not None and bool(lagging) and _counts(first) == _counts(second)
+    missing = tuple(r for c in latest.communicators for r in c.ranks if r.missing)
+    dead = tuple({(r.host, r.pid, r.rank): r for r in [*latest.dead, *(m for m in missing if m.dead)]}.values())
+    return RasFinding(stuck, tuple(lagging), tuple(m for m in missing if not m.dead), dead,
+                      2 if second is not None else 1, latest.version)
+
+
+def _counts(status: RasStatus) -> dict[tuple[str, int], Mapping[str, int]]:
+    return {(c.hash, r.rank): r.counts for c in status.communicators for r in c.ranks}
+
+
+def ask_twice(host: str, port: int, gap_seconds: float = 3.0, timeout_seconds: float = 5.0,
+              binary: str | None = None) -> RasFinding:
+    """Query, wait `gap_seconds`, query again, judge. A failure is a finding with its problem, never raised."""
+    try:
+        first = parse(query(host, port, timeout_seconds, binary))
+        time.sleep(gap_seconds)
+        second = parse(query(host, port, timeout_seconds, binary))
+    except RasError as exc:
+        return RasFinding(False, (), (), (), 0, problem=str(exc))
+    return judge(first, second)
+
+
+def where_to_ask(envs: Sequence[Mapping[str, str]]) -> tuple[str, int] | None:
+    """The RAS address the local ranks agree on (the first that names one), None when RAS is off."""
+    found = [address(env) for env in envs]
+    return next((a for a in found if a is not None), None) if found else None
