@@ -201,6 +201,15 @@ class StacksConfig(_Section):
     recheck_seconds: Seconds = Field(
         60.0, description="While a stall episode is open and not critical, look at the stacks again this often "
         "(a rank that stopped moving between two looks makes it critical).")
+    flight_recorder_wait_seconds: Annotated[float, Field(ge=0, le=120)] = Field(
+        5.0, description="How long to wait for the Flight Recorder dumps asked for before reading what came.")
+    nccl_ras: bool = Field(
+        True, description="Ask NCCL's RAS service (NCCL 2.24+, localhost:28028 or the ranks' NCCL_RAS_ADDR) for "
+        "every rank's collective counts across the job, twice, and name the ranks behind.")
+    nccl_ras_gap_seconds: Annotated[float, Field(ge=0, le=60)] = Field(
+        3.0, description="Time between the two RAS queries: counts unchanged across it mean stuck.")
+    nccl_ras_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        5.0, description="How long RAS may gather the job's data for one query.")
 
 
 class SourceConfig(_Section):
@@ -250,6 +259,21 @@ class ExportConfig(_Section):
         if self.basic_auth_password_file is not None and self.basic_auth_password_env is not None:
             raise ValueError("give basic_auth_password_file or basic_auth_password_env, not both")
         return self
+
+
+class DumpConfig(_Section):
+    """`POST /v1/dump` on the endpoint: capture a job's stacks now (for Alertmanager and the coordinator)."""
+
+    enabled: bool = Field(True, description="Serve POST /v1/dump.")
+    token_file: str | None = Field(
+        None, description="File holding a bearer token that POST /v1/dump requires (besides basic auth, if set). "
+        "Off loopback, dumps are refused unless this or export.basic_auth_user is set.")
+    cooldown_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(
+        30.0, description="A request for a job dumped less than this ago gets that dump's answer again.")
+    max_per_minute: Annotated[int, Field(ge=1, le=600)] = Field(
+        6, description="Dumps started per minute at most; more get 429 with Retry-After.")
+    max_body_bytes: Annotated[int, Field(ge=1024, le=16 * 2**20)] = Field(
+        1 * 2**20, description="Largest request body accepted (Alertmanager payloads with many alerts).")
 
 
 class BundlesConfig(_Section):
@@ -320,6 +344,7 @@ class Config(_Section):
     detectors: DetectorsConfig = DetectorsConfig()
     stacks: StacksConfig = StacksConfig()
     export: ExportConfig = ExportConfig()
+    dump: DumpConfig = DumpConfig()
     bundles: BundlesConfig = BundlesConfig()
     alerts: AlertsConfig = AlertsConfig()
 

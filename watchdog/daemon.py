@@ -24,6 +24,7 @@ from prometheus_client.registry import CollectorRegistry
 from watchdog import logfmt
 from watchdog.act.alerts import AlertDispatcher, Receiver
 from watchdog.act.bundles import BundleStore
+from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.counters import Counters
@@ -81,8 +82,11 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     incidents = IncidentHandler(config, counters, dispatcher, bundles, StackCapturer.from_config(config.stacks),
                                 discovery, inventory=getattr(source, "inventory", None),
                                 on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic)
-    return Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
-                  monotonic, wall, HostProgress(monotonic), verdicts)
+    daemon = Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
+                    monotonic, wall, HostProgress(monotonic), verdicts)
+    daemon.dumps = DumpService(config, counters, StackCapturer.from_config(config.stacks), discovery, bundles,
+                               lambda: daemon.published.snapshot, incidents.instance, monotonic)
+    return daemon
 
 
 class Daemon:
@@ -111,6 +115,14 @@ class Daemon:
         self.host = host  # host progress of each GPU's processes, a reading like the GPU's own
         self.verdicts = verdicts  # the stacks' verdicts, handed back by the incident workers
         self._rank_cache: dict[int, tuple[int | None, str]] = {}  # pid -> (rank, job)
+        self.dumps: DumpService | None = None  # POST /v1/dump, set by build()
+
+    def dump_request(self, body: bytes) -> tuple[int, dict[str, object], int | None]:
+        """The endpoint's POST /v1/dump: the dump service's answer as (status, JSON, Retry-After)."""
+        if self.dumps is None:
+            return 404, {"error": "dumps are not wired in this daemon"}, None
+        answer = self.dumps.handle(body)
+        return answer.status, answer.body, answer.retry_after
 
     # -- one tick ----------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -263,5 +275,7 @@ class Daemon:
     def shutdown(self, timeout: float = 10.0) -> None:
         self.notifier.stopping()
         self.incidents.close(timeout)
+        if self.dumps is not None:
+            self.dumps.close()
         self.incidents.dispatcher.close(timeout=min(timeout, 5.0))
         self.source.close()

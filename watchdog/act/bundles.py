@@ -79,47 +79,83 @@ class BundleStore:
         self.root = Path(cfg.directory)
 
     def write(self, incident: Incident) -> Path | None:
-        final = self.root / incident.name
-        temporary = self.root / f".partial-{incident.name}-{os.getpid()}"
+        def fill(folder: Path) -> None:
+            self._json(folder / "summary.json", incident.summary())
+            self._telemetry(folder / "telemetry.jsonl", incident)
+            self._pictures(folder, incident.pictures)
+            if incident.doctor:
+                self._json(folder / "doctor.json", [d.to_json() for d in incident.doctor])
+            if incident.ranks:
+                self._json(folder / "environment.json", [
+                    {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),
+                     "container": r.container, "env": dict(r.env), "problems": list(r.problems)}
+                    for r in incident.ranks])
+            if not self._render(folder):
+                incident.partial = True
+
+        path = self._commit(incident.name, fill, incident.event.signature.value)
+        if path is not None:
+            self.counters.inc("bundles_total", "partial" if incident.partial else "written")
+        return path
+
+    def write_dump(self, name: str, summary: dict[str, object], pictures: Sequence[StackPicture]) -> Path | None:
+        """A bundle asked for over POST /v1/dump: the same stacks files, and the answer as summary.json."""
+        def fill(folder: Path) -> None:
+            self._json(folder / "summary.json", summary)
+            self._pictures(folder, pictures)
+            self._render(folder)
+
+        path = self._commit(name, fill, "dump")
+        if path is not None:
+            self.counters.inc("bundles_total", "written")
+        return path
+
+    def _pictures(self, folder: Path, pictures: Sequence[StackPicture]) -> None:
+        if not pictures:
+            return
+        self._json(folder / "stacks.json", [p.to_json() for p in pictures])
+        stacks = folder / "stacks"
+        stacks.mkdir(mode=0o700)
+        for picture in pictures:
+            for capture in picture.captures:
+                if capture.raw is not None:
+                    self._json(stacks / capture_file_name(capture.target), capture.raw)
+        traces = [t for p in pictures for t in p.traces]
+        if traces:
+            recorded = folder / "flight_recorder"
+            recorded.mkdir(mode=0o700)
+            for trace in traces:
+                self._json(recorded / f"rank-{trace.rank}.json", trace.to_json())
+
+    def _render(self, folder: Path) -> bool:
+        try:
+            if self.render_report is not None:
+                self.render_report(folder)
+            return True
+        except Exception as exc:  # the bundle's data matters more than its page: it is kept, as partial
+            logfmt.event("report_failed", level=logfmt.WARNING, error=f"{type(exc).__name__}: {exc}")
+            return False
+
+    def _commit(self, name: str, fill: Callable[[Path], None], what: str) -> Path | None:
+        """Fill a hidden folder, then rename it into place (a reader never sees half a bundle); rotate."""
+        final = self.root / name
+        temporary = self.root / f".partial-{name}-{os.getpid()}"
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             if temporary.exists():
                 shutil.rmtree(temporary)
             temporary.mkdir(mode=0o700)
             self._json(temporary / MARKER, {"written_by": "stall-watchdog", "pid": os.getpid()})
-            self._json(temporary / "summary.json", incident.summary())
-            self._telemetry(temporary / "telemetry.jsonl", incident)
-            if incident.pictures:
-                self._json(temporary / "stacks.json", [r.to_json() for r in incident.pictures])
-                stacks = temporary / "stacks"
-                stacks.mkdir(mode=0o700)
-                for report in incident.pictures:
-                    for capture in report.captures:
-                        if capture.raw is not None:
-                            self._json(stacks / capture_file_name(capture.target), capture.raw)
-            if incident.doctor:
-                self._json(temporary / "doctor.json", [d.to_json() for d in incident.doctor])
-            if incident.ranks:
-                self._json(temporary / "environment.json", [
-                    {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),
-                     "container": r.container, "env": dict(r.env), "problems": list(r.problems)}
-                    for r in incident.ranks])
-            try:
-                if self.render_report is not None:
-                    self.render_report(temporary)
-            except Exception as exc:  # the bundle's data matters more than its page: it is kept, as partial
-                incident.partial = True
-                logfmt.event("report_failed", level=logfmt.WARNING, error=f"{type(exc).__name__}: {exc}")
+            fill(temporary)
             if final.exists():
-                final = self.root / f"{incident.name}-{int(time.time() * 1000) % 100000}"
+                final = self.root / f"{name}-{int(time.time() * 1000) % 100000}"
             os.rename(temporary, final)
         except OSError as exc:
             shutil.rmtree(temporary, ignore_errors=True)
             self.counters.inc("bundles_total", "failed")
-            logfmt.event("bundle_failed", level=logfmt.ERROR, signature=incident.event.signature.value,
-                         directory=str(self.root), error=exc.strerror or str(exc))
+            logfmt.event("bundle_failed", level=logfmt.ERROR, signature=what, directory=str(self.root),
+                         error=exc.strerror or str(exc))
             return None
-        self.counters.inc("bundles_total", "partial" if incident.partial else "written")
         self.rotate(keep=final)
         return final
 

@@ -142,7 +142,7 @@ class IncidentHandler:
         try:
             ranks = self.discovery.from_snapshot(on_gpus)
             s = self.config.stacks
-            pictures = [capture_job(job, self.capturer, self.discovery, s.observe_seconds, s.flight_recorder)
+            pictures = [capture_job(job, self.capturer, self.discovery, s, self.instance)
                         for job in group_jobs(ranks)]
             for picture in pictures:
                 for capture in picture.captures:

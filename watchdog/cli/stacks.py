@@ -49,7 +49,7 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     s = config.stacks
     capturer = StackCapturer.from_config(s)
-    pictures = [capture_job(job, capturer, discovery, s.observe_seconds, s.flight_recorder)
+    pictures = [capture_job(job, capturer, discovery, s)
                 for job in group_jobs(ranks)]
     print_pictures(pictures, args.json)
     if args.out:

@@ -1,5 +1,10 @@
 """The HTTP endpoint: /metrics renders the collector's registry, /healthz says whether the loop is
-sampling. Optional TLS and basic auth. Served from its own threads: a slow scraper never delays a tick.
+sampling, POST /v1/dump hands its body to the dump service (act/dump.py, wired by the composition root).
+Optional TLS and basic auth. Served from its own threads: a slow scraper never delays a tick.
+
+A dump runs py-spy against the ranks, so it is never open to the network unauthenticated: off loopback,
+POST /v1/dump needs basic auth (export.basic_auth_user) or the bearer token in dump.token_file, and is
+refused (403, saying so) when neither is configured.
 
 Hostile clients cost only themselves: at most MAX_CONNECTIONS are served at once (the rest are closed at
 once and counted), each connection has CLIENT_TIMEOUT_SECONDS to send its request (and to finish the TLS
@@ -12,6 +17,7 @@ from __future__ import annotations
 import base64
 import errno
 import hmac
+import json
 import os
 import socket
 import ssl
@@ -26,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from watchdog import logfmt
-from watchdog.config import ExportConfig
+from watchdog.config import DumpConfig, ExportConfig
 
 MAX_CONNECTIONS = 64
 CLIENT_TIMEOUT_SECONDS = 10.0
@@ -49,6 +55,25 @@ def _password(cfg: ExportConfig) -> str | None:
             raise EndpointError(f"export.basic_auth_password_env: {cfg.basic_auth_password_env} is not set")
         return value
     return None
+
+
+def _token(cfg: DumpConfig) -> str | None:
+    if cfg.token_file is None:
+        return None
+    try:
+        token = Path(cfg.token_file).read_text().strip()
+    except OSError as exc:
+        raise EndpointError(f"dump.token_file: cannot read: {exc.strerror or exc}") from None
+    if not token:
+        raise EndpointError("dump.token_file: the file is empty")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+DumpHandler = Callable[[bytes], tuple[int, dict[str, object], "int | None"]]
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -110,40 +135,83 @@ class _Server(ThreadingHTTPServer):
 
 
 class Endpoint:
-    def __init__(self, cfg: ExportConfig, registry: CollectorRegistry, healthy: Callable[[], tuple[bool, str]]):
+    def __init__(self, cfg: ExportConfig, registry: CollectorRegistry, healthy: Callable[[], tuple[bool, str]],
+                 dump: DumpHandler | None = None, dump_cfg: DumpConfig | None = None):
         self.cfg = cfg
+        limits = dump_cfg or DumpConfig()
         expected = None
         if cfg.basic_auth_user:
             password = _password(cfg)
             if password is None:
                 raise EndpointError("export.basic_auth_user is set: give basic_auth_password_file or _env too")
             expected = "Basic " + base64.b64encode(f"{cfg.basic_auth_user}:{password}".encode()).decode()
+        bearer = _token(limits)
         host, port = parse_address(cfg.listen_address)
+        open_dumps = expected is None and bearer is None and is_loopback(host)
+        if dump is not None and expected is None and bearer is None and not is_loopback(host):
+            logfmt.event("dump_refused", level=logfmt.WARNING, listen_address=cfg.listen_address,
+                         reason="POST /v1/dump off loopback needs dump.token_file or export.basic_auth_user")
+
+        def matches(given: bytes, secret: str | None) -> bool:
+            return secret is not None and hmac.compare_digest(given, secret.encode())
 
         class Handler(BaseHTTPRequestHandler):
             timeout = CLIENT_TIMEOUT_SECONDS  # a slow client's every read
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                given = self.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-                if expected is not None and not hmac.compare_digest(given, expected.encode()):
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", 'Basic realm="stall-watchdog"')
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    body, status, kind = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-                elif path == "/healthz":
-                    ok, why = healthy()
-                    body, status, kind = (why + "\n").encode(), 200 if ok else 503, "text/plain; charset=utf-8"
-                else:
-                    body, status, kind = b"stall-watchdog: /metrics, /healthz\n", 404, "text/plain; charset=utf-8"
+            def _given(self) -> bytes:
+                return self.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+
+            def _send(self, status: int, body: bytes, kind: str = "text/plain; charset=utf-8",
+                      headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _json(self, status: int, data: dict[str, object], headers: dict[str, str] | None = None) -> None:
+                self._send(status, (json.dumps(data) + "\n").encode(), "application/json", headers)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if expected is not None and not matches(self._given(), expected):
+                    self._send(401, b"", headers={"WWW-Authenticate": 'Basic realm="stall-watchdog"'})
+                    return
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok, why = healthy()
+                    self._send(200 if ok else 503, (why + "\n").encode())
+                else:
+                    self._send(404, b"stall-watchdog: GET /metrics, GET /healthz, POST /v1/dump\n")
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.split("?", 1)[0] != "/v1/dump" or dump is None:
+                    self._send(404, b"stall-watchdog: POST /v1/dump (dump.enabled)\n")
+                    return
+                given = self._given()
+                if not (open_dumps or matches(given, expected) or matches(given, f"Bearer {bearer}" if bearer
+                                                                          else None)):
+                    if expected is None and bearer is None:
+                        self._json(403, {"error": "dumps off loopback need dump.token_file or "
+                                                  "export.basic_auth_user; none is configured"})
+                    else:
+                        self._json(401, {"error": "POST /v1/dump needs the bearer token or basic auth"},
+                                   {"WWW-Authenticate": 'Bearer realm="stall-watchdog"'})
+                    return
+                try:
+                    length = int(self.headers.get("Content-Length", ""))
+                except ValueError:
+                    self._json(411, {"error": "Content-Length required"})
+                    return
+                if length < 0 or length > limits.max_body_bytes:
+                    self._json(413, {"error": f"body over dump.max_body_bytes ({limits.max_body_bytes})"})
+                    return
+                body = self.rfile.read(length)
+                status, answer, retry = dump(body)
+                self._json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
 
             def log_message(self, format: str, *args: object) -> None:
                 return None  # scrapes are not events
@@ -161,6 +229,12 @@ class Endpoint:
             raise EndpointError(f"export.listen_address: cannot listen on {cfg.listen_address}: "
                                 f"{exc.strerror or exc}") from None
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = str(self.server.server_address[0]), self.server.server_address[1]
+        scheme = "https" if self.cfg.tls_cert_file else "http"
+        return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
 
     @property
     def url(self) -> str:

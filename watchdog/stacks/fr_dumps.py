@@ -53,6 +53,27 @@ class RankTrace:
     source: str = ""
     node: str = ""
 
+    def to_json(self) -> dict[str, object]:
+        """Compact and JSON-safe: the fields matching uses (no stack frames), for bundles and /v1/dump."""
+        return {"rank": self.rank, "version": self.version, "node": self.node, "source": self.source,
+                "groups": {n: list(r) for n, r in self.groups.items()}, "status": dict(self.status),
+                "entries": [{k: e.get(k) for k in _KEPT if k in e} for e in self.entries]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], node: str | None = None) -> RankTrace:
+        try:
+            return cls(int(data["rank"]), str(data.get("version", "")),
+                       tuple(e for e in data.get("entries") or [] if isinstance(e, dict)),
+                       {str(n): _ranks_of(r) for n, r in (data.get("groups") or {}).items()},
+                       {str(k): dict(v) for k, v in (data.get("status") or {}).items() if isinstance(v, dict)},
+                       str(data.get("source", "")), node if node is not None else str(data.get("node", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise FlightRecorderError(f"a Flight Recorder trace of the wrong shape ({type(exc).__name__})") from None
+
+
+_KEPT = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+         "state", "retired", "is_p2p", "time_created_ns", "input_sizes", "output_sizes")
+
 
 def _loads(data: bytes, source: str) -> dict[str, Any]:
     if data[:1] in (b"{", b" ", b"\n"):
@@ -86,9 +107,9 @@ def parse(data: bytes, rank: int | None = None, source: str = "", node: str = ""
             raise FlightRecorderError(f"{source}: no rank in the file name (PyTorch names dumps <prefix><rank>)")
         rank = int(found.group(1))
     entries = tuple(e for e in loaded["entries"] if isinstance(e, dict))
-    config = loaded.get("pg_config") if isinstance(loaded.get("pg_config"), dict) else {}
+    config: dict[str, Any] = loaded["pg_config"] if isinstance(loaded.get("pg_config"), dict) else {}
     groups = {str(name): _ranks_of(c.get("ranks")) for name, c in config.items() if isinstance(c, dict)}
-    status_raw = loaded.get("pg_status") if isinstance(loaded.get("pg_status"), dict) else {}
+    status_raw: dict[str, Any] = loaded["pg_status"] if isinstance(loaded.get("pg_status"), dict) else {}
     status = {str(k): {s: int(v) for s, v in st.items() if isinstance(v, int)}
               for k, st in status_raw.items() if isinstance(st, dict)}
     return RankTrace(rank, str(loaded.get("version", "")), entries, groups, status, source, node)

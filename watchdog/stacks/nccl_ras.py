@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_PORT = 28028
 PROTOCOL = 2
@@ -204,15 +205,14 @@ def _parse_json(text: str) -> RasStatus:
     return RasStatus(tuple(comms), str(data.get("nccl_version", "")), format="json")
 
 
-def _json_rank(raw: Mapping[str, object], missing: bool) -> RasRank:
-    status = raw.get("status") if isinstance(raw.get("status"), dict) else {}
-    counts = raw.get("collective_counts") if isinstance(raw.get("collective_counts"), dict) else {}
-    pid = raw.get("pid")
-    gpu = raw.get("nvml_dev", raw.get("cuda_dev"))
-    return RasRank(int(raw.get("rank", -1)), str(raw.get("host", "")), pid if isinstance(pid, int) and pid >= 0
-                   else None, gpu if isinstance(gpu, int) else None,
+def _json_rank(raw: Mapping[str, Any], missing: bool) -> RasRank:
+    status: Mapping[str, Any] = raw["status"] if isinstance(raw.get("status"), dict) else {}
+    counts: Mapping[str, Any] = raw["collective_counts"] if isinstance(raw.get("collective_counts"), dict) else {}
+    pid, gpu, rank = raw.get("pid"), raw.get("nvml_dev", raw.get("cuda_dev")), raw.get("rank")
+    return RasRank(rank if isinstance(rank, int) else -1, str(raw.get("host", "")),
+                   pid if isinstance(pid, int) and pid >= 0 else None, gpu if isinstance(gpu, int) else None,
                    {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}, missing,
-                   bool(status.get("considered_dead")))  # type: ignore[union-attr]
+                   bool(status.get("considered_dead")))
 
 
 _COMM_HEAD = re.compile(r"^#\d+-\d+ \((?P<hash>[0-9a-f]+)\) (?P<kind>\w+)")

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from watchdog.config import StacksConfig
 from watchdog.model import StackDump, Verdict, member_id
 from watchdog.sample.ranks import HostActivity, Job, RankDiscovery
+from watchdog.stacks import fr_dumps, nccl_ras
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
-from watchdog.stacks.flight_recorder import FlightRecorder, trigger
+from watchdog.stacks.flight_recorder import FlightRecorder, collect, trigger
+from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, RankTrace
+from watchdog.stacks.nccl_ras import RasFinding
 from watchdog.stacks.verdict import verdict
 
 
@@ -32,6 +37,9 @@ class StackPicture:
     host: dict[str, HostActivity] = field(default_factory=dict)  # per member, over the observation
     observed_seconds: float = 0.0
     flight_recorder: list[FlightRecorder] = field(default_factory=list)
+    traces: list[RankTrace] = field(default_factory=list)  # the Flight Recorder dumps read back
+    fr: FlightRecorderAnalysis | None = None
+    ras: RasFinding | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"job": self.job, "world_size": self.world_size,
@@ -47,16 +55,46 @@ class StackPicture:
             out["observed_seconds"] = round(self.observed_seconds, 3)
         if self.flight_recorder:
             out["flight_recorder"] = [f.to_json() for f in self.flight_recorder]
+        if self.fr is not None:
+            out["flight_recorder_analysis"] = self.fr.to_json()
+        if self.ras is not None:
+            out["nccl_ras"] = self.ras.to_json()
         return out
 
 
-def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, observe_seconds: float = 1.0,
-                flight_recorder: bool = True) -> StackPicture:
-    started = time.monotonic()
+def with_job_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: RasFinding | None) -> Verdict:
+    """The Flight Recorder's and NCCL RAS's culprits join the verdict: in its sentence always, and in
+    its headline when the local stacks could only say "the culprit is likely on another node"."""
+    notes = []
+    if fr is not None and fr.culprits:
+        notes.append(fr.summary)
+    if ras is not None and ras.culprits and (ras.stuck or ras.dead or ras.missing):
+        notes.append(ras.summary)
+    if not notes:
+        return decided
+    sentence = decided.sentence.rstrip(".") + ". " + ". ".join(notes)
+    headline = decided.headline
+    if decided.kind == "remote":
+        headline = "the job waits on " + "; ".join(n.split(": ", 1)[-1] for n in notes[:1])
+    return replace(decided, sentence=sentence, headline=headline)
+
+
+def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg: StacksConfig,
+                node: str = "") -> StackPicture:
+    """Everything the ranks of one job on this node can tell, gathered at once: the stacks (py-spy),
+    the host activity over `observe_seconds`, the Flight Recorder dumps (asked through the debug pipe
+    and read back) and NCCL RAS's view of the whole job (two queries, in the background meanwhile)."""
+    started, asked_at = time.monotonic(), time.time()
     ranks = job.ranks
-    recorders = [trigger(r, discovery.proc_root) for r in ranks] if flight_recorder else []
+    ras: list[RasFinding] = []
+    where = nccl_ras.where_to_ask([r.env for r in ranks]) if cfg.nccl_ras else None
+    asking = threading.Thread(target=lambda: ras.append(nccl_ras.ask_twice(
+        *where, cfg.nccl_ras_gap_seconds, cfg.nccl_ras_timeout_seconds)), daemon=True) if where else None
+    if asking is not None:
+        asking.start()
+    recorders = [trigger(r, discovery.proc_root) for r in ranks] if cfg.flight_recorder else []
     captures = capturer.capture(Target(r.pid, r.rank, r.gpus) for r in ranks)
-    remaining = observe_seconds - (time.monotonic() - started)
+    remaining = cfg.observe_seconds - (time.monotonic() - started)
     if remaining > 0:
         time.sleep(remaining)
     observed = time.monotonic() - started
@@ -70,9 +108,14 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, obs
             member = capture.dump.member if capture.dump is not None else member_id(rank.pid, rank.rank)
             host[member] = after.activity.since(rank.activity)
     analysis = analyze(dumps)
-    decided = verdict(analysis, host, observed, job.spans_other_nodes)
+    traces, _ = collect(recorders, asked_at, cfg.flight_recorder_wait_seconds, discovery.proc_root, node)
+    fr = fr_dumps.analyze(traces) if traces else None
+    if asking is not None:
+        asking.join(cfg.nccl_ras_gap_seconds + 2 * cfg.nccl_ras_timeout_seconds + 10)
+    finding = ras[0] if ras else None
+    decided = with_job_evidence(verdict(analysis, host, observed, job.spans_other_nodes), fr, finding)
     return StackPicture(job.key, job.world_size, job.spans_other_nodes, analysis, decided, captures, host, observed,
-                       [f for f in recorders if f.result != "not_configured"])
+                        [f for f in recorders if f.result != "not_configured"], traces, fr, finding)
 
 
 def picture_saved(dumps: Sequence[StackDump], name: str = "saved dumps") -> StackPicture:
