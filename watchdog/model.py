@@ -239,6 +239,7 @@ class StackDump:
     gpus: tuple[int, ...] = ()
     source: str = ""
     count: int = 1  # processes this dump stands for ("6 processes are in:" above one representative)
+    node: str = ""  # where the process runs, when the dumps of several nodes are analysed together
 
     @property
     def main_thread(self) -> ThreadStack | None:

@@ -6,6 +6,8 @@ import argparse
 from typing import TypeAlias
 
 from watchdog import __version__
+from watchdog.cli.analyze import cmd_analyze
+from watchdog.cli.coordinate import cmd_coordinate
 from watchdog.cli.node import cmd_check_config, cmd_doctor, cmd_report
 from watchdog.cli.service import cmd_demo, cmd_run
 from watchdog.cli.stacks import cmd_stacks_analyze, cmd_stacks_dump
@@ -164,6 +166,50 @@ def _add_check_config(verbs: Verbs) -> None:
     check.set_defaults(func=cmd_check_config)
 
 
+def _add_analyze(verbs: Verbs) -> None:
+    analyse = _verb(verbs, "analyze", help="read any saved hang evidence and name the odd ranks",
+        description="Read hang evidence, recognised by content, and print one picture (the contract of "
+                    "`stacks analyze`: groups, outliers, summary, verdict):\n"
+                    "  py-spy dumps (text or --json), `stacks dump --out` folders\n"
+                    "  incident and dump bundles (their stacks, Flight Recorder dumps, RAS finding)\n"
+                    "  PyTorch Flight Recorder dumps (files or a folder of them)\n"
+                    "  ncclras reports, JSON or text (give two taken seconds apart to tell stuck from slow)\n"
+                    "  job bundles written by `stall-watchdog coordinate`",
+        epilog="Examples:\n  stall-watchdog analyze /var/lib/stall-watchdog/incidents/20261122T101500Z-dump-gpu0-1\n"
+               "  stall-watchdog analyze /tmp/nccl_trace_rank_* --json\n"
+               "  stall-watchdog analyze ras-1.json ras-2.json\n")
+    analyse.add_argument("paths", nargs="+", metavar="PATH")
+    analyse.add_argument("--json", action="store_true", help="a JSON object per picture")
+    analyse.set_defaults(func=cmd_analyze)
+
+
+def _add_coordinate(verbs: Verbs) -> None:
+    coord = _verb(verbs, "coordinate", help="the job-wide view: Alertmanager job alerts in, one job verdict out",
+        description="Serve POST /v1/alerts for Alertmanager's job-level alerts (StallWatchdogJobCollectiveHang, "
+                    "StallWatchdogJobCulpritNode, routed with group_by: [training_job]). For each job: ask "
+                    "Prometheus which daemons export its ranks, POST /v1/dump to all of them at once, merge the "
+                    "answers into one job verdict (the odd rank with its node, pid, GPU and activity) and write "
+                    "a job bundle with report.html. --job investigates one job once and prints the verdict.",
+        epilog="Examples:\n  stall-watchdog coordinate --prometheus http://prometheus:9090 --listen 0.0.0.0:9945 "
+               "--out /var/lib/stall-watchdog/jobs\n"
+               "  stall-watchdog coordinate --prometheus http://127.0.0.1:9090 --job run:llm-42 --json\n")
+    coord.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (its HTTP API)")
+    coord.add_argument("--listen", default="127.0.0.1:9945", metavar="HOST:PORT",
+                       help="where to serve (default 127.0.0.1:9945)")
+    coord.add_argument("--out", default="/var/lib/stall-watchdog/jobs", metavar="DIR", help="job bundles go here")
+    coord.add_argument("--node-scheme", choices=("http", "https"), default="http",
+                       help="how to reach the daemons' endpoints (their export.listen_address)")
+    coord.add_argument("--node-token-file", metavar="FILE", help="bearer token for POST /v1/dump (dump.token_file)")
+    coord.add_argument("--node-ca-file", metavar="FILE", help="CA bundle to trust for --node-scheme https")
+    coord.add_argument("--timeout-seconds", type=float, default=60.0, metavar="S",
+                       help="how long one node may take to answer (default 60)")
+    coord.add_argument("--cooldown-seconds", type=float, default=120.0, metavar="S",
+                       help="a job investigated this recently is not investigated again (default 120)")
+    coord.add_argument("--job", metavar="TRAINING_JOB", help="investigate this job once, print, and exit")
+    coord.add_argument("--json", action="store_true", help="with --job: the job verdict as JSON")
+    coord.set_defaults(func=cmd_coordinate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stall-watchdog",
@@ -177,9 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(verbs)
     _add_record(verbs)
     _add_stacks(verbs)
+    _add_analyze(verbs)
     _add_run(verbs)
     _add_demo(verbs)
     _add_report(verbs)
     _add_doctor(verbs)
     _add_check_config(verbs)
+    _add_coordinate(verbs)
     return parser

@@ -81,7 +81,9 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)  # validated by the config model
 
 
-class _Server(ThreadingHTTPServer):
+class HardenedServer(ThreadingHTTPServer):
+    """A threaded HTTP server that bounds what hostile clients can cost (see the module docstring)."""
+
     daemon_threads = True
     request_queue_size = BACKLOG
 
@@ -224,7 +226,7 @@ class Endpoint:
             except (OSError, ssl.SSLError) as exc:
                 raise EndpointError(f"export.tls_cert_file: cannot load: {exc}") from None
         try:
-            self.server = _Server((host, port), Handler, tls)
+            self.server = HardenedServer((host, port), Handler, tls)
         except OSError as exc:
             raise EndpointError(f"export.listen_address: cannot listen on {cfg.listen_address}: "
                                 f"{exc.strerror or exc}") from None

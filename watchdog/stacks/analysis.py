@@ -137,4 +137,6 @@ def _member_label(dump: StackDump) -> str:
         bits.append(f"pid {dump.pid}")
     if dump.gpus:
         bits.append(f"GPU {', '.join(map(str, dump.gpus))}")
+    if dump.node:
+        bits.append(f"on {dump.node}")
     return f"{dump.member} ({', '.join(bits)})" if bits else dump.member

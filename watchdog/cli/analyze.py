@@ -1,0 +1,163 @@
+"""`analyze PATH...`: every kind of hang evidence, recognised by its content, read into one picture.
+
+    py-spy text or JSON, `stacks dump --out` folders   the stacks, grouped; the odd ranks named
+    incident and dump bundles                          their stacks, Flight Recorder dumps and RAS finding
+    Flight Recorder dumps (pickle or JSON) or folders   matched per process group
+    ncclras reports (JSON or text; two = stuck test)    the ranks behind
+    coordinator job bundles                             the job verdict across nodes, re-derived
+
+The output is `stacks analyze`'s contract: `groups`, `outliers` ("rank N" / "pid N"), `summary`,
+`verdict`, plus `flight_recorder` and `nccl_ras` when those were given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
+from watchdog.cli.stacks import print_pictures
+from watchdog.coordinate.job_verdict import merge
+from watchdog.coordinate.nodes import NodeAnswer
+from watchdog.model import Severity, StackDump, Verdict
+from watchdog.stacks import fr_dumps, nccl_ras
+from watchdog.stacks.analysis import Analysis, analyze
+from watchdog.stacks.formats import StackFormatError, parse_capture, parse_pyspy_json
+from watchdog.stacks.formats import load as load_stacks
+from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
+from watchdog.stacks.nccl_ras import RasError, RasStatus
+from watchdog.stacks.picture import StackPicture, with_job_evidence
+from watchdog.stacks.verdict import verdict
+
+_BUNDLE_MARKER = ".stall-watchdog-bundle"
+_JOB_MARKER = ".stall-watchdog-job-bundle"
+
+
+@dataclass
+class Evidence:
+    dumps: list[StackDump] = field(default_factory=list)
+    traces: list[RankTrace] = field(default_factory=list)
+    ras: list[RasStatus] = field(default_factory=list)
+    pictures: list[StackPicture] = field(default_factory=list)  # job bundles: already whole
+    kinds: list[str] = field(default_factory=list)
+
+
+def _json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except ValueError as exc:
+        raise StackFormatError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _job_bundle(folder: Path) -> StackPicture:
+    job = _json(folder / "job.json")
+    if not isinstance(job, dict):
+        raise StackFormatError(f"{folder}/job.json: not a job verdict")
+    answers = []
+    for node in sorted((folder / "nodes").glob("*.json")):
+        raw = _json(node)
+        if isinstance(raw, dict):
+            answers.append(NodeAnswer(str(raw.get("instance")), raw.get("status"), raw.get("answer") or {},
+                                      raw.get("error")))
+    result = merge(str(job.get("training_job")), answers)
+    return StackPicture(result.job, None, bool(result.silent), result.analysis, result.verdict, fr=result.fr)
+
+
+def _bundle(folder: Path, found: Evidence) -> None:
+    for path in sorted((folder / "stacks").glob("*.json")):
+        raw = _json(path)
+        rank = int(path.name.split("-")[1]) if path.name.startswith("rank-") else None
+        if isinstance(raw, list):
+            found.dumps.extend(parse_pyspy_json(raw, str(path), rank))
+        elif isinstance(raw, dict):
+            found.dumps.extend(parse_capture(raw, str(path)))
+    for path in sorted((folder / "flight_recorder").glob("*.json")):
+        raw = _json(path)
+        if isinstance(raw, dict):
+            found.traces.append(RankTrace.from_json(raw))
+    found.kinds.append("bundle")
+
+
+def _folder(folder: Path, found: Evidence) -> None:
+    if (folder / _JOB_MARKER).is_file() or (folder / "job.json").is_file():
+        found.pictures.append(_job_bundle(folder))
+        found.kinds.append("job bundle")
+    elif (folder / _BUNDLE_MARKER).is_file():
+        _bundle(folder, found)
+    elif any(fr_dumps.looks_like_dump(p) for p in folder.iterdir()):
+        found.traces.extend(fr_dumps.read(p) for p in sorted(folder.iterdir()) if fr_dumps.looks_like_dump(p))
+        found.kinds.append("flight recorder dumps")
+    else:
+        found.dumps.extend(load_stacks(folder))
+        found.kinds.append("stacks")
+
+
+def _file(path: Path, found: Evidence) -> None:
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise StackFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    stripped = head.lstrip()
+    if head[:1] == b"\x80" or (stripped[:1] == b"{" and b'"entries"' in head):
+        found.traces.append(fr_dumps.read(path))
+        found.kinds.append("flight recorder dump")
+    elif b'"communicators"' in head or b"Communicators" in head or head.startswith(b"Job summary"):
+        found.ras.append(nccl_ras.parse(path.read_text(encoding="utf-8", errors="replace")))
+        found.kinds.append("ncclras report")
+    elif stripped[:1] == b"{" and b'"odd_ranks"' in path.read_bytes():
+        found.pictures.append(_job_bundle(path.parent))
+        found.kinds.append("job bundle")
+    else:
+        found.dumps.extend(load_stacks(path))
+        found.kinds.append("stacks")
+
+
+def gather(paths: list[str]) -> Evidence:
+    found = Evidence()
+    for name in paths:
+        path = Path(name)
+        if not path.exists():
+            raise StackFormatError(f"{path}: no such file or folder")
+        try:
+            _folder(path, found) if path.is_dir() else _file(path, found)
+        except (FlightRecorderError, RasError) as exc:
+            raise StackFormatError(f"{path}: {exc}") from None
+    return found
+
+
+def picture_of(found: Evidence, name: str) -> StackPicture:
+    fr = fr_dumps.analyze(found.traces) if found.traces else None
+    ras = nccl_ras.judge(found.ras[0], found.ras[1] if len(found.ras) > 1 else None) if found.ras else None
+    if found.dumps:
+        analysis = analyze(found.dumps)
+        decided = with_job_evidence(verdict(analysis), fr, ras)
+        return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras)
+    culprits = sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ())})
+    notes = [n for n in (fr.summary if fr else None, ras.summary if ras else None) if n]
+    stuck = bool(fr and fr.culprits) or bool(ras and (ras.stuck or ras.dead or ras.missing))
+    if stuck:
+        decided = Verdict("hang", Severity.CRITICAL, ". ".join(notes), notes[0].split(": ", 1)[-1])
+    elif ras is not None and ras.behind:
+        decided = Verdict("waiting", Severity.WARNING, ". ".join(notes) + ". One RAS report cannot tell a stuck "
+                          "rank from a slow one: give two taken a few seconds apart",
+                          notes[-1].split(": ", 1)[-1])
+    else:
+        decided = Verdict("no_stall", None, ". ".join(notes) or "nothing to analyse", "no rank named")
+    analysis = Analysis((), tuple(f"rank {r}" for r in culprits), ". ".join(notes), 0)
+    return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    found = gather(args.paths)
+    name = args.paths[0] if len(args.paths) == 1 else f"{len(args.paths)} paths"
+    pictures = list(found.pictures)
+    if found.dumps or found.traces or found.ras:
+        pictures.append(picture_of(found, name))
+    if not pictures:
+        error("nothing to analyse in " + ", ".join(args.paths))
+        return EXIT_FAILURE
+    print_pictures(pictures, args.json)
+    return EXIT_OK

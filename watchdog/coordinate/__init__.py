@@ -1,0 +1,8 @@
+"""The job-wide view: `stall-watchdog coordinate` asks Prometheus where a training job runs, asks each of
+those nodes' daemons for a dump (POST /v1/dump) at once, and merges the answers into one job verdict.
+
+    nodes.py        Prometheus's HTTP API (which instances run the job) and the fan-out to the daemons
+    job_verdict.py  the answers merged: the odd rank named with its node, pid, GPU and activity
+    job_bundle.py   the job bundle (job.json, nodes/, report.html)
+    service.py      the HTTP service Alertmanager posts the job-level alerts to
+"""

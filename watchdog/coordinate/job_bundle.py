@@ -1,0 +1,88 @@
+"""The job bundle: one folder per job verdict, written whole (hidden, then renamed), files 0600.
+
+    job.json          the job verdict: odd ranks, groups across nodes, Flight Recorder, NCCL RAS, nodes
+    nodes/<node>.json each node's /v1/dump answer as it came
+    report.html       all of it on one self-contained page
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from .job_verdict import JobVerdict
+
+MARKER = ".stall-watchdog-job-bundle"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "job"
+
+
+def _write(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write(root: str | Path, result: JobVerdict) -> Path:
+    root = Path(root)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    name = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-job-{_slug(result.job)}"
+    temporary = root / f".partial-{name}-{os.getpid()}"
+    temporary.mkdir(mode=0o700)
+    _write(temporary / MARKER, json.dumps({"written_by": "stall-watchdog coordinate"}) + "\n")
+    _write(temporary / "job.json", json.dumps(result.to_json(), indent=1, default=str) + "\n")
+    nodes = temporary / "nodes"
+    nodes.mkdir(mode=0o700)
+    for answer in result.answers:
+        _write(nodes / f"{_slug(answer.instance)}.json",
+               json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
+                           "answer": answer.body}, indent=1, default=str) + "\n")
+    _write(temporary / "report.html", render(result))
+    final = root / name
+    if final.exists():
+        final = root / f"{name}-{int(time.time() * 1000) % 100000}"
+    os.rename(temporary, final)
+    return final
+
+
+def _rows(rows: list[list[object]], head: list[str]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{cells}</tr>{body}</table>"
+
+
+def render(result: JobVerdict) -> str:
+    v = result.verdict
+    odd = _rows([[o["member"], o["node"], o["pid"], o["gpus"], o["activity"], o["where"]] for o in result.odd],
+                ["rank", "node", "pid", "GPU", "activity", "where"])
+    groups = _rows([[g.count, ", ".join(g.members[:16]) + (" ..." if len(g.members) > 16 else ""), g.activity.name,
+                     g.where] for g in result.analysis.groups], ["ranks", "members", "activity", "where"])
+    nodes = _rows([[a.instance, a.body.get("node", ""), "answered" if a.answered else "no answer", a.status or "",
+                    a.error or "", f"{a.seconds:.1f} s"] for a in result.answers],
+                  ["instance", "node", "result", "HTTP", "error", "took"])
+    extra = ""
+    if result.fr is not None:
+        extra += f"<h2>Flight Recorder</h2><p>{html.escape(result.fr.summary)}</p>"
+    if result.ras is not None:
+        extra += f"<h2>NCCL RAS</h2><p>{html.escape(str(result.ras.get('summary')))}</p>"
+    severity = v.severity.value if v.severity else "none"
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(result.job)}: job verdict</title>
+<style>body{{font:14px sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}.critical{{color:#b00}}
+.warning{{color:#a60}}</style></head><body>
+<h1>Training job {html.escape(result.job)}</h1>
+<p class="{severity}"><b>{html.escape(v.kind)} ({severity})</b>: {html.escape(v.headline)}</p>
+<p>{html.escape(v.sentence)}</p>
+<h2>Odd ranks</h2>{odd if result.odd else "<p>none named</p>"}
+<h2>Stacks across nodes</h2>{groups}
+{extra}
+<h2>Nodes</h2><p>{sum(a.answered for a in result.answers)} of {len(result.answers)} answered in
+{result.seconds:.1f} s.</p>{nodes}
+</body></html>
+"""
