@@ -5,6 +5,8 @@ requests, rate limits, reads Alertmanager payloads, and is never open off loopba
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -14,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import gloo_job
+from tests.conftest import REPO, gloo_job
 from tests.fakes.daemon import daemon_config
-from tests.fakes.nccl_ras import FakeRasService, FakeRank
+from tests.fakes.nccl_ras import FakeRank, FakeRasService
 from watchdog.daemon import build
 from watchdog.export.server import Endpoint
 from watchdog.sample.ranks import RankDiscovery
@@ -35,7 +37,8 @@ def post(url: str, body: object, headers: dict[str, str] | None = None) -> tuple
 
 def alertmanager_payload(job: str) -> dict[str, object]:
     """What Alertmanager 0.2x posts to a webhook receiver (version 4)."""
-    return {"version": "4", "groupKey": '{}:{training_job="%s"}' % job, "truncatedAlerts": 0, "status": "firing",
+    return {"version": "4", "groupKey": "{}:{training_job=" + json.dumps(job) + "}", "truncatedAlerts": 0,
+            "status": "firing",
             "receiver": "stall-watchdog-dump", "groupLabels": {"training_job": job},
             "commonLabels": {"alertname": "StallWatchdogJobCulpritNode", "training_job": job},
             "commonAnnotations": {}, "externalURL": "http://am:9093",
@@ -49,13 +52,12 @@ def alertmanager_payload(job: str) -> dict[str, object]:
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("dump")
     frozen: list[FakeRank] = []
-    with FakeRasService(lambda: frozen).running() as ras:
-        with gloo_job("dataloader", tmp, flight_recorder=True,
-                      env={"NCCL_RAS_ADDR": f"127.0.0.1:{ras.port}"}) as processes:
-            frozen.extend(FakeRank(r, "node-a", p.pid, r, {"AllReduce": 4 if r != 2 else 3})
-                          for r, p in enumerate(processes))
-            key = RankDiscovery().describe(processes[0].pid).job_key  # type: ignore[union-attr]
-            yield {"tmp": tmp, "processes": processes, "key": key, "ras": ras}
+    with FakeRasService(lambda: frozen).running() as ras, gloo_job("dataloader", tmp, flight_recorder=True,
+                  env={"NCCL_RAS_ADDR": f"127.0.0.1:{ras.port}"}) as processes:
+        frozen.extend(FakeRank(r, "node-a", p.pid, r, {"AllReduce": 4 if r != 2 else 3})
+                      for r, p in enumerate(processes))
+        key = RankDiscovery().describe(processes[0].pid).job_key  # type: ignore[union-attr]
+        yield {"tmp": tmp, "processes": processes, "key": key, "ras": ras}
 
 
 def start(tmp: Path, processes: list[Any], export: dict[str, Any] | None = None, stacks: dict[str, Any] | None = None,
@@ -96,6 +98,11 @@ def test_dump_names_the_odd_rank_with_flight_recorder_and_ras(job: dict[str, Any
     assert json.loads((bundle / "summary.json").read_text())["jobs"][0]["outliers"] == ["rank 2"]
     assert sorted(p.name for p in (bundle / "flight_recorder").iterdir()) == [f"rank-{r}.json" for r in range(4)]
     assert (bundle / "report.html").is_file() and len(list((bundle / "stacks").iterdir())) == 4
+    again = subprocess.run([sys.executable, "-m", "watchdog", "analyze", str(bundle), "--json"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    picture = json.loads(again.stdout)
+    assert picture["outliers"] == ["rank 2"] and picture["flight_recorder_analysis"]["culprits"] == [2]
 
 
 def test_concurrent_requests_share_one_capture_then_cooldown(job: dict[str, Any], tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ def json_report(ranks: list[FakeRank], version: str = "2.29.1") -> str:
         if number:
             out.append(",\n")
         out += ["        {\n", f'          "rank": {r.rank},\n', f'          "host": "{r.host}",\n',
-                f'          "pid": {r.pid},\n', f'          "cuda_dev": {r.gpu},\n', f'          "nvml_dev": {r.gpu},\n',
+                f'          "pid": {r.pid},\n', f'          "cuda_dev": {r.gpu},\n',
+                f'          "nvml_dev": {r.gpu},\n',
                 '          "status": {\n', '            "init_state": 0,\n', '            "async_error": 0,\n',
                 '            "finalize_called": false,\n', '            "destroy_flag": false,\n',
                 '            "abort_flag": false\n', '          },\n', '          "collective_counts": {\n']
@@ -58,7 +59,8 @@ def json_report(ranks: list[FakeRank], version: str = "2.29.1") -> str:
         out += ["        {\n", f'          "rank": {r.rank},\n', f'          "host": "{r.host}",\n',
                 f'          "pid": {r.pid},\n', f'          "cuda_dev": {r.gpu},\n',
                 f'          "nvml_dev": {r.gpu}{comma}\n', '          "status": {\n',
-                '            "unresponsive": true,\n', f'            "considered_dead": {"true" if r.dead else "false"}\n',
+                '            "unresponsive": true,\n',
+                f'            "considered_dead": {"true" if r.dead else "false"}\n',
                 "          }\n", "        }"]
     out += ["\n      ]\n", "    }", "\n  ],\n", '  "ras": {\n', '    "collection_time_sec": 0.000,\n',
             '    "timeouts_count": 0\n', "  }\n", "}\n"]

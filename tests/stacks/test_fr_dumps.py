@@ -4,14 +4,17 @@ PyTorch's own analyzer agrees where it can run."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import gloo_job
+from tests.conftest import REPO, gloo_job
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.flight_recorder import collect, trigger
@@ -42,6 +45,16 @@ def test_the_rank_stuck_in_its_data_loader_never_reached_the_all_reduce(tmp_path
                              f"#{group.seq}; rank 2 never reached it (its last is all_reduce #{group.seq - 1})")
     pytorch = analyze_with_torch(traces)
     assert pytorch is not None, "PyTorch's analyzer is importable here and must run on these dumps"
+    folder = tmp_path / "dumps"  # the dumps as a user keeps them: `analyze` recognises the folder
+    folder.mkdir()
+    for dump in tmp_path.glob("fr_dump_*"):
+        dump.rename(folder / dump.name)
+    done = subprocess.run([sys.executable, "-m", "watchdog", "analyze", str(folder), "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    picture = json.loads(done.stdout)
+    assert picture["outliers"] == ["rank 2"] and picture["verdict"]["kind"] == "hang"
+    assert picture["flight_recorder_analysis"]["culprits"] == [2]
     assert [(c["collective"], c["seq"], c["missing_ranks"]) for c in pytorch] == [("gloo:all_reduce", group.seq, [2])]
 
 
@@ -71,7 +84,8 @@ def test_a_hostile_pickle_is_refused_without_running(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("content,why", [(b"\x80\x04K\x01.", "no `entries` list"), (b"{\"entries\": 3}", "no `entries`"),
+@pytest.mark.parametrize("content,why", [(b"\x80\x04K\x01.", "no `entries` list"),
+                                         (b"{\"entries\": 3}", "no `entries`"),
                                          (b"hello", "not a Flight Recorder dump")])
 def test_not_a_dump_is_a_clear_error(tmp_path: Path, content: bytes, why: str) -> None:
     path = tmp_path / "trace_3"
@@ -83,8 +97,8 @@ def test_not_a_dump_is_a_clear_error(tmp_path: Path, content: bytes, why: str) -
 def test_json_dumps_and_rank_from_the_name() -> None:
     import json
 
-    entry = {"pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1, "profiling_name": "nccl:all_reduce",
-             "state": "completed", "is_p2p": False}
+    entry = {"pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+             "profiling_name": "nccl:all_reduce", "state": "completed", "is_p2p": False}
     trace = fr_dumps.parse(json.dumps({"version": "2.10", "entries": [entry], "pg_config": {}}).encode(),
                            source="/tmp/dumps/nccl_trace_rank_12")
     assert trace.rank == 12 and len(trace.entries) == 1

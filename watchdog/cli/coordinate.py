@@ -33,8 +33,9 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({**result.to_json(), "bundle": coordinator.latest[args.job].get("bundle")}))
         else:
-            print(f"{result.job}: {result.verdict.kind} ({result.verdict.severity.value if result.verdict.severity else 'none'})"
-                  f"\n  {result.verdict.headline}\n  {result.verdict.sentence}")
+            severity = result.verdict.severity.value if result.verdict.severity else "none"
+            print(f"{result.job}: {result.verdict.kind} ({severity})\n  {result.verdict.headline}\n"
+                  f"  {result.verdict.sentence}")
             for odd in result.odd:
                 print(f"  odd: {odd['member']} on {odd['node']} (pid {odd['pid']}, GPU {odd['gpus']}): "
                       f"{odd['activity']} in {odd['where']}")

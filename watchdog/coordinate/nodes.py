@@ -83,7 +83,8 @@ class NodeClient:
             status, raw = exc.code, exc.read(MAX_ANSWER_BYTES)
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            return NodeAnswer(instance, None, error=f"{type(exc).__name__}: {reason}",
+            why = getattr(reason, "strerror", None) or str(reason)
+            return NodeAnswer(instance, None, error=f"cannot reach {url}: {why}",
                               seconds=time.monotonic() - started)
         try:
             body = json.loads(raw) if raw else {}

@@ -268,12 +268,15 @@ def check_diagnosis_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[Do
         out.append(DoctorFinding("timeouts", INFO, "a hang burns until the process group timeout (NCCL default "
                                  "10 min; set in init_process_group) before PyTorch aborts"
                                  + (" (blocking wait on)" if blocking == "1" else "")))
-    missing = [v for v in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
-                           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if v not in env]
+    # Older PyTorch reads the TORCH_NCCL_* names, newer the TORCH_FR_* ones; either enables the feature.
+    wanted = (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), ("TORCH_NCCL_DUMP_ON_TIMEOUT",),
+              ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE"))
+    missing = [" or ".join(names) for names in wanted if not any(n in env for n in names)]
     if missing:
         out.append(DoctorFinding("flight_recorder", INFO, f"Flight Recorder not fully enabled ({', '.join(missing)} "
                                  "unset)", "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
-                                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/nccl_pipe_ so a stall shows the last "
+                                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/nccl_pipe_ (newer PyTorch: "
+                                 "TORCH_FR_BUFFER_SIZE, TORCH_FR_DEBUG_INFO_PIPE_FILE) so a stall shows the last "
                                  "collectives of every rank"))
     return out
 
