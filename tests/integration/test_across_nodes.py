@@ -18,7 +18,7 @@ from typing import Any
 
 from tests.conftest import REPO, gloo_job, need_tool
 from tests.fakes.nccl_ras import FakeRank, FakeRasService
-from tests.integration.test_prometheus import free_port, get_json, until
+from tests.integration.test_prometheus import free_port, get_json, stop_all, until
 from watchdog.sample.ranks import RankDiscovery
 
 
@@ -84,13 +84,7 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
                              "the coordinator's job verdict")
             verdict_after = time.time() - fired_at
         finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_all(processes)
 
     result: dict[str, Any] = verdicts  # type: ignore[assignment]
     (odd,) = result["odd_ranks"]

@@ -102,13 +102,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
               60, "Prometheus to start")
         yield {"prom": prom_url, "am": am_url, "tmp": tmp, "node_a": f"127.0.0.1:{ports['a']}"}
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate every started server and daemon; kill what does not stop within 15 s."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def query(prom: str, expr: str) -> list[dict[str, object]]:

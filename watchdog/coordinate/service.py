@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from watchdog import logfmt
-from watchdog.export.server import CLIENT_TIMEOUT_SECONDS, HardenedServer
+from watchdog.export.server import CLIENT_TIMEOUT_SECONDS, HardenedServer, read_body
 from watchdog.webhook import PayloadError, training_jobs
 
 from . import job_bundle
@@ -132,15 +132,11 @@ class Coordinator:
                 if self.path.split("?", 1)[0] not in ("/v1/alerts", "/v1/job"):
                     self._json(404, {"error": "POST /v1/alerts (an Alertmanager webhook)"})
                     return
-                try:
-                    length = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    self._json(411, {"error": "Content-Length required"})
+                body = read_body(self, MAX_BODY_BYTES, "the coordinator's limit")
+                if isinstance(body, tuple):
+                    self._json(body[0], {"error": body[1]})
                     return
-                if not 0 <= length <= MAX_BODY_BYTES:
-                    self._json(413, {"error": f"body over {MAX_BODY_BYTES} bytes"})
-                    return
-                status, answer = coordinator.accept(self.rfile.read(length))
+                status, answer = coordinator.accept(body)
                 self._json(status, answer)
 
             def log_message(self, format: str, *args: object) -> None:

@@ -76,6 +76,17 @@ def is_loopback(host: str) -> bool:
 DumpHandler = Callable[[bytes], tuple[int, dict[str, object], "int | None"]]
 
 
+def read_body(handler: BaseHTTPRequestHandler, limit: int, what: str) -> bytes | tuple[int, str]:
+    """A request's body, or (status, reason) when it has no Content-Length (411) or is over `limit` (413)."""
+    try:
+        length = int(handler.headers.get("Content-Length", ""))
+    except ValueError:
+        return 411, "Content-Length required"
+    if not 0 <= length <= limit:
+        return 413, f"body over {what} ({limit} bytes)"
+    return handler.rfile.read(length)
+
+
 def parse_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host.strip("[]") or "0.0.0.0", int(port)  # validated by the config model
@@ -203,15 +214,10 @@ class Endpoint:
                         self._json(401, {"error": "POST /v1/dump needs the bearer token or basic auth"},
                                    {"WWW-Authenticate": 'Bearer realm="stall-watchdog"'})
                     return
-                try:
-                    length = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    self._json(411, {"error": "Content-Length required"})
+                body = read_body(self, limits.max_body_bytes, "dump.max_body_bytes")
+                if isinstance(body, tuple):
+                    self._json(body[0], {"error": body[1]})
                     return
-                if length < 0 or length > limits.max_body_bytes:
-                    self._json(413, {"error": f"body over dump.max_body_bytes ({limits.max_body_bytes})"})
-                    return
-                body = self.rfile.read(length)
                 status, answer, retry = dump(body)
                 self._json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
 
