@@ -86,3 +86,13 @@ def test_analyze_garbage_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr and str(junk) in done.stderr
     missing = cli("analyze", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "no such file" in missing.stderr
+
+
+def test_job_bundles_rotate_only_their_own(tmp_path: Path) -> None:
+    from watchdog.coordinate import job_bundle
+
+    foreign = tmp_path / "20200101T000000Z-job-not-ours"
+    foreign.mkdir()
+    written = [job_bundle.write(tmp_path, merge(f"run:{n}", []), keep=2) for n in range(4)]
+    kept = sorted(p for p in tmp_path.iterdir() if p != foreign)
+    assert kept == sorted(written[-2:]) and foreign.is_dir()

@@ -11,6 +11,7 @@ import html
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +30,17 @@ def _write(path: Path, text: str) -> None:
         f.write(text)
 
 
-def write(root: str | Path, result: JobVerdict) -> Path:
+def rotate(root: Path, keep: int) -> list[Path]:
+    """Remove the oldest job bundles beyond `keep`: only folders this service wrote (its marker inside)."""
+    ours = sorted((p for p in root.iterdir() if "-job-" in p.name and not p.is_symlink() and (p / MARKER).is_file()),
+                  key=lambda p: (p.name[:16], p.stat().st_mtime_ns))
+    removed = ours[:max(0, len(ours) - keep)]
+    for old in removed:
+        shutil.rmtree(old, ignore_errors=True)
+    return removed
+
+
+def write(root: str | Path, result: JobVerdict, keep: int = 200) -> Path:
     root = Path(root)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     name = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-job-{_slug(result.job)}"
@@ -48,6 +59,7 @@ def write(root: str | Path, result: JobVerdict) -> Path:
     if final.exists():
         final = root / f"{name}-{int(time.time() * 1000) % 100000}"
     os.rename(temporary, final)
+    rotate(root, keep)
     return final
 
 
