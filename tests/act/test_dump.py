@@ -64,7 +64,8 @@ def start(tmp: Path, processes: list[Any], export: dict[str, Any] | None = None,
           **sections: Any) -> tuple[Any, Endpoint]:
     config = daemon_config(tmp, source={"kind": "sim", "scenario": "spin_hang", "start_offset_seconds": 285,
                                         "pids": {g: [p.pid] for g, p in enumerate(processes)}},
-                           stacks={"observe_seconds": 0.2, "nccl_ras_gap_seconds": 0.5, **(stacks or {})},
+                           stacks={"observe_seconds": 0.2, "nccl_ras_gap_seconds": 0.5,
+                                   "flight_recorder_wait_seconds": 30, **(stacks or {})},
                            export={"listen_address": "127.0.0.1:0", **(export or {})},
                            alerts={"instance": "node-a"}, **sections)
     daemon = build(config)
