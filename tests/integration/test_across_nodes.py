@@ -98,8 +98,8 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
     assert result["flight_recorder"]["culprits"] == [2]
     assert result["nccl_ras"]["culprits"] == [2] and result["nccl_ras"]["stuck"]
     bundle = Path(result["bundle"])
-    assert (bundle / "report.html").is_file() and sorted(p.name for p in (bundle / "nodes").iterdir()) == [
-        f"127.0.0.1_{ports['a']}.json", f"127.0.0.1_{ports['b']}.json"]
+    assert (bundle / "report.html").is_file() and sorted(p.name for p in (bundle / "nodes").iterdir()) == sorted([
+        f"127.0.0.1_{ports['a']}.json", f"127.0.0.1_{ports['b']}.json"])
     page = (bundle / "report.html").read_text()
     assert "rank 2" in page and "node-b" in page and "2 of 2 answered" in page
     # The bundle is evidence `analyze` reads back to the same verdict.

@@ -307,6 +307,7 @@ def analyze_with_torch(traces: Sequence[RankTrace]) -> list[dict[str, object]] |
         from torch.distributed.flight_recorder.components.builder import build_db
     except Exception:  # ImportError, or a torch that fails to import: our own matcher stands
         return None
+    traces = sorted(traces, key=lambda t: t.rank)  # its matching starts from the first rank: keep it rank 0
     details = {f"rank{t.rank}": {"host_name": t.node or f"host_rank{t.rank}", "rank": t.rank,
                                  "entries": [dict(e) for e in t.entries], "version": t.version,
                                  "pg_config": _torch_pg_config(t)}
