@@ -84,7 +84,8 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                                 on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic)
     daemon = Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
                     monotonic, wall, HostProgress(monotonic), verdicts)
-    daemon.dumps = DumpService(config, counters, StackCapturer.from_config(config.stacks), discovery, bundles,
+    # The incidents' capturer serves the dumps too: py-spy is found once, and one abort stops every capture.
+    daemon.dumps = DumpService(config, counters, incidents.capturer, discovery, bundles,
                                lambda: daemon.published.snapshot, incidents.instance, monotonic)
     return daemon
 

@@ -142,7 +142,7 @@ class DumpService:
 
 def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...]) -> dict[str, object]:
     analysis = picture.analysis
-    where = {m: g.where for g in analysis.groups for m in g.members}
+    group_of = analysis.group_by_member()
     captured = {c.target.pid: c for c in picture.captures}
     rows = []
     for rank in ranks:
@@ -150,7 +150,8 @@ def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...]) -> dict[str, o
         member = capture.dump.member if capture is not None and capture.dump is not None else None
         activity = analysis.member_activity.get(member) if member else None
         rows.append({"rank": rank.rank, "pid": rank.pid, "gpus": list(rank.gpus), "member": member,
-                     "activity": activity.name if activity else None, "where": where.get(member or ""),
+                     "activity": activity.name if activity else None,
+                     "where": group_of[member].where if member in group_of else None,
                      "capture": capture.result if capture is not None else "not_captured",
                      "threads": capture.raw if capture is not None else None})
     out: dict[str, object] = {"training_job": picture.job, "world_size": picture.world_size,

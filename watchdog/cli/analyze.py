@@ -101,7 +101,7 @@ def _file(path: Path, found: Evidence) -> None:
     except OSError as exc:
         raise StackFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
     stripped = head.lstrip()
-    if head[:1] == b"\x80" or (stripped[:1] == b"{" and b'"entries"' in head):
+    if fr_dumps.starts_like_dump(head):
         found.traces.append(fr_dumps.read(path))
         found.kinds.append("flight recorder dump")
     elif b'"communicators"' in head or b"Communicators" in head or head.startswith(b"Job summary"):

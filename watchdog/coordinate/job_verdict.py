@@ -17,6 +17,7 @@ from watchdog.stacks import fr_dumps
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, FlightRecorderError, RankTrace
+from watchdog.stacks.picture import evidence_notes, with_notes
 from watchdog.stacks.verdict import verdict
 
 from .nodes import NodeAnswer
@@ -96,8 +97,9 @@ def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = ()
     silent = [a for a in answers if not a.answered]
     decided = verdict(analysis, spans_other_nodes=bool(silent))
     fr = fr_dumps.analyze(traces) if traces else None
-    decided = _with_evidence(decided, fr, ras, silent)
-    where = {m: g for g in analysis.groups for m in g.members}
+    ras_summary = str(ras.get("summary")) if ras is not None and ras.get("conclusive") else None
+    decided = with_notes(decided, evidence_notes(fr, ras_summary) + _silent_note(silent))
+    where = analysis.group_by_member()
     by_member = {d.member: d for d in dumps}
     instance_of = {(r["node"], r["pid"]): r["instance"] for r in ranks}
     odd = []
@@ -116,17 +118,8 @@ def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = ()
     return JobVerdict(job, list(answers), analysis, decided, odd, ranks, fr, ras, list(instances), problem)
 
 
-def _with_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: dict[str, Any] | None,
-                   silent: Sequence[NodeAnswer]) -> Verdict:
-    notes = []
-    if fr is not None and fr.culprits:
-        notes.append(fr.summary)
-    if ras is not None and ras.get("culprits") and (ras.get("stuck") or ras.get("dead") or ras.get("missing")):
-        notes.append(str(ras.get("summary")))
-    if silent:
-        notes.append(f"{len(silent)} node{'s' if len(silent) > 1 else ''} did not answer: "
-                     + ", ".join(f"{a.instance} ({a.error})" for a in silent[:4]))
-    if not notes:
-        return decided
-    return Verdict(decided.kind, decided.severity, decided.sentence.rstrip(".") + ". " + ". ".join(notes),
-                   decided.headline)
+def _silent_note(silent: Sequence[NodeAnswer]) -> list[str]:
+    if not silent:
+        return []
+    return [f"{len(silent)} node{'s' if len(silent) > 1 else ''} did not answer: "
+            + ", ".join(f"{a.instance} ({a.error})" for a in silent[:4])]

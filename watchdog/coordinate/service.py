@@ -13,16 +13,14 @@ is not investigated again. Stateless apart from the bundles: any node or a pod c
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from watchdog import logfmt
-from watchdog.export.server import CLIENT_TIMEOUT_SECONDS, HardenedServer, read_body
+from watchdog.export.server import HardenedServer, QuietHandler, read_body
 from watchdog.webhook import PayloadError, training_jobs
 
 from . import job_bundle
@@ -107,39 +105,26 @@ class Coordinator:
     def serve(self, host: str, port: int) -> HardenedServer:
         coordinator = self
 
-        class Handler(BaseHTTPRequestHandler):
-            timeout = CLIENT_TIMEOUT_SECONDS
-
-            def _json(self, status: int, data: object) -> None:
-                body = (json.dumps(data, default=str) + "\n").encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
-                    self._json(200, {"ok": True})
+                    self.reply_json(200, {"ok": True})
                 elif path == "/v1/jobs":
                     with coordinator._lock:
-                        self._json(200, dict(coordinator.latest))
+                        self.reply_json(200, dict(coordinator.latest))
                 else:
-                    self._json(404, {"error": "GET /v1/jobs, GET /healthz, POST /v1/alerts"})
+                    self.reply_json(404, {"error": "GET /v1/jobs, GET /healthz, POST /v1/alerts"})
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 if self.path.split("?", 1)[0] not in ("/v1/alerts", "/v1/job"):
-                    self._json(404, {"error": "POST /v1/alerts (an Alertmanager webhook)"})
+                    self.reply_json(404, {"error": "POST /v1/alerts (an Alertmanager webhook)"})
                     return
                 body = read_body(self, MAX_BODY_BYTES, "the coordinator's limit")
                 if isinstance(body, tuple):
-                    self._json(body[0], {"error": body[1]})
+                    self.reply_json(body[0], {"error": body[1]})
                     return
                 status, answer = coordinator.accept(body)
-                self._json(status, answer)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return None
+                self.reply_json(status, answer)
 
         return HardenedServer((host, port), Handler, None)

@@ -76,6 +76,29 @@ def is_loopback(host: str) -> bool:
 DumpHandler = Callable[[bytes], tuple[int, dict[str, object], "int | None"]]
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """The handler both HTTP services build on: every read bounded, replies with a length, no access log
+    (scrapes and webhooks are not events)."""
+
+    timeout = CLIENT_TIMEOUT_SECONDS  # a slow client's every read
+
+    def reply(self, status: int, body: bytes, kind: str = "text/plain; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def reply_json(self, status: int, data: object, headers: dict[str, str] | None = None) -> None:
+        self.reply(status, (json.dumps(data, default=str) + "\n").encode(), "application/json", headers)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
 def read_body(handler: BaseHTTPRequestHandler, limit: int, what: str) -> bytes | tuple[int, str]:
     """A request's body, or (status, reason) when it has no Content-Length (411) or is over `limit` (413)."""
     try:
@@ -168,61 +191,43 @@ class Endpoint:
         def matches(given: bytes, secret: str | None) -> bool:
             return secret is not None and hmac.compare_digest(given, secret.encode())
 
-        class Handler(BaseHTTPRequestHandler):
-            timeout = CLIENT_TIMEOUT_SECONDS  # a slow client's every read
-
+        class Handler(QuietHandler):
             def _given(self) -> bytes:
                 return self.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
 
-            def _send(self, status: int, body: bytes, kind: str = "text/plain; charset=utf-8",
-                      headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _json(self, status: int, data: dict[str, object], headers: dict[str, str] | None = None) -> None:
-                self._send(status, (json.dumps(data) + "\n").encode(), "application/json", headers)
-
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 if expected is not None and not matches(self._given(), expected):
-                    self._send(401, b"", headers={"WWW-Authenticate": 'Basic realm="stall-watchdog"'})
+                    self.reply(401, b"", headers={"WWW-Authenticate": 'Basic realm="stall-watchdog"'})
                     return
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    self.reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     ok, why = healthy()
-                    self._send(200 if ok else 503, (why + "\n").encode())
+                    self.reply(200 if ok else 503, (why + "\n").encode())
                 else:
-                    self._send(404, b"stall-watchdog: GET /metrics, GET /healthz, POST /v1/dump\n")
+                    self.reply(404, b"stall-watchdog: GET /metrics, GET /healthz, POST /v1/dump\n")
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 if self.path.split("?", 1)[0] != "/v1/dump" or dump is None:
-                    self._send(404, b"stall-watchdog: POST /v1/dump (dump.enabled)\n")
+                    self.reply(404, b"stall-watchdog: POST /v1/dump (dump.enabled)\n")
                     return
                 given = self._given()
                 if not (open_dumps or matches(given, expected) or matches(given, f"Bearer {bearer}" if bearer
                                                                           else None)):
                     if expected is None and bearer is None:
-                        self._json(403, {"error": "dumps off loopback need dump.token_file or "
+                        self.reply_json(403, {"error": "dumps off loopback need dump.token_file or "
                                                   "export.basic_auth_user; none is configured"})
                     else:
-                        self._json(401, {"error": "POST /v1/dump needs the bearer token or basic auth"},
+                        self.reply_json(401, {"error": "POST /v1/dump needs the bearer token or basic auth"},
                                    {"WWW-Authenticate": 'Bearer realm="stall-watchdog"'})
                     return
                 body = read_body(self, limits.max_body_bytes, "dump.max_body_bytes")
                 if isinstance(body, tuple):
-                    self._json(body[0], {"error": body[1]})
+                    self.reply_json(body[0], {"error": body[1]})
                     return
                 status, answer, retry = dump(body)
-                self._json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return None  # scrapes are not events
+                self.reply_json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
 
         tls = None
         if cfg.tls_cert_file:
@@ -246,9 +251,7 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        host, port = str(self.server.server_address[0]), self.server.server_address[1]
-        scheme = "https" if self.cfg.tls_cert_file else "http"
-        return f"{scheme}://{host}:{port}/metrics"
+        return self.base_url + "/metrics"
 
     def start(self) -> None:
         self.thread.start()

@@ -35,6 +35,10 @@ class Analysis:
     member_activity: Mapping[str, Activity] = field(default_factory=dict)
     member_label: Mapping[str, str] = field(default_factory=dict)  # 'rank 4 (pid 8358, GPU 4)'
 
+    def group_by_member(self) -> dict[str, Group]:
+        """Each member's group (where it is and what it does)."""
+        return {m: g for g in self.groups for m in g.members}
+
     def to_json(self) -> dict[str, object]:
         return {
             "groups": [{

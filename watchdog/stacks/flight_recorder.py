@@ -113,7 +113,6 @@ def collect(asked: Sequence[FlightRecorder], asked_at: float, timeout_seconds: f
                 except (OSError, FlightRecorderError) as exc:
                     problems[pid] = str(exc)  # perhaps still being written: try again until the deadline
                     continue
-                problems.pop(pid, None)
                 del waiting[pid]
                 break
         if not waiting or time.monotonic() >= deadline:

@@ -24,7 +24,7 @@ import logging
 import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,11 @@ def looks_like_dump(path: Path) -> bool:
             head = f.read(4096)
     except OSError:
         return False
+    return starts_like_dump(head)
+
+
+def starts_like_dump(head: bytes) -> bool:
+    """The first bytes of a file: a pickle (protocol 2+), or JSON naming a dump's `entries` or `pg_config`."""
     return head[:1] == b"\x80" or (head.lstrip()[:1] == b"{" and (b'"entries"' in head or b'"pg_config"' in head))
 
 
@@ -187,7 +192,6 @@ class GroupFinding:
 class FlightRecorderAnalysis:
     groups: tuple[GroupFinding, ...]
     ranks: tuple[int, ...]  # ranks with a dump
-    nodes: Mapping[int, str] = field(default_factory=dict)
     analyzer: str = "stall-watchdog"
 
     @property
@@ -243,7 +247,7 @@ def analyze(traces: Iterable[RankTrace]) -> FlightRecorderAnalysis:
     for (name, desc), ranks in sorted(per_group.items()):
         members = _members(name, desc, ranks.keys(), traces)
         findings.append(_judge_group(desc or name, members, ranks, by_rank))
-    return FlightRecorderAnalysis(tuple(findings), tuple(by_rank), {t.rank: t.node for t in traces if t.node})
+    return FlightRecorderAnalysis(tuple(findings), tuple(by_rank))
 
 
 def _members(name: str, desc: str, seen: Iterable[int], traces: Sequence[RankTrace]) -> tuple[int, ...]:

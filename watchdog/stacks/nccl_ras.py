@@ -302,6 +302,11 @@ class RasFinding:
                                                                     if r.rank >= 0}))
 
     @property
+    def conclusive(self) -> bool:
+        """Names a rank the job waits on: behind in both queries, or dead, or missing."""
+        return bool(self.culprits) and (self.stuck or bool(self.dead) or bool(self.missing))
+
+    @property
     def summary(self) -> str:
         if self.problem:
             return f"NCCL RAS: {self.problem}"
@@ -319,8 +324,9 @@ class RasFinding:
         def rank(r: RasRank) -> dict[str, object]:
             return {"rank": r.rank, "host": r.host, "pid": r.pid, "gpu": r.gpu, "dead": r.dead}
 
-        return {"stuck": self.stuck, "queries": self.queries, "nccl_version": self.version,
-                "problem": self.problem, "summary": self.summary, "culprits": list(self.culprits),
+        return {"stuck": self.stuck, "conclusive": self.conclusive, "queries": self.queries,
+                "nccl_version": self.version, "problem": self.problem, "summary": self.summary,
+                "culprits": list(self.culprits),
                 "behind": [{**rank(b.rank), "op": b.op, "by": b.by, "others": b.others} for b in self.behind],
                 "missing": [rank(r) for r in self.missing], "dead": [rank(r) for r in self.dead]}
 
@@ -375,5 +381,4 @@ def ask_twice(host: str, port: int, gap_seconds: float = 3.0, timeout_seconds: f
 
 def where_to_ask(envs: Sequence[Mapping[str, str]]) -> tuple[str, int] | None:
     """The RAS address the local ranks agree on (the first that names one), None when RAS is off."""
-    found = [address(env) for env in envs]
-    return next((a for a in found if a is not None), None) if found else None
+    return next((a for a in map(address, envs) if a is not None), None)

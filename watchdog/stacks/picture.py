@@ -62,21 +62,27 @@ class StackPicture:
         return out
 
 
+def evidence_notes(fr: FlightRecorderAnalysis | None, ras_summary: str | None) -> list[str]:
+    """What the Flight Recorder and NCCL RAS add to a verdict: the summary of each that names a culprit
+    (`ras_summary`: the RAS finding's summary when it is conclusive, else None)."""
+    return ([fr.summary] if fr is not None and fr.culprits else []) + ([ras_summary] if ras_summary else [])
+
+
+def with_notes(decided: Verdict, notes: Sequence[str]) -> Verdict:
+    """The verdict with `notes` appended to its sentence."""
+    if not notes:
+        return decided
+    return replace(decided, sentence=decided.sentence.rstrip(".") + ". " + ". ".join(notes))
+
+
 def with_job_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: RasFinding | None) -> Verdict:
     """The Flight Recorder's and NCCL RAS's culprits join the verdict: in its sentence always, and in
     its headline when the local stacks could only say "the culprit is likely on another node"."""
-    notes = []
-    if fr is not None and fr.culprits:
-        notes.append(fr.summary)
-    if ras is not None and ras.culprits and (ras.stuck or ras.dead or ras.missing):
-        notes.append(ras.summary)
-    if not notes:
-        return decided
-    sentence = decided.sentence.rstrip(".") + ". " + ". ".join(notes)
-    headline = decided.headline
-    if decided.kind == "remote":
-        headline = "the job waits on " + "; ".join(n.split(": ", 1)[-1] for n in notes[:1])
-    return replace(decided, sentence=sentence, headline=headline)
+    notes = evidence_notes(fr, ras.summary if ras is not None and ras.conclusive else None)
+    joined = with_notes(decided, notes)
+    if notes and decided.kind == "remote":
+        return replace(joined, headline="the job waits on " + notes[0].split(": ", 1)[-1])
+    return joined
 
 
 def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg: StacksConfig,
