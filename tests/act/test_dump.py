@@ -193,6 +193,25 @@ def test_off_loopback_dumps_need_auth(job: dict[str, Any], tmp_path: Path) -> No
     assert 'stall_watchdog_dumps_total{result="written"} 1.0' in metrics
 
 
+def test_a_post_without_a_body_dumps_every_job(job: dict[str, Any], tmp_path: Path) -> None:
+    """`curl -X POST URL` sends neither Content-Length nor a body: every training job on the node."""
+    import http.client
+
+    daemon, endpoint = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "flight_recorder": False})
+    try:
+        host, port = endpoint.server.server_address[:2]
+        connection = http.client.HTTPConnection(str(host), int(port), timeout=60)
+        connection.putrequest("POST", "/v1/dump")
+        connection.endheaders()
+        response = connection.getresponse()
+        status, answer = response.status, json.loads(response.read())
+        connection.close()
+    finally:
+        endpoint.stop()
+        daemon.shutdown()
+    assert status == 200 and [j["training_job"] for j in answer["jobs"]] == [job["key"]]
+
+
 def test_oversized_body_is_413(job: dict[str, Any], tmp_path: Path) -> None:
     daemon, endpoint = start(tmp_path, job["processes"], dump={"max_body_bytes": 1024})
     try:

@@ -30,6 +30,8 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     coordinator = Coordinator(args.prometheus, args.out, client, args.cooldown_seconds)
     if args.job:
         result = coordinator.investigate(args.job)
+        if result.problem is not None:
+            error(f"coordinate: {result.problem}")
         if args.json:
             print(json.dumps({**result.to_json(), "bundle": coordinator.latest[args.job].get("bundle")}))
         else:

@@ -82,7 +82,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
     MetricSpec("bundles_total", "counter", "Incident bundles by result (written, partial, failed).", ("result",)),
     MetricSpec("dumps_total", "counter", "POST /v1/dump requests by result (written, shared, no_ranks, "
-               "rate_limited, bad_request, unauthorized).", ("result",)),
+               "rate_limited, bad_request).", ("result",)),
     MetricSpec("bundle_disk_bytes", "gauge", "Disk used by the incident bundles kept."),
     MetricSpec("component_up", "gauge", "1 if the component's last run succeeded.", ("component",)),
     MetricSpec("component_errors_total", "counter", "Failures caught at a component's boundary.", ("component",)),

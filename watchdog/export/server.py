@@ -100,11 +100,17 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 def read_body(handler: BaseHTTPRequestHandler, limit: int, what: str) -> bytes | tuple[int, str]:
-    """A request's body, or (status, reason) when it has no Content-Length (411) or is over `limit` (413)."""
+    """A request's body, or (status, reason) when it is chunked (411: give its length) or over `limit` (413).
+    A request with neither Content-Length nor Transfer-Encoding has an empty body (`curl -X POST URL`)."""
+    given = handler.headers.get("Content-Length")
+    if given is None:
+        if handler.headers.get("Transfer-Encoding"):
+            return 411, "Content-Length required"
+        return b""
     try:
-        length = int(handler.headers.get("Content-Length", ""))
+        length = int(given)
     except ValueError:
-        return 411, "Content-Length required"
+        return 400, "Content-Length is not a number"
     if not 0 <= length <= limit:
         return 413, f"body over {what} ({limit} bytes)"
     return handler.rfile.read(length)
