@@ -49,6 +49,32 @@ def test_replay_real_nvidia_smi_log_names_times_as_in_the_trace() -> None:
     assert first["severity"] == "warning" and first["culprit_gpus"] == [0]
 
 
+def test_replay_many_traces_one_timeline_each_in_order(tmp_path: Path) -> None:
+    """Files and a folder, replayed side by side: each timeline whole and in the order given; a trace
+    that cannot be read is named and the others still replay; --json names each line's trace."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name in ("spin_hang", "gpu_lost"):
+        assert cli("record", "--simulate", name, "--duration-seconds", "500", "--out",
+                   str(folder / f"{name}.jsonl")).returncode == 0
+    (folder / "notes.md").write_text("not a trace\n")
+    (tmp_path / "broken.csv").write_text("timestamp, index, power.draw [W]\n2024/01/01 00:00:00, 0, lots\n")
+    result = cli("replay", "sim:odd_rank", str(folder), str(tmp_path / "broken.csv"), "--jobs", "2")
+    assert result.returncode == 1
+    footers = [line for line in result.stdout.splitlines() if " samples of " in line]
+    assert [f.split(":")[0] for f in footers[:1]] == ["sim"] and "gpu_lost.jsonl" in footers[1]
+    assert "spin_hang.jsonl" in footers[2] and len(footers) == 3
+    assert "broken.csv:2: column 'power.draw [W]'" in result.stderr and "Traceback" not in result.stderr
+    as_json = cli("replay", str(folder), "--json")
+    traces = [json.loads(line)["trace"] for line in as_json.stdout.splitlines()]
+    assert traces == sorted(traces)
+    assert {Path(t).name for t in traces} == {"gpu_lost.jsonl", "spin_hang.jsonl"}
+    assert cli("replay", str(folder), "--report", str(tmp_path / "r.html")).returncode == 2
+    (tmp_path / "empty").mkdir()
+    empty = cli("replay", str(tmp_path / "empty"))
+    assert empty.returncode == 1 and "empty: no trace files in the folder" in empty.stderr
+
+
 def test_record_simulated_then_replay(tmp_path: Path) -> None:
     out = tmp_path / "spin.jsonl"
     result = cli("record", "--simulate", "spin_hang", "--duration-seconds", "400", "--out", str(out))

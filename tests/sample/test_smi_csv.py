@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,10 @@ from hypothesis import strategies as st
 
 from tests.conftest import realdata
 from watchdog.model import GpuHealth
+from watchdog.sample import lines as lines_module
+from watchdog.sample import smi_csv
 from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.lines import TextLines
 from watchdog.sample.smi_csv import parse_number, read_smi_csv
 
 TELEMETRY = ("telemetry", "grantwilkins-training_profile")
@@ -239,3 +243,81 @@ def test_real_log_file_path_in_errors(tmp_path: Path) -> None:
     path.write_text("timestamp, index, power.draw [W]\nnot-a-time, 0, 5 W\n")
     with path.open() as f, pytest.raises(TraceError, match=f"{path}:2: column 'timestamp'"):
         list(read_smi_csv(f, str(path)))
+
+
+# -- the block reader against the row-by-row reader -------------------------------------------------
+_COLUMNS = [
+    ("utilization.gpu [%]", lambda r: f"{r.randint(0, 100)} %"),
+    ("utilization.memory [%]", lambda r: f"{r.randint(0, 100)} %"),
+    ("power.draw [W]", lambda r: f"{r.uniform(20, 700):.2f} W"),
+    ("enforced.power.limit [W]", lambda r: "700.00 W"),
+    ("memory.used [MiB]", lambda r: f"{r.randint(0, 80000)} MiB"),
+    ("temperature.gpu", lambda r: f"{r.randint(30, 90)}"),
+    ("clocks.sm [MHz]", lambda r: f"{r.choice([345, 1980, 1200])} MHz"),
+    ("clocks_event_reasons.hw_slowdown", lambda r: r.choice(["Active", "Not Active"])),
+    ("clocks_event_reasons.active", lambda r: r.choice(["0x0000000000000000", "0x0000000000000008"])),
+]
+_NOISE = ["[N/A]", "[Not Supported]", "[GPU is lost]", "12x W", "", "-3 W", "nan", "1.5 GiB", "300 mW", '"5 %"']
+
+
+def _random_log(rng: random.Random) -> str:
+    """An nvidia-smi log with a random column set, GPU count and identity columns, and the damage real
+    logs carry: missing and lost readings, bad cells, cut and blank lines, repeated rows, reordered GPUs."""
+    columns = rng.sample(_COLUMNS, rng.randint(1, len(_COLUMNS)))
+    identity = rng.choice([["index"], ["uuid"], ["index", "uuid"], []])
+    nounits = rng.random() < 0.3
+    lines = [", ".join(["timestamp", *identity, *(name for name, _ in columns)])]
+    gpus = rng.randint(1, 5)
+    for second in range(rng.randint(0, 60)):
+        order = list(range(gpus))
+        if rng.random() < 0.1:
+            rng.shuffle(order)
+        if rng.random() < 0.1:
+            order.pop()
+        for gpu in order:
+            at = second + gpu * 0.003
+            cells = [f"2024/01/02 03:{int(at // 60) % 60:02d}:{at % 60:06.3f}"]
+            cells += [str(gpu) if name == "index" else f"GPU-{gpu}" for name in identity]
+            for _, value in columns:
+                text = rng.choice(_NOISE) if rng.random() < 0.02 else value(rng)
+                cells.append(text.split(" ")[0] if nounits else text)
+            line = ", ".join(cells)
+            if rng.random() < 0.01:
+                line = line[:rng.randint(0, len(line))]
+            lines.append("" if rng.random() < 0.01 else line)
+            if rng.random() < 0.02:
+                lines.append(line)
+    return "\n".join(lines) + ("\n" if rng.random() < 0.8 else "")
+
+
+def _read_all(text: str, lenient: bool) -> tuple[list, int, list[str]] | str:
+    skips = SkipLog(lenient=lenient)
+    source = TextLines(io.BufferedReader(io.BytesIO(text.encode())), "f.csv", skips)  # type: ignore[arg-type]
+    try:
+        return list(read_smi_csv(source, "f.csv", None, skips)), skips.count, skips.first
+    except TraceError as exc:
+        return f"error: {exc}"
+
+
+def test_block_reader_matches_row_by_row_on_damaged_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of a few lines (so samples straddle blocks) read column by column must give the very
+    snapshots, skips and errors that reading every row on its own gives."""
+    monkeypatch.setattr(lines_module, "_READ_BYTES", 700)
+    logs = [_random_log(random.Random(seed)) for seed in range(250)]
+    fast = [(_read_all(text, True), _read_all(text, False)) for text in logs]
+    monkeypatch.setattr(smi_csv, "_block_parser", lambda columns: lambda block: None)
+    slow = [(_read_all(text, True), _read_all(text, False)) for text in logs]
+    assert fast == slow
+    assert sum(isinstance(strict, str) for _, strict in fast) > 50  # the damage was seen
+    assert sum(bool(lenient[0]) for lenient, _ in fast if not isinstance(lenient, str)) > 150
+
+
+def test_block_reader_reads_a_day_in_blocks() -> None:
+    """A clean log goes the block way: its cells are converted once per distinct text."""
+    rows = [f"2024/01/02 {h:02d}:{m:02d}:{s:02d}.000, {g}, {(h + g) % 101} %, {100 + g}.50 W"
+            for h in range(2) for m in range(60) for s in range(60) for g in range(2)]
+    text = "timestamp, index, utilization.gpu [%], power.draw [W]\n" + "\n".join(rows) + "\n"
+    snaps = read(text)
+    assert len(snaps) == 7200 and [g.index for g in snaps[-1].gpus] == [0, 1]
+    assert snaps[1].time_seconds - snaps[0].time_seconds == 1.0
+    assert snaps[-1].gpus[1].power_watts == 101.5 and snaps[-1].gpus[1].utilization_ratio == 0.02

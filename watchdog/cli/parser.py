@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 from typing import TypeAlias
 
 from watchdog import __version__
-from watchdog.cli.analyze import cmd_analyze
-from watchdog.cli.coordinate import cmd_coordinate
-from watchdog.cli.node import cmd_check_config, cmd_doctor, cmd_report
-from watchdog.cli.service import cmd_demo, cmd_run
-from watchdog.cli.stacks import cmd_stacks_analyze, cmd_stacks_dump
-from watchdog.cli.trace import cmd_record, cmd_replay
 from watchdog.sample import sim
+from watchdog.sample.replay import TRACE_SUFFIXES
 
 _SCENARIO_HELP = "\n".join(f"  sim:{name:<16} {s.description}" for name, s in sim.SCENARIOS.items())
 Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A verb's function, imported when the verb runs: `replay` starts without loading the daemon."""
+    def run(args: argparse.Namespace) -> int:
+        function: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"watchdog.cli.{module}"), name)
+        return function(args)
+    return run
 
 
 def _verb(verbs: Verbs, name: str, help: str, description: str, epilog: str | None = None
@@ -35,9 +40,14 @@ def _add_replay(verbs: Verbs) -> None:
                     f"  a built-in scenario:\n{_SCENARIO_HELP}",
         epilog="Examples:\n  stall-watchdog replay sim:odd_rank\n"
                "  stall-watchdog replay gpus.csv --json | jq .summary\n"
-               "  stall-watchdog replay gpus.csv --csv-fields timestamp,index,utilization.gpu,power.draw\n",
+               "  stall-watchdog replay gpus.csv --csv-fields timestamp,index,utilization.gpu,power.draw\n"
+               "  stall-watchdog replay logs/node*.csv        # one timeline per file, every core busy\n",
     )
-    replay.add_argument("trace", metavar="TRACE", help="CSV log, JSON Lines recording, or sim:SCENARIO")
+    replay.add_argument("trace", metavar="TRACE", nargs="+",
+                        help="CSV log, JSON Lines recording, sim:SCENARIO, or a folder of logs ("
+                             + ", ".join(TRACE_SUFFIXES) + "); several are replayed side by side")
+    replay.add_argument("--jobs", type=int, metavar="N",
+                        help="traces replayed at once when there are several (default: one per core)")
     replay.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
     replay.add_argument("--json", action="store_true",
                         help="one JSON object per episode event instead of a readable timeline")
@@ -47,7 +57,7 @@ def _add_replay(verbs: Verbs) -> None:
                         help="the --query-gpu list of a CSV log written with noheader")
     replay.add_argument("--report", metavar="OUT.html",
                         help="also draw the trace's timeline with its episodes as a self-contained HTML page")
-    replay.set_defaults(func=cmd_replay)
+    replay.set_defaults(func=_command("replay", "cmd_replay"))
 
 
 def _add_record(verbs: Verbs) -> None:
@@ -64,7 +74,7 @@ def _add_record(verbs: Verbs) -> None:
     record.add_argument("--simulate", metavar="SCENARIO",
                         help=f"write a built-in scenario instead of reading NVML ({', '.join(sim.SCENARIOS)})")
     record.add_argument("--config", metavar="FILE", help="YAML configuration")
-    record.set_defaults(func=cmd_record)
+    record.set_defaults(func=_command("trace", "cmd_record"))
 
 
 def _add_stacks(verbs: Verbs) -> None:
@@ -89,7 +99,7 @@ def _add_stacks(verbs: Verbs) -> None:
     dump.add_argument("--json", action="store_true", help="one JSON object per job")
     dump.add_argument("--out", metavar="DIR", help="also write each rank's py-spy JSON and the analysis here")
     dump.add_argument("--config", metavar="FILE", help="YAML configuration (the stacks section)")
-    dump.set_defaults(func=cmd_stacks_dump)
+    dump.set_defaults(func=_command("stacks", "cmd_stacks_dump"))
     analyse = _verb(stack_verbs, "analyze", help="group saved stack dumps and name the outliers",
         description="Read saved dumps (py-spy --json output, py-spy text as pasted into issues, or a folder "
                     "written by `stacks dump --out`) and print the grouped picture with the outliers.",
@@ -97,7 +107,7 @@ def _add_stacks(verbs: Verbs) -> None:
                "  stall-watchdog stacks analyze /tmp/stacks --json\n")
     analyse.add_argument("files", nargs="+", metavar="FILE")
     analyse.add_argument("--json", action="store_true", help="a JSON object: groups, outliers, summary, verdict")
-    analyse.set_defaults(func=cmd_stacks_analyze)
+    analyse.set_defaults(func=_command("stacks", "cmd_stacks_analyze"))
 
 
 def _add_run(verbs: Verbs) -> None:
@@ -110,7 +120,7 @@ def _add_run(verbs: Verbs) -> None:
                "  stall-watchdog run --config sim.yaml   # with source: {kind: sim, scenario: spin_hang}\n")
     run.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
     run.add_argument("--max-ticks", type=int, metavar="N", help=argparse.SUPPRESS)
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=_command("service", "cmd_run"))
 
 
 def _add_demo(verbs: Verbs) -> None:
@@ -124,7 +134,7 @@ def _add_demo(verbs: Verbs) -> None:
     demo.add_argument("--duration-seconds", type=float, metavar="S", help="stop by itself after this long")
     demo.add_argument("--port", type=int, default=9944, help="metrics port (another free one if taken)")
     demo.add_argument("--folder", metavar="DIR", help="where the bundles go (default: a new temporary folder)")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=_command("service", "cmd_demo"))
 
 
 def _add_report(verbs: Verbs) -> None:
@@ -135,7 +145,7 @@ def _add_report(verbs: Verbs) -> None:
         epilog="Example:\n"
                "  stall-watchdog report /var/lib/stall-watchdog/incidents/20260101T000500Z-waiting-gpu0-1-2\n")
     rep.add_argument("bundle", metavar="BUNDLE")
-    rep.set_defaults(func=cmd_report)
+    rep.set_defaults(func=_command("node", "cmd_report"))
 
 
 def _add_doctor(verbs: Verbs) -> None:
@@ -154,7 +164,7 @@ def _add_doctor(verbs: Verbs) -> None:
     who.add_argument("--all-ranks", action="store_true", help="check every running rank's settings, per job")
     doctor.add_argument("--json", action="store_true", help="one JSON object per job")
     doctor.add_argument("--strict", action="store_true", help="exit 3 on warnings too")
-    doctor.set_defaults(func=cmd_doctor)
+    doctor.set_defaults(func=_command("node", "cmd_doctor"))
 
 
 def _add_check_config(verbs: Verbs) -> None:
@@ -163,7 +173,7 @@ def _add_check_config(verbs: Verbs) -> None:
         epilog="Example:\n  stall-watchdog check-config /etc/stall-watchdog/config.yaml",
     )
     check.add_argument("file", metavar="FILE")
-    check.set_defaults(func=cmd_check_config)
+    check.set_defaults(func=_command("node", "cmd_check_config"))
 
 
 def _add_analyze(verbs: Verbs) -> None:
@@ -180,7 +190,7 @@ def _add_analyze(verbs: Verbs) -> None:
                "  stall-watchdog analyze ras-1.json ras-2.json\n")
     analyse.add_argument("paths", nargs="+", metavar="PATH")
     analyse.add_argument("--json", action="store_true", help="a JSON object per picture")
-    analyse.set_defaults(func=cmd_analyze)
+    analyse.set_defaults(func=_command("analyze", "cmd_analyze"))
 
 
 def _add_coordinate(verbs: Verbs) -> None:
@@ -207,7 +217,7 @@ def _add_coordinate(verbs: Verbs) -> None:
                        help="a job investigated this recently is not investigated again (default 120)")
     coord.add_argument("--job", metavar="TRAINING_JOB", help="investigate this job once, print, and exit")
     coord.add_argument("--json", action="store_true", help="with --job: the job verdict as JSON")
-    coord.set_defaults(func=cmd_coordinate)
+    coord.set_defaults(func=_command("coordinate", "cmd_coordinate"))
 
 
 def build_parser() -> argparse.ArgumentParser:

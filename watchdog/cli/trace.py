@@ -1,4 +1,4 @@
-"""`replay` (the detectors over a trace at full speed) and `record` (live NVML or a scenario to JSON Lines)."""
+"""`record`: live NVML or a scenario to a JSON Lines recording (the format `replay` reads)."""
 
 from __future__ import annotations
 
@@ -12,79 +12,15 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Protocol
 
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml
 from watchdog.config import load_config
-from watchdog.detect.engine import DetectorEngine
-from watchdog.export import report as report_html
-from watchdog.export.timeline import TextTimeline, json_line
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
+from watchdog.model import NodeSnapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import TraceError
-from watchdog.sample.replay import SIM_PREFIX, open_trace, scenario
+from watchdog.sample.replay import SIM_PREFIX, scenario
 from watchdog.schedule import Ticker
-
-
-# -- replay --------------------------------------------------------------------------------------
-def cmd_replay(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    fields = [f.strip() for f in args.csv_fields.split(",")] if args.csv_fields else None
-    engine = DetectorEngine(config)
-    out = sys.stdout
-    kept: list[NodeSnapshot] = []  # for --report: thinned as it grows
-    stride = 1
-    fired: list[EpisodeEvent] = []
-    with open_trace(args.trace, lenient=args.lenient, csv_fields=fields) as trace:
-        timeline = None if args.json else TextTimeline(out, args.trace, trace.naive_time)
-        first = last = None
-        samples = gpus = 0
-        for snapshot in trace.snapshots:
-            if first is None:
-                first = snapshot.time_seconds
-            last = snapshot.time_seconds
-            samples += 1
-            gpus = max(gpus, len(snapshot.gpus))
-            if args.report and samples % stride == 0:
-                kept.append(snapshot)
-                if len(kept) > 4 * report_html.MAX_POINTS:
-                    kept, stride = kept[::2], stride * 2
-            for event in engine.observe(snapshot):
-                if event.event is EventKind.SUSPECTED:
-                    continue  # a look at the stacks, live; nothing to report from a trace
-                fired.append(event)
-                if timeline is None:
-                    out.write(json_line(event, trace.naive_time) + "\n")
-                else:
-                    timeline.event(event)
-        if engine.clock_steps:
-            error(f"warning: the trace's clock stepped back {engine.clock_steps} time(s) (the last by "
-                  f"{engine.last_step_seconds:.0f} s: DST or an NTP step?); later samples were read as following "
-                  "on, so event times after a step are shifted by the step")
-        if trace.skips.count:
-            error(f"warning: {trace.skips.count} line(s) or sample(s) skipped; first: "
-                  + "; ".join(trace.skips.first[:3]))
-    if samples == 0:
-        error(f"{args.trace}: no samples in the trace")
-        return EXIT_FAILURE
-    if timeline is not None:
-        assert first is not None and last is not None
-        still_open = [f"{ep.finding.signature.value} ({ep.fired_severity.value}) on {gpu_list(ep.finding.gpus)}"
-                      for ep in engine.tracker.episodes.values() if ep.fired_severity is not None]
-        timeline.footer(first, last, samples, gpus, still_open)
-    if args.report:
-        episodes = report_html.episodes_from_events(fired)
-        page = report_html.render(report_html.ReportData(
-            f"replay of {args.trace}", kept, episodes, naive_time=trace.naive_time,
-            verdict="; ".join(str(e["summary"]) for e in episodes[:3]) or "no episode"))
-        try:
-            Path(args.report).write_text(page, encoding="utf-8")
-        except OSError as exc:
-            error(f"--report {args.report}: cannot write: {exc.strerror or exc}")
-            return EXIT_FAILURE
-        print(f"report: {args.report}", file=sys.stderr)
-    return EXIT_OK
 
 
 # -- record --------------------------------------------------------------------------------------

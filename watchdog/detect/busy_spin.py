@@ -21,11 +21,18 @@ memory-controller busy, SM activity high.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
+from typing import TypeVar
+
 from watchdog.config import BusySpinConfig
 from watchdog.detect.evidence import Evidence, percentile, run_start
-from watchdog.detect.window import GpuView
-from watchdog.model import THROTTLE_REASON_MASK, Signature
+from watchdog.detect.window import GpuRun, GpuView
+from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
+_T = TypeVar("_T")
+_COLUMNS = operator.itemgetter(*(GpuSample._fields.index(name) for name in (
+    "clock_event_reasons", "utilization_ratio", "power_watts", "memory_utilization_ratio", "sm_activity_ratio")))
 _WEAK = ("power_flat", "power_fell")
 _MIN_SAMPLES = 8  # the flatness of fewer samples means little
 
@@ -46,23 +53,15 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     if len(window) < 3:
         return None
 
-    # One pass over the window (this runs every tick for every spinning GPU).
-    utils: list[float] = []
-    power: list[float] = []
-    mem: list[float] = []
-    activity: list[float] = []
-    for _, s in window:
-        if s.clock_event_reasons and s.clock_event_reasons & THROTTLE_REASON_MASK:
-            return None  # throttled: slow, not spinning
-        if s.utilization_ratio is not None:
-            utils.append(s.utilization_ratio)
-        if s.power_watts is not None:
-            power.append(s.power_watts)
-        if s.memory_utilization_ratio is not None:
-            mem.append(s.memory_utilization_ratio)
-        if s.sm_activity_ratio is not None:
-            activity.append(s.sm_activity_ratio)
-    utils.sort()
+    # The window's columns (this runs every tick for every spinning GPU).
+    times, samples = zip(*window)
+    reasons, in_order, power_column, memory_column, activity_column = zip(*map(_COLUMNS, samples))
+    if any(r & THROTTLE_REASON_MASK for r in set(reasons) if r):
+        return None  # throttled: slow, not spinning
+    utils = sorted(_present(in_order))
+    power = _present(power_column)
+    mem = _present(memory_column)
+    activity = _present(activity_column)
     if percentile(utils, 0.5) < floor:
         return None
     clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
@@ -115,8 +114,13 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     weak = not substantive and {"power_fell", "power_flat"} <= set(legs)
     if len(legs) < cfg.min_legs or not (substantive or weak):
         return None
-    since = run_start([(t, s.utilization_ratio) for t, s in window], lambda u: u >= floor)
+    since = run_start(times, [u is not None and u >= floor for u in in_order])
     return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts, weak=weak)
+
+
+def _present(values: Sequence[_T | None]) -> list[_T]:
+    """The readings that are there (a column may have gaps where a read failed)."""
+    return [v for v in values if v is not None] if None in values else list(values)  # type: ignore[arg-type]
 
 
 def _span(view: GpuView, seconds: float) -> float:
@@ -137,3 +141,18 @@ def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:
         return False
     mem = sorted(s.memory_utilization_ratio for _, s in window if s.memory_utilization_ratio is not None)
     return not mem or percentile(mem, 0.9) <= cfg.memory_utilization_max_ratio
+
+
+def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
+    """evaluate() finds nothing after any of these samples: each fails its first checks (utilization
+    below the floor, or the memory controller or the SMs busy now)."""
+    floor = cfg.utilization_min_ratio
+    utils = run.column("utilization_ratio")
+    if max(_present(utils), default=0.0) < floor:
+        return True
+    memory_busy, sm_busy = 2 * cfg.memory_utilization_max_ratio, 2 * cfg.sm_activity_max_ratio
+    memory, activity = run.column("memory_utilization_ratio"), run.column("sm_activity_ratio")
+    if None not in memory and min(memory) > memory_busy:
+        return True
+    return all(u is None or u < floor or (m is not None and m > memory_busy) or (a is not None and a > sm_busy)
+               for u, m, a in zip(utils, memory, activity))

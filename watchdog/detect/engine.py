@@ -8,15 +8,21 @@ and `detector_up`), never the others' verdicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from watchdog.config import Config
-from watchdog.detect import DETECTORS, Detector, busy_spin
+from watchdog.detect import DETECTORS, STEADY, Detector, Steady, busy_spin
 from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import job_findings, underuse_finding
-from watchdog.detect.window import GpuWindow
+from watchdog.detect.window import GpuRun, GpuWindow
 from watchdog.model import EpisodeEvent, Finding, NodeSnapshot, Severity, Signature
+
+_BULK_TICKS = 128  # a stretch checked for steadiness at once
+_STEP_TICKS = 16  # observed one by one when a stretch is not steady, before checking again
 
 _PER_GPU_SEVERITY = {
     Signature.GPU_LOST: Severity.CRITICAL,
@@ -28,6 +34,7 @@ def _ignore(component: str, error: Exception) -> None:
     pass
 
 
+_INDEX = operator.itemgetter(0)
 _STEP_TOLERANCE_SECONDS = 0.5  # nvidia-smi prints a sample's GPUs milliseconds apart, not always in order
 
 
@@ -50,6 +57,8 @@ class DetectorEngine:
         self._present: tuple[int, ...] = ()
         self._last_evaluation: float | None = None
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
+        self._enabled = [name for name, _, section in self._sections if section.enabled]
+        self._steady = self._steady_table()
         self.tracker = EpisodeTracker({sig: getattr(d, sig.value) for sig in Signature}, config)
         self.last_findings: list[Finding] = []
 
@@ -63,6 +72,9 @@ class DetectorEngine:
             window.short_seconds, window.long_seconds = self._short_seconds, self._long_seconds
             self._apply_job(window)
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
+        self._enabled = [name for name, _, section in self._sections if section.enabled]
+        self._steady = self._steady_table()
+        self.detector_up = {}
         self.tracker.retime({sig: getattr(d, sig.value) for sig in Signature}, config)
 
     def _apply_job(self, window: GpuWindow) -> None:
@@ -107,26 +119,112 @@ class DetectorEngine:
         self.last_findings = self.evaluate(t)
         return self.tracker.update(t, self.last_findings)
 
+    def _steady_table(self) -> list[tuple[Steady, Any]] | None:
+        """The enabled detectors' steadiness checks; None when one has none (a custom detector)."""
+        table = []
+        for name, detect, section in self._sections:
+            steady = STEADY.get(name)
+            if steady is None or detect is not DETECTORS.get(name):
+                return None
+            if section.enabled:
+                table.append((steady, section))
+        return table
+
+    def observe_many(self, snapshots: Sequence[NodeSnapshot]) -> list[EpisodeEvent]:
+        """The events observe() would return over these snapshots one after the other, in order.
+        Stretches on which no detector can find anything (most of a healthy day) are ingested in
+        bulk: for replaying long traces."""
+        events: list[EpisodeEvent] = []
+        start, count = 0, len(snapshots)
+        while start < count:
+            stop = min(count, start + _BULK_TICKS)
+            runs = self._steady_runs(snapshots[start:stop])
+            if runs is not None:
+                events += self._ingest(snapshots[stop - 2].time_seconds, snapshots[stop - 1].time_seconds, runs)
+            else:
+                stop = min(count, start + _STEP_TICKS)
+                for snapshot in snapshots[start:stop]:
+                    events.extend(self.observe(snapshot))
+            start = stop
+        return events
+
+    def _steady_runs(self, block: Sequence[NodeSnapshot]) -> list[tuple[GpuWindow, GpuRun]] | None:
+        """Each known GPU's run over `block`, when the block can be ingested in bulk: no detector down,
+        the same GPUs as the last snapshot, the clock moving forward, and every enabled detector steady
+        on every GPU. Else None."""
+        layout, last = self._present, self._last_stamp
+        if self._steady is None or not layout or last is None or len(block) < 2:
+            return None
+        if not all(self.detector_up.values()):
+            return None
+        stamps = [snapshot.time_seconds for snapshot in block]
+        if stamps[0] <= last or any(map(operator.ge, stamps[:-1], stamps[1:])):
+            return None
+        per_snapshot = [snapshot.gpus for snapshot in block]
+        if set(map(len, per_snapshot)) != {len(layout)}:
+            return None
+        times = list(map(operator.add, stamps, itertools.repeat(self._offset)))
+        runs = []
+        for index, samples in zip(layout, zip(*per_snapshot)):
+            run, window = GpuRun(times, samples), self._windows[index]
+            if run.column("index").count(index) != len(samples):
+                return None
+            for steady, section in self._steady:
+                if not steady(run, window, section):
+                    return None
+            runs.append((window, run))
+        return runs
+
+    def _ingest(self, before_last: float, last_stamp: float, runs: list[tuple[GpuWindow, GpuRun]]
+                ) -> list[EpisodeEvent]:
+        """Bulk ingestion of a steady stretch: the windows, the stream clock, the evaluation schedule
+        and the open episodes end as observe() would leave them. Its evaluations would all have found
+        nothing, so each is an update of the episodes with no finding (which may resolve them)."""
+        times = runs[0][1].times
+        for window, run in runs:
+            window.extend(run)
+        self._step = min(last_stamp - before_last, 60.0)
+        self._last_stamp = last_stamp
+        interval, evaluated = self.config.sample.evaluate_interval_seconds, self._last_evaluation
+        events: list[EpisodeEvent] = []
+        tracker = self.tracker
+        for t in times:
+            if evaluated is None or t - evaluated >= interval:
+                evaluated = t
+                if tracker.episodes:
+                    events += tracker.update(t, [])
+        if evaluated != self._last_evaluation:
+            self._last_evaluation = evaluated
+            self.last_findings = []
+            self.detector_up = {f"detector_{name}": True for name in self._enabled}
+        return events
+
     def evaluate(self, now: float) -> list[Finding]:
-        views = {i: self._windows[i] for i in self._present}
-        findings: list[Finding] = []
+        windows = self._windows
+        views = {i: windows[i] for i in self._present}
+        present = list(views.values())
+        per_gpu: list[tuple[int, int, Finding]] = []  # (GPU, detector order, finding)
         spin: dict[int, Evidence] = {}
         zero: dict[int, Evidence] = {}
         underused: list[Evidence] = []
         failed: set[str] = set()
-        for index, view in views.items():
-            for name, detect, section in self._sections:
-                if not section.enabled or name in failed:
-                    continue
-                try:
+        # Detector by detector over the GPUs: a quiet GPU costs each detector one call that returns at
+        # its first check. A detector that raises loses this tick only (the guard), keeping what it
+        # found on the GPUs before.
+        for order, (name, detect, section) in enumerate(self._sections):
+            if not section.enabled:
+                continue
+            found: list[Evidence] = []
+            try:
+                for view in present:
                     evidence = detect(view, section)
-                except Exception as exc:  # the detector's guard: one bug costs one detector for one tick
-                    failed.add(name)
-                    self.on_error(f"detector_{name}", exc)
-                    continue
-                if evidence is None:
-                    continue
-                sig = evidence.signature
+                    if evidence is not None:
+                        found.append(evidence)
+            except Exception as exc:  # the detector's guard: one bug costs one detector for one tick
+                failed.add(name)
+                self.on_error(f"detector_{name}", exc)
+            for evidence in found:
+                index, sig = evidence.gpu, evidence.signature
                 if sig is Signature.BUSY_SPIN:
                     spin[index] = evidence
                 elif sig is Signature.ZERO_UTIL:
@@ -135,12 +233,13 @@ class DetectorEngine:
                     if index not in spin and index not in zero:
                         underused.append(evidence)
                 else:
-                    findings.append(Finding(
+                    per_gpu.append((index, order, Finding(
                         sig, _PER_GPU_SEVERITY[sig], (index,), since=evidence.since, legs=evidence.legs,
                         facts=evidence.facts, key=f"{name}:{index}",
-                    ))
-        self.detector_up = {f"detector_{name}": name not in failed
-                            for name, _, section in self._sections if section.enabled}
+                    )))
+        if failed or len(self.detector_up) != len(self._enabled) or not all(self.detector_up.values()):
+            self.detector_up = {f"detector_{name}": name not in failed for name in self._enabled}
+        findings = [finding for _, _, finding in sorted(per_gpu, key=lambda item: item[:2])]
         if underused:
             findings.append(underuse_finding(underused))
         if spin or zero:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from watchdog.model import Signature
@@ -24,15 +25,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank]
 
 
-def run_start(window: list[tuple[float, float | None]], holds: Callable[[float], bool], share: float = 0.8) -> float:
-    """Onset of a condition: the earliest sample that holds such that at least `share` of the samples
-    from it to the newest hold too. Brief dips inside the run do not move the onset; the samples from
-    before the condition began do not pull it earlier."""
-    start = window[-1][0]
-    held = 0
-    for total, (t, value) in enumerate(reversed(window), start=1):
-        ok = value is not None and holds(value)
-        held += ok
-        if ok and held >= share * total:
-            start = t
-    return start
+def run_start(times: Sequence[float], holds: Sequence[bool], share: float = 0.8) -> float:
+    """Onset of a condition that `holds` at each of `times` (or not): the earliest sample that holds
+    such that at least `share` of the samples from it to the newest hold too. Brief dips inside the
+    run do not move the onset; the samples from before the condition began do not pull it earlier."""
+    if all(holds):
+        return times[0]
+    held = itertools.accumulate(reversed(holds))  # from the newest back
+    starts = [t for total, (t, ok, count) in enumerate(zip(reversed(times), reversed(holds), held), start=1)
+              if ok and count >= share * total]
+    return starts[-1] if starts else times[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from watchdog.config import GpuLostConfig
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.window import GpuView
+from watchdog.detect.window import GpuRun, GpuView
 from watchdog.model import GpuHealth, Signature
 
 
@@ -21,3 +21,8 @@ def evaluate(view: GpuView, cfg: GpuLostConfig) -> Evidence | None:
     return Evidence(
         view.index, Signature.GPU_LOST, since=since, legs=(latest.health.value,), facts={"errors": errors}
     )
+
+
+def steady(run: GpuRun, view: GpuView, cfg: GpuLostConfig) -> bool:
+    """evaluate() finds nothing after any of these samples: every one answered."""
+    return run.column("health").count(GpuHealth.OK) == len(run)

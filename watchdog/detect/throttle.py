@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from watchdog.config import ThrottleConfig
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.window import GpuView
+from watchdog.detect.window import GpuRun, GpuView
 from watchdog.model import THROTTLE_REASON_MASK, Signature
 
 
@@ -20,3 +20,8 @@ def evaluate(view: GpuView, cfg: ThrottleConfig) -> Evidence | None:
     if latest.temperature_celsius is not None:
         facts["temperature_celsius"] = latest.temperature_celsius
     return Evidence(view.index, Signature.THROTTLE, since=view.now, legs=tuple(reasons), facts=facts)
+
+
+def steady(run: GpuRun, view: GpuView, cfg: ThrottleConfig) -> bool:
+    """evaluate() finds nothing after any of these samples: no hardware slowdown reason is set."""
+    return not any(r & THROTTLE_REASON_MASK for r in set(run.column("clock_event_reasons")) if r)

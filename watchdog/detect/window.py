@@ -3,15 +3,28 @@ power levels this GPU has shown when idle and when doing real work (its own base
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import math
+import operator
 from collections import deque
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from watchdog.model import GpuHealth, GpuSample
 
 _MIN_SAMPLES = 10  # kept whatever their age: a window of -l 5 samples still has enough to judge
 _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the idle estimate
 _BUSY_SECONDS = 50.0  # time constant of the busy level's average
+_UNIT = 1 << 40  # the long window sums utilization in these fixed-point steps: exact, in any order
+
+
+def _fixed(ratio: float) -> int:
+    return int(ratio * _UNIT)
+
+
+_TIME, _FIXED = operator.itemgetter(0), operator.itemgetter(1)
 
 
 class GpuView(Protocol):
@@ -40,6 +53,13 @@ class GpuView(Protocol):
 
     def recent(self, seconds: float) -> list[tuple[float, GpuSample]]: ...
 
+    def long_history(self) -> deque[tuple[float, int]]: ...
+
+    @property
+    def long_sum(self) -> int: ...
+
+    long_unit: int
+
 
 class GpuWindow:
     """Implements GpuView: the engine feeds it samples, then hands it to the detectors as it stands."""
@@ -63,11 +83,14 @@ class GpuWindow:
         self._fell_max_ratio = fell_max_ratio
         self._busy_at: float | None = None
         self.samples: deque[tuple[float, GpuSample]] = deque()
-        self._long: deque[tuple[float, float]] = deque()
-        self._long_sum = 0.0
+        self._long: deque[tuple[float, int]] = deque()  # (time, utilization in _UNIT steps)
+        self._long_sum = 0
         self.idle_watts: float | None = None
         self.busy_watts: float | None = None
         self._idle_block: list[float] = []
+        self._alpha_for = (-1.0, 0.0)  # (elapsed, weight) of the last busy-average step
+        self._added = 0  # samples ever added: with len(samples), how many have left
+        self._unordered_from = 0  # `samples` is in time order once this many have left
         self.now = 0.0
         self.memory_min_bytes = 0
         self.progress_cpu_min_ratio = 0.2
@@ -79,48 +102,129 @@ class GpuWindow:
         self.latest = GpuSample(index)
 
     def add(self, t: float, sample: GpuSample) -> None:
+        samples = self.samples
+        if samples and t < samples[-1][0]:  # a clock step back within the engine's tolerance
+            self._unordered_from = self._added  # ordered again once the samples before this one are gone
+        self._added += 1
         self.now = t
         self.latest = sample
-        samples = self.samples
         samples.append((t, sample))
         cutoff = t - self.short_seconds
         while samples[0][0] < cutoff and len(samples) > _MIN_SAMPLES:  # slow sampling keeps a few more
             samples.popleft()
         util = sample.utilization_ratio
         if util is not None:
-            self._long.append((t, util))
-            self._long_sum += util
+            history = self._long
+            fixed = _fixed(util)
+            history.append((t, fixed))
+            self._long_sum += fixed
             long_cutoff = t - self.long_seconds
-            while self._long[0][0] < long_cutoff:
-                self._long_sum -= self._long.popleft()[1]
-        self._learn(t, sample)
+            while history[0][0] < long_cutoff:
+                self._long_sum -= history.popleft()[1]
+            power = sample.power_watts
+            if power is not None and (util == 0.0 or util >= 0.5 or self._idle_block):
+                self._learn(t, util, power, sample.power_limit_watts)
         cpu, io = sample.host_cpu_ratio, sample.host_io_bytes_per_second
         if cpu is not None or io is not None:
-            if self.host_seen_at is None or t - self.host_seen_at > self.short_seconds:
-                self.host_first_at = t  # processes (re)appeared: their stillness counts from here
-            self.host_seen_at = t
-            if (cpu or 0.0) >= self.progress_cpu_min_ratio or (io or 0.0) >= self.progress_io_min_bytes_per_second:
-                self.moved_at = t
+            self._host(t, cpu, io)
 
-    def _learn(self, t: float, s: GpuSample) -> None:
-        power, util = s.power_watts, s.utilization_ratio
-        if power is None or util is None:
+    def extend(self, run: GpuRun) -> None:
+        """The state add() would leave after each of the run's samples in turn, reached in bulk: for a
+        replay's stretches that no detector can fire on. The run's times must increase."""
+        times, samples = run.times, run.samples
+        self.now, self.latest = times[-1], samples[-1]
+        window = self.samples
+        window.extend(zip(times, samples))
+        self._added += len(samples)
+        cutoff = times[-1] - self.short_seconds
+        old = min(_older(window, cutoff), len(window) - _MIN_SAMPLES)  # what add() would have popped
+        if old > 0:
+            self.samples = deque(itertools.islice(window, old, None))
+        self._extend_host(times, run.column("host_cpu_ratio"), run.column("host_io_bytes_per_second"))
+        utils, powers, limits = run.column("utilization_ratio"), run.column("power_watts"), run.column(
+            "power_limit_watts")
+        if None in utils:
+            kept = [(t, u, p, limit) for t, u, p, limit in zip(times, utils, powers, limits) if u is not None]
+            if not kept:
+                return
+            times, utils, powers, limits = map(tuple, zip(*kept))
+        fixed = list(map(int, map(operator.mul, utils, itertools.repeat(_UNIT))))  # as _fixed() does
+        history = self._long
+        history.extend(zip(times, fixed))
+        self._long_sum += sum(fixed)
+        old = _older(history, times[-1] - self.long_seconds)
+        if old:
+            self._long_sum -= sum(map(_FIXED, itertools.islice(history, old)))
+            self._long = deque(itertools.islice(history, old, None))
+        if min(utils) >= 0.5 and None not in powers:
+            self._learn_working(times, powers, limits)
+        else:
+            for t, util, power, limit in zip(times, utils, powers, limits):
+                if power is not None and (util == 0.0 or util >= 0.5 or self._idle_block):
+                    self._learn(t, util, power, limit)
+
+    def _extend_host(self, times: Sequence[float], cpu: Sequence[float | None], io: Sequence[float | None]) -> None:
+        if cpu.count(None) == len(cpu) and io.count(None) == len(io):
             return
+        for t, c, i in zip(times, cpu, io):
+            if c is not None or i is not None:
+                self._host(t, c, i)
+
+    def _host(self, t: float, cpu: float | None, io: float | None) -> None:
+        if self.host_seen_at is None or t - self.host_seen_at > self.short_seconds:
+            self.host_first_at = t  # processes (re)appeared: their stillness counts from here
+        self.host_seen_at = t
+        if (cpu or 0.0) >= self.progress_cpu_min_ratio or (io or 0.0) >= self.progress_io_min_bytes_per_second:
+            self.moved_at = t
+
+    def _learn_working(self, times: Sequence[float], powers: Sequence[float], limits: Sequence[float | None]) -> None:
+        """_learn over samples all at 50% utilization or more: the same steps, without a call each."""
+        self._idle_block.clear()
+        idle = self.idle_watts
+        if idle is None and (None in limits or min(limits) != max(limits)):  # type: ignore[type-var]
+            for t, power, limit in zip(times, powers, limits):
+                self._learn(t, 1.0, power, limit)
+            return
+        reference = idle if idle is not None else self._default_idle_ratio * limits[0] if limits[0] else None
+        if reference is None:  # no reference: each step depends on the last (see _learn)
+            for t, power in zip(times, powers):
+                self._learn(t, 1.0, power, None)
+            return
+        floor = self._busy_floor_multiple * reference
+        working = list(itertools.compress(zip(times, powers), map(floor.__lt__, powers)))
+        if not working:
+            return
+        busy, busy_at = self.busy_watts, self._busy_at
+        if busy is None or busy_at is None:
+            (busy_at, busy), working = working[0], working[1:]
+        stamps = [busy_at, *map(_TIME, working)]
+        steps = set(map(operator.sub, stamps[1:], stamps[:-1]))
+        if len(steps) == 1:  # the usual even sampling: one weight for every step
+            alpha = self._alpha(steps.pop())
+            busy = functools.reduce(lambda level, item: level + alpha * (item[1] - level), working, busy)
+        else:
+            for t, power in working:
+                busy = busy + self._alpha(t - busy_at) * (power - busy)
+                busy_at = t
+        self.busy_watts, self._busy_at = busy, working[-1][0] if working else busy_at
+
+    def _learn(self, t: float, util: float, power: float, limit: float | None) -> None:
         if util == 0.0:
-            self._idle_block.append(power)
-            if len(self._idle_block) == _IDLE_BLOCK:
-                mean = sum(self._idle_block) / _IDLE_BLOCK
+            block = self._idle_block
+            block.append(power)
+            if len(block) == _IDLE_BLOCK:
+                mean = sum(block) / _IDLE_BLOCK
                 if self.idle_watts is None or mean < self.idle_watts:
                     self.idle_watts = mean
-                self._idle_block.clear()
+                block.clear()
             return
         self._idle_block.clear()
         if util < 0.5:
             return
         busy = self.busy_watts
         reference = self.idle_watts
-        if reference is None and s.power_limit_watts:
-            reference = self._default_idle_ratio * s.power_limit_watts
+        if reference is None and limit:
+            reference = self._default_idle_ratio * limit
         if reference is not None:
             working = power > self._busy_floor_multiple * reference
         else:  # a log without a power limit that never saw this GPU idle: learn from work, not from a spin
@@ -130,26 +234,40 @@ class GpuWindow:
         if busy is None or self._busy_at is None:
             self.busy_watts = power
         else:  # an average over about a minute of work, whatever the sampling interval
-            alpha = 1.0 - math.exp(-min(t - self._busy_at, 10.0) / _BUSY_SECONDS)
-            self.busy_watts = busy + alpha * (power - busy)
+            self.busy_watts = busy + self._alpha(t - self._busy_at) * (power - busy)
         self._busy_at = t
+
+    def _alpha(self, elapsed: float) -> float:
+        """The busy average's weight for a sample `elapsed` after the previous one (remembered: the
+        sampling interval rarely changes)."""
+        if elapsed != self._alpha_for[0]:
+            self._alpha_for = (elapsed, 1.0 - math.exp(-min(elapsed, 10.0) / _BUSY_SECONDS))
+        return self._alpha_for[1]
 
     @property
     def long_mean_utilization(self) -> float | None:
-        return self._long_sum / len(self._long) if self._long else None
+        return self._long_sum / len(self._long) / _UNIT if self._long else None
+
+    def long_history(self) -> deque[tuple[float, int]]:
+        """The long window: (time, utilization in `long_unit` steps), oldest first. Read only."""
+        return self._long
+
+    @property
+    def long_sum(self) -> int:
+        return self._long_sum
+
+    long_unit = _UNIT
 
     @property
     def long_span_seconds(self) -> float:
         return self._long[-1][0] - self._long[0][0] if self._long else 0.0
 
     def recent(self, seconds: float) -> list[tuple[float, GpuSample]]:
-        """Samples of the last `seconds`, oldest first."""
-        cutoff = self.now - seconds
-        out: list[tuple[float, GpuSample]] = []
-        for item in reversed(self.samples):
-            if item[0] < cutoff:
-                break
-            out.append(item)
+        """Samples of the last `seconds`, oldest first: from the newest back to the first older one."""
+        samples, cutoff = self.samples, self.now - seconds
+        if self._added - len(samples) >= self._unordered_from:  # in time order again: bisect
+            return list(itertools.islice(samples, bisect.bisect_left(samples, cutoff, key=_TIME), None))
+        out = list(itertools.takewhile(lambda item: item[0] >= cutoff, reversed(samples)))
         out.reverse()
         return out
 
@@ -164,3 +282,26 @@ class GpuWindow:
             or (s.utilization_ratio is not None and s.utilization_ratio > 0.02)
             or s.pids
         )
+
+
+def _older(entries: deque[tuple[float, Any]], cutoff: float) -> int:
+    """How many entries from the oldest on are older than `cutoff`, as a loop popping them would count."""
+    return len(list(itertools.takewhile(cutoff.__gt__, map(_TIME, entries))))
+
+
+class GpuRun:
+    """One GPU's samples over a stretch of ticks, read column by column (transposed once, on first use).
+    A detector's `steady(run, view, cfg)` looks at it to say, without a call per sample, that it would
+    find nothing on any of these samples; GpuWindow.extend ingests it."""
+
+    def __init__(self, times: Sequence[float], samples: Sequence[GpuSample]):
+        self.times, self.samples = times, samples
+        self._columns: dict[str, tuple[Any, ...]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def column(self, name: str) -> tuple[Any, ...]:
+        if self._columns is None:
+            self._columns = dict(zip(GpuSample._fields, zip(*self.samples)))
+        return self._columns[name]

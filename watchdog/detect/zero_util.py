@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from watchdog.config import ZeroUtilConfig
 from watchdog.detect.evidence import Evidence, percentile, run_start
-from watchdog.detect.window import GpuView
+from watchdog.detect.window import GpuRun, GpuView
 from watchdog.model import Signature
 
 
@@ -30,5 +30,18 @@ def evaluate(view: GpuView, cfg: ZeroUtilConfig) -> Evidence | None:
     if latest.power_watts is not None:
         facts["power_watts"] = latest.power_watts
     ceiling = cfg.utilization_max_ratio
-    since = run_start([(t, s.utilization_ratio) for t, s in window], lambda u: u <= ceiling)
+    since = run_start([t for t, _ in window], [s.utilization_ratio is not None and s.utilization_ratio <= ceiling
+                                              for _, s in window])
     return Evidence(view.index, Signature.ZERO_UTIL, since=since, facts=facts)
+
+
+def steady(run: GpuRun, view: GpuView, cfg: ZeroUtilConfig) -> bool:
+    """evaluate() finds nothing after any of these samples: each fails its first check (utilization
+    above the ceiling, or no job-sized memory held)."""
+    utils, used = run.column("utilization_ratio"), run.column("memory_used_bytes")
+    ceiling, held = cfg.utilization_max_ratio, view.memory_min_bytes
+    if None not in utils and min(utils) > ceiling:
+        return True
+    if None not in used and max(used) < held:
+        return True
+    return all(u is None or u > ceiling or m is None or m < held for u, m in zip(utils, used))

@@ -10,8 +10,10 @@ from watchdog.detect.summary import duration_text
 from watchdog.model import EpisodeEvent, EventKind, Severity, iso_time
 
 
-def json_line(event: EpisodeEvent, naive_time: bool) -> str:
-    return json.dumps(event.to_json(naive_time))
+def json_line(event: EpisodeEvent, naive_time: bool, trace: str | None = None) -> str:
+    """One event as a JSON object; `trace` names its trace where one output holds many."""
+    body = event.to_json(naive_time)
+    return json.dumps({"trace": trace, **body} if trace is not None else body)
 
 
 class TextTimeline:

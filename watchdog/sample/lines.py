@@ -1,42 +1,99 @@
 """Text lines of a trace file, read safely: each line at most MAX_LINE_BYTES (a 50 MB line or /dev/zero
 is an error naming the line, not gigabytes of memory), decoded as UTF-8 (bytes that are not text are a
-malformed line, skipped under --lenient), a leading byte-order mark dropped."""
+malformed line, skipped under --lenient), a leading byte-order mark dropped.
+
+Readers take lines in blocks (`blocks()`): a day of nvidia-smi log is read a few hundred kilobytes at
+a time and split with one call, rather than a million readline() calls. Any other iterable of text
+lines (a test's StringIO, an open text file) is grouped into blocks by `line_blocks`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from watchdog.sample.errors import SkipLog, TraceError
 
 MAX_LINE_BYTES = 1 << 20
+_READ_BYTES = 1 << 18
+_BLOCK_LINES = 4096
+
+Block = tuple[int, list[str]]  # (number of the first line, the lines without their newline)
 
 
 class TextLines:
-    """Iterates decoded lines (with their newline, as a text file would); readline() for a header."""
+    """The lines of a binary stream, in blocks: decoded (`blocks()`) or as bytes (`byte_blocks()`, for a
+    parser that takes bytes and checks UTF-8 itself)."""
 
     def __init__(self, stream: BinaryIO, path: str, skips: SkipLog):
         self._stream, self._path, self._skips = stream, path, skips
-        self.number = 0
+        self.number = 0  # lines handed out so far
 
-    def readline(self) -> str:
-        return next(self, "")
+    def blocks(self) -> Iterator[Block]:
+        for first, data, raw in self._raw_blocks():
+            yield first, self._decode(first, data, raw)
 
-    def __iter__(self) -> Iterator[str]:
-        return self
+    def byte_blocks(self) -> Iterator[tuple[int, list[bytes]]]:
+        for first, _, raw in self._raw_blocks():
+            yield first, raw
 
-    def __next__(self) -> str:
-        raw = self._stream.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            raise StopIteration
-        self.number += 1
-        if len(raw) > MAX_LINE_BYTES:
-            raise TraceError(f"{self._path}:{self.number}: line longer than {MAX_LINE_BYTES // 2**20} MiB: "
-                             "not a trace")
-        if self.number == 1:
-            raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (Windows editors write one)
+    def _raw_blocks(self) -> Iterator[tuple[int, bytes, list[bytes]]]:
+        rest = b""
+        while True:
+            chunk = self._stream.read(_READ_BYTES)
+            if self.number == 0 and not rest:
+                chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
+            if not chunk:
+                if rest:  # a last line without its newline
+                    yield from self._cut(rest + b"\n")
+                return
+            rest += chunk
+            cut = rest.rfind(b"\n") + 1
+            if cut == 0:
+                if len(rest) > MAX_LINE_BYTES:
+                    self._too_long(self.number + 1)
+                continue
+            yield from self._cut(rest[:cut])
+            rest = rest[cut:]
+            if len(rest) > MAX_LINE_BYTES:
+                self._too_long(self.number + 1)
+
+    def _cut(self, data: bytes) -> Iterator[tuple[int, bytes, list[bytes]]]:
+        raw = data.split(b"\n")
+        raw.pop()  # after the final newline
+        first = self.number + 1
+        self.number += len(raw)
+        if len(data) > MAX_LINE_BYTES:
+            for offset, line in enumerate(raw):
+                if len(line) > MAX_LINE_BYTES:
+                    self._too_long(first + offset)
+        yield first, data, raw
+
+    def _too_long(self, number: int) -> None:
+        raise TraceError(f"{self._path}:{number}: line longer than {MAX_LINE_BYTES // 2**20} MiB: not a trace")
+
+    def _decode(self, first: int, data: bytes, raw: list[bytes]) -> list[str]:
         try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            self._skips.malformed(f"{self._path}:{self.number}: not UTF-8 text (byte {exc.start})")
-            return "\n"  # skipped under --lenient: a blank line keeps the numbering
+            return data.decode("utf-8").split("\n")[:-1]
+        except UnicodeDecodeError:
+            pass
+        lines = []
+        for offset, line in enumerate(raw):
+            try:
+                lines.append(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                self._skips.malformed(f"{self._path}:{first + offset}: not UTF-8 text (byte {exc.start})")
+                lines.append("")  # skipped under --lenient: a blank line keeps the numbering
+        return lines
+
+
+def line_blocks(source: Iterable[str] | TextLines, first: int = 1) -> Iterator[Block]:
+    """Blocks of lines from a TextLines (fast) or any iterable of text lines."""
+    if isinstance(source, TextLines):
+        yield from source.blocks()
+        return
+    lines = iter(source)
+    while block := list(itertools.islice(lines, _BLOCK_LINES)):
+        yield first, [line.rstrip("\r\n") for line in block]
+        first += len(block)

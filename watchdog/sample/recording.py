@@ -14,13 +14,16 @@ Columns, rather than one object per GPU, make a day-long trace several times fas
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Iterator
-from itertools import chain
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import Annotated, Any, Literal, TextIO
+
+import msgspec
 
 from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
 from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.lines import TextLines, line_blocks
 
 FORMAT_KEY = "stall_watchdog_recording"
 FORMAT_VERSION = 1
@@ -28,13 +31,8 @@ FORMAT_VERSION = 1
 _FIELDS = GpuSample._fields
 _DEFAULTS = GpuSample._field_defaults
 _INTS = {"index", "memory_used_bytes", "memory_total_bytes", "clock_event_reasons"}
-_STRINGS = {"uuid", "name"}
-_NUMBER_TYPES = {int, float, type(None)}  # exact types: a JSON true/false is no number here
-_INT_TYPES = {int, type(None)}
-_STR_TYPES = {str, type(None)}
-_LIST_TYPES = {list, type(None)}
 _HEALTH = {h.value: h for h in GpuHealth}
-_LARGEST = 1e15  # no reading or Unix time is this large; NaN, Infinity and 1e400 fail the range check too
+_LARGEST = 1e15  # no reading or Unix time is this large
 MAX_GPUS = 1024
 
 
@@ -70,82 +68,71 @@ def write(stream: TextIO, head: dict[str, object], snapshots: Iterable[NodeSnaps
     return count
 
 
-def _check_column(name: str, column: list[Any]) -> list[Any]:
-    """Validate one column; returns it converted to GpuSample's types."""
-    kinds = set(map(type, column))
-    if name in _STRINGS:
-        if not kinds <= _STR_TYPES:
-            raise ValueError(f"'{name}' entries must be strings or null")
-    elif name == "health":
-        try:
-            return [_HEALTH[v] if v is not None else GpuHealth.OK for v in column]
-        except (KeyError, TypeError):
-            raise ValueError("'health' entries must be ok, lost or hung") from None
-    elif name == "pids":
-        if not (set(map(type, column)) <= _LIST_TYPES
-                and set(map(type, chain.from_iterable(filter(None, column)))) <= {int}):
-            raise ValueError("'pids' entries must be lists of integers")
-        return [tuple(p) if p else () for p in column]
-    elif name == "errors":
-        if not all(type(e) is dict for e in column if e is not None):
-            raise ValueError("'errors' entries must map a field to a message, or be null")
-        return [tuple((str(k), str(v)) for k, v in e.items()) if e else () for e in column]
-    elif name == "index":
-        if kinds != {int}:
-            raise ValueError("'index' entries must be integers")
-    elif name in _INTS:
-        if not kinds <= _INT_TYPES:
-            raise ValueError(f"'{name}' entries must be integers or null")
-    elif not kinds <= _NUMBER_TYPES:
-        bad = next(v for v in column if type(v) not in _NUMBER_TYPES)
-        raise ValueError(f"'{name}' entries must be numbers or null, got {str(bad)[:40]!r}")
-    if name not in _STRINGS and any(v is not None and not (0 <= v < _LARGEST) for v in column):
-        bad = next(v for v in column if v is not None and not (0 <= v < _LARGEST))
-        raise ValueError(f"'{name}' entries must be finite and not negative, got {str(bad)[:40]}")
-    return column
+_Reading = Annotated[float, msgspec.Meta(ge=0, lt=_LARGEST)]
+_Count = Annotated[int, msgspec.Meta(ge=0, lt=int(_LARGEST))]
+_COLUMN_TYPES: dict[str, Any] = {
+    "index": list[_Count],
+    "uuid": list[str | None] | None,
+    "name": list[str | None] | None,
+    "health": list[Literal["ok", "lost", "hung"] | None] | None,
+    "pids": list[list[int] | None] | None,
+    "errors": list[dict[str, str] | None] | None,
+    **{name: list[_Count | None] | None for name in _INTS - {"index"}},
+}
+# The line's schema, one column per GpuSample field (in its order): msgspec checks every type and
+# range while it parses, and names the place of what is wrong ("at `$.gpus.power_watts[3]`").
+_Columns = msgspec.defstruct(
+    "_Columns", [(name, _COLUMN_TYPES.get(name, list[_Reading | None] | None), None) for name in _FIELDS],
+    forbid_unknown_fields=True)
+_Line = msgspec.defstruct("_Line", [("t", Annotated[float, msgspec.Meta(gt=-_LARGEST, lt=_LARGEST)]),
+                                    ("gpus", _Columns)])
+_DECODE = msgspec.json.Decoder(_Line).decode
+_CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
+    "health": lambda column: [_HEALTH[v] if v is not None else GpuHealth.OK for v in column],
+    "pids": lambda column: [tuple(p) if p else () for p in column],
+    "errors": lambda column: [tuple(e.items()) if e else () for e in column],
+}
+_CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]
+_DEFAULT_ROW = [_DEFAULTS.get(name) for name in _FIELDS]
+_new = tuple.__new__
 
 
-def decode(line: str) -> NodeSnapshot:
+def decode(line: str | bytes) -> NodeSnapshot:
     try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raw = _DECODE(line)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc).replace("Object contains unknown field", "unknown GPU field")) from None
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not valid JSON ({str(exc).removeprefix('JSON is malformed: ')})") from None
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
-    if type(raw) is not dict or "t" not in raw or "gpus" not in raw:
-        raise ValueError("expected an object with 't' and 'gpus'")
-    t, gpus = raw["t"], raw["gpus"]
-    if type(t) not in (int, float) or not (-_LARGEST < t < _LARGEST):
-        raise ValueError(f"'t' must be a finite number of seconds, got {str(t)[:40]}")
-    if type(gpus) is not dict or "index" not in gpus:
-        raise ValueError("'gpus' must be an object of columns with at least 'index'")
-    unknown = gpus.keys() - set(_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown GPU field(s) {', '.join(sorted(unknown))}")
-    count = len(gpus["index"]) if type(gpus["index"]) is list else -1
+    columns: list[Any] = list(msgspec.structs.astuple(raw.gpus))  # type: ignore[attr-defined]
+    count = len(columns[0])
     if count > MAX_GPUS:
         raise ValueError(f"{count} GPUs in one sample; at most {MAX_GPUS}")
-    columns = []
-    for name in _FIELDS:
-        column = gpus.get(name)
-        if column is None:
-            columns.append([_DEFAULTS.get(name)] * count)
-            continue
-        if type(column) is not list or len(column) != count:
-            raise ValueError(f"'{name}' must be a list with one entry per GPU ({count})")
-        columns.append(_check_column(name, column))
-    if len(set(gpus["index"])) != count:
+    if set(map(len, filter(None, columns))) - {count}:
+        name, column = next((n, c) for n, c in zip(_FIELDS, columns) if c is not None and len(c) != count)
+        raise ValueError(f"'{name}' must be a list with one entry per GPU ({count})")
+    if len(set(columns[0])) != count:
         raise ValueError("the same GPU index twice in one sample")
-    new = tuple.__new__
-    return NodeSnapshot(float(t), tuple(new(GpuSample, row) for row in zip(*columns)))
+    for position, convert in _CONVERT_AT:
+        if columns[position] is not None:
+            columns[position] = convert(columns[position])
+    columns = [itertools.repeat(default, count) if column is None else column
+               for column, default in zip(columns, _DEFAULT_ROW)]
+    return NodeSnapshot(raw.t, tuple(map(_new, itertools.repeat(GpuSample), zip(*columns))))  # type: ignore[attr-defined]
 
 
-def read(stream: TextIO, path: str, skips: SkipLog | None = None) -> Iterator[NodeSnapshot]:
+def read(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = None) -> Iterator[NodeSnapshot]:
     skips = skips if skips is not None else SkipLog()
-    first = stream.readline()
+    blocks: Iterator[tuple[int, list[str]] | tuple[int, list[bytes]]] = (
+        stream.byte_blocks() if isinstance(stream, TextLines) else line_blocks(stream))
+    head_block = next(blocks, None)
+    head_number, head_lines = head_block if head_block is not None else (1, [])
+    first = head_lines[0] if head_lines else ""
     try:
-        head = json.loads(first) if first.strip() else None
-    except json.JSONDecodeError:
+        head = msgspec.json.decode(first) if first.strip() else None
+    except (msgspec.DecodeError, RecursionError):
         head = None
     if not isinstance(head, dict) or FORMAT_KEY not in head:
         raise TraceError(f"{path}:1: not a stall-watchdog recording (no {FORMAT_KEY!r} header)")
@@ -153,12 +140,22 @@ def read(stream: TextIO, path: str, skips: SkipLog | None = None) -> Iterator[No
         raise TraceError(f"{path}:1: recording format version {head[FORMAT_KEY]!r}; this version reads "
                          f"{FORMAT_VERSION}")
     # A clock that steps back is kept, as in an nvidia-smi log: the detectors notice the step and say so.
-    for number, line in enumerate(stream, start=2):
-        if not line.strip():
-            continue
+    for number, lines in itertools.chain([(head_number + 1, head_lines[1:])], blocks):
+        for offset, line in enumerate[str | bytes](lines):
+            if not line.strip():
+                continue
+            try:
+                snapshot = decode(line)
+            except ValueError as exc:
+                skips.malformed(f"{path}:{number + offset}: {_utf8_problem(line) or exc}")
+                continue
+            yield snapshot
+
+
+def _utf8_problem(line: str | bytes) -> str | None:
+    if isinstance(line, bytes):
         try:
-            snapshot = decode(line)
-        except ValueError as exc:
-            skips.malformed(f"{path}:{number}: {exc}")
-            continue
-        yield snapshot
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"not UTF-8 text (byte {exc.start})"
+    return None

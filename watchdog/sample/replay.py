@@ -15,6 +15,7 @@ from watchdog.sample.lines import TextLines
 from watchdog.sample.smi_csv import read_smi_csv
 
 SIM_PREFIX = "sim:"
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".log", ".txt")  # what a folder given to `replay` contributes
 
 
 @dataclass
@@ -46,7 +47,6 @@ def open_trace(spec: str, lenient: bool = False, csv_fields: list[str] | None = 
         first = stream.peek(4)[:4].removeprefix(b"\xef\xbb\xbf")[:1]
         lines = TextLines(stream, spec, skips)
         if first == b"{":
-            yield Trace(recording.read(lines, spec, skips), naive_time=False, skips=skips)  # type: ignore[arg-type]
+            yield Trace(recording.read(lines, spec, skips), naive_time=False, skips=skips)
         else:
-            yield Trace(read_smi_csv(lines, spec, csv_fields, skips), naive_time=True,  # type: ignore[arg-type]
-                        skips=skips)
+            yield Trace(read_smi_csv(lines, spec, csv_fields, skips), naive_time=True, skips=skips)

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 import math
+import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TextIO
+from typing import Any, NamedTuple
 
 from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
 from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.lines import TextLines, line_blocks
 from watchdog.sample.smi_gpu_count import group_by_time, with_index
 
 # nvidia-smi field name -> (GpuSample field, unit nvidia-smi uses when the log has no units)
@@ -67,19 +70,42 @@ def parse_timestamp(text: str) -> float:
     """nvidia-smi's local, offset-less timestamp, read as if UTC (only differences are used)."""
     text = text.strip()
     # Fast path for nvidia-smi's own "2025/07/27 00:22:27.858": strptime is the slowest part of a row.
-    if len(text) >= 19 and text[4] == "/" and text[7] == "/" and text[13] == ":" and text[16] == ":":
-        try:
-            day = _day_seconds(text[:10])
-            fraction = float(text[19:]) if len(text) > 19 else 0.0
-            return day + int(text[11:13]) * 3600 + int(text[14:16]) * 60 + int(text[17:19]) + fraction
-        except ValueError:
-            pass
+    try:
+        return _minute_seconds(text[:17]) + _second(text[17:])
+    except (ValueError, KeyError):
+        pass
     for fmt in _TIME_FORMATS:
         try:
             return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
         except ValueError:
             continue
     raise ValueError(f"cannot read {text!r} as a timestamp")
+
+
+def _second(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 61:  # NaN fails too
+        raise ValueError(text)
+    return value
+
+
+class _Minutes(dict[str, float]):
+    """"2025/07/27 00:22:" -> its Unix time, remembered: a day of log has 1,440 of them."""
+
+    def __missing__(self, prefix: str) -> float:
+        if len(self) > 4096:
+            self.clear()
+        if not (len(prefix) == 17 and prefix[4] == prefix[7] and prefix[4] in "/-" and prefix[10] in " T"
+                and prefix[13] == prefix[16] == ":"):
+            raise KeyError(prefix)
+        hours, minutes = int(prefix[11:13]), int(prefix[14:16])
+        if not (0 <= hours < 24 and 0 <= minutes < 60):
+            raise KeyError(prefix)
+        value = self[prefix] = _day_seconds(prefix[:10].replace("-", "/")) + hours * 3600 + minutes * 60
+        return value
+
+
+_minute_seconds = _Minutes().__getitem__
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,8 +165,9 @@ def _looks_like_header(fields: list[str]) -> bool:
 RowParser = Callable[[list[str]], tuple[float | None, int | None, str | None, GpuSample]]
 
 
-def _row_parser(columns: list[_Column]) -> RowParser:
-    """Build a function turning one CSV row into (time, index, uuid, sample)."""
+def _numeric_columns(columns: list[_Column]) -> list[tuple[int, str, str, str, str]]:
+    """(position, GpuSample field, unit, default unit, header) of the numeric columns: where two
+    columns fill the same field, the one _PREFERENCE lists first."""
     numeric: list[tuple[int, str, str, str, str]] = []
     claimed: dict[str, str] = {}
     for col in sorted(columns, key=lambda c: _PREFERENCE.index(c.name) if c.name in _PREFERENCE else 99):
@@ -150,6 +177,11 @@ def _row_parser(columns: list[_Column]) -> RowParser:
                 continue
             claimed[target] = col.name
             numeric.append((col.position, target, col.unit, default_unit, col.header))
+    return numeric
+
+
+def _reason_columns(columns: list[_Column]) -> tuple[list[tuple[int, int, str]], tuple[int, str] | None]:
+    """The clock-event reason columns: one per reason (position, bit, header), and the hex mask."""
     reasons: list[tuple[int, int, str]] = []
     active_mask: tuple[int, str] | None = None
     for col in columns:
@@ -160,6 +192,13 @@ def _row_parser(columns: list[_Column]) -> RowParser:
                     active_mask = (col.position, col.header)
                 elif reason in _REASON_BITS:
                     reasons.append((col.position, _REASON_BITS[reason], col.header))
+    return reasons, active_mask
+
+
+def _row_parser(columns: list[_Column]) -> RowParser:
+    """Build a function turning one CSV row into (time, index, uuid, sample)."""
+    numeric = _numeric_columns(columns)
+    reasons, active_mask = _reason_columns(columns)
     by_name = {c.name: c.position for c in columns}
     t_pos, i_pos, u_pos, n_pos = (by_name.get(k) for k in ("timestamp", "index", "uuid", "name"))
     width = len(columns)
@@ -217,90 +256,234 @@ def _row_parser(columns: list[_Column]) -> RowParser:
     return parse
 
 
+_Row = tuple[int, float, int | None, str | None, GpuSample]
+_new = tuple.__new__
+
+
+class _Cells(dict[str, Any]):
+    """One column's cell text -> value, remembered: a day of log repeats the same few thousand power
+    readings and a hundred utilizations, and a dictionary lookup is several times cheaper than float().
+    `convert` raises ValueError on anything it would not read cell by cell either."""
+
+    def __init__(self, convert: Callable[[str], Any]):
+        super().__init__()
+        self._convert = convert
+
+    def __missing__(self, text: str) -> Any:
+        if len(self) >= 1 << 16:
+            self.clear()
+        value = self[text] = self._convert(text)
+        return value
+
+
+def _strict_number(unit: str, default_unit: str, integer: bool) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        if text.strip().lower() in _LOST:
+            raise ValueError(text)  # a typed state: the row by row path builds the lost sample
+        value = parse_number(text, unit, default_unit)
+        return int(value) if integer and value is not None else value
+    return convert
+
+
+def _reason_state(bit: int) -> Callable[[str], int | None]:
+    def convert(text: str) -> int | None:
+        state = text.strip().lower()
+        if state in _MISSING:
+            return None
+        if state not in ("active", "not active"):
+            raise ValueError(text)
+        return bit if state == "active" else 0
+    return convert
+
+
+def _hex_mask(text: str) -> int | None:
+    return None if text.strip().lower() in _MISSING else int(text, 16)
+
+
+def _block_parser(columns: list[_Column]) -> Callable[[list[str]], tuple[list[float], list[Any]] | None]:
+    """Build a function turning a block of lines into (times, GpuSample field columns), a column at a
+    time: the block is split once, each column is a slice of it, and each distinct cell text is
+    converted once. It gives up (None) on anything but plain, complete rows; the block is then read
+    row by row, which names the line and the column of what is wrong."""
+    width = len(columns)
+    by_name = {c.name: c.position for c in columns}
+    slots = {name: position for position, name in enumerate(GpuSample._fields)}
+    converters: list[tuple[int, int, _Cells]] = []  # (column position, GpuSample slot, cells)
+    for position, target, unit, default_unit, _ in _numeric_columns(columns):
+        converters.append((position, slots[target],
+                           _Cells(_strict_number(unit, default_unit, target in _INTEGER_FIELDS))))
+    for name, convert in (("index", int), ("uuid", str.strip), ("name", str.strip)):
+        if name in by_name:
+            converters.append((by_name[name], slots[name], _Cells(convert)))
+    reasons, active_mask = _reason_columns(columns)
+    reason_cells = [(position, _Cells(_reason_state(bit))) for position, bit, _ in reasons]
+    if active_mask is not None:
+        reason_cells.insert(0, (active_mask[0], _Cells(_hex_mask)))
+    stamps = _Cells(parse_timestamp)
+    t_pos = by_name["timestamp"]
+    defaults = [GpuSample._field_defaults.get(name) for name in GpuSample._fields]
+    defaults[slots["index"]] = 0
+    separators = operator.methodcaller("count", ",")
+
+    def parse(lines: list[str]) -> tuple[list[float], list[Any]] | None:
+        count = len(lines)
+        text = ",".join(lines)
+        if '"' in text or "\r" in text:
+            return None  # quoting or carriage returns: the csv module, row by row
+        per_line = list(map(separators, lines))
+        if min(per_line) != width - 1 or max(per_line) != width - 1:
+            return None  # blank or ragged lines
+        cells = text.split(",")
+        fields: list[Any] = [itertools.repeat(value, count) for value in defaults]
+        try:
+            times = list(map(stamps.__getitem__, cells[t_pos::width]))
+            for position, slot, converted in converters:
+                fields[slot] = list(map(converted.__getitem__, cells[position::width]))
+            if reason_cells:
+                fields[slots["clock_event_reasons"]] = _combine_reasons(
+                    [list(map(converted.__getitem__, cells[position::width])) for position, converted in reason_cells])
+        except ValueError:
+            return None
+        return times, fields
+
+    return parse
+
+
+def _combine_reasons(columns: list[list[int | None]]) -> list[int | None]:
+    """OR the per-reason bits (and the hex mask) of each row; None where no column says anything."""
+    bits = columns[0]
+    for column in columns[1:]:
+        bits = [a if b is None else b if a is None else a | b for a, b in zip(bits, column)]
+    return bits
+
+
 def read_smi_csv(
-    stream: TextIO, path: str, fields: list[str] | None = None, skips: SkipLog | None = None,
+    stream: Iterable[str] | TextLines, path: str, fields: list[str] | None = None, skips: SkipLog | None = None,
 ) -> Iterator[NodeSnapshot]:
     """Snapshots from an nvidia-smi CSV log. `fields` gives the columns of a log written with noheader.
     A malformed row raises TraceError naming path:line, unless `skips` is lenient: then it is skipped and
     counted. Samples nvidia-smi itself cut short are always dropped and counted in `skips`."""
     skips = skips if skips is not None else SkipLog()
-    reader = csv.reader(stream, skipinitialspace=False)
+    blocks = line_blocks(stream)
+    head = next(blocks, None)
+    if head is None or not head[1]:
+        return
+    first_line, head_lines = head
     try:
-        first = next(reader, None)
+        first = next(csv.reader(head_lines[:1]), [])
     except csv.Error as exc:
         raise TraceError(f"{path}:1: not a CSV header ({exc})") from None
-    if first is None:
-        return
     if _looks_like_header(first):
         columns = _parse_header(first)
-        pending: list[tuple[int, list[str]]] = []
+        head_lines = head_lines[1:]
+        first_line += 1
     elif fields:
         columns = _parse_header(fields)
-        pending = [(1, first)]
     else:
         raise TraceError(f"{path}:1: no header line; pass --csv-fields with the --query-gpu list the log was "
                          "written with")
     names = {c.name for c in columns}
     if "timestamp" not in names:
         raise TraceError(f"{path}:1: the log has no timestamp column; add timestamp to --query-gpu")
-    parse = _row_parser(columns)
-    has_identity = "index" in names or "uuid" in names
+    parse_row = _row_parser(columns)
+    parse_block = _block_parser(columns)
 
-    def rows() -> Iterator[tuple[int, float, int | None, str | None, GpuSample]]:
-        for line, row in pending:
-            yield from _parsed(line, row)
-        while True:
+    def by_row(first: int, lines: list[str]) -> Iterator[_Row | str]:
+        """The rows of a block one at a time, and in their place what is wrong with a malformed one."""
+        for line, text in enumerate(lines, start=first):
             try:
-                row = next(reader)
-            except StopIteration:
-                return
+                row = next(csv.reader([text]), [])
             except csv.Error as exc:
-                skips.malformed(f"{path}:{reader.line_num}: not a CSV row ({exc})")
+                yield f"{path}:{line}: not a CSV row ({exc})"
                 continue
-            yield from _parsed(reader.line_num, row)
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            try:
+                t, index, uuid, sample = parse_row(row)
+            except ValueError as exc:
+                yield f"{path}:{line}: {exc}"
+                continue
+            assert t is not None
+            yield line, t, index, uuid, sample
 
-    def _parsed(line: int, row: list[str]) -> Iterator[tuple[int, float, int | None, str | None, GpuSample]]:
-        if not row or (len(row) == 1 and not row[0].strip()):
-            return
-        try:
-            t, index, uuid, sample = parse(row)
-        except ValueError as exc:
-            skips.malformed(f"{path}:{line}: {exc}")
-            return
-        assert t is not None
-        yield line, t, index, uuid, sample
+    def row_blocks() -> Iterator[_Rows]:
+        for first, lines in itertools.chain([(first_line, head_lines)], blocks):
+            if not lines:
+                continue
+            parsed = parse_block(lines)
+            if parsed is None:  # row by row; a malformed row is reported after the rows before it
+                for malformed, items in itertools.groupby(by_row(first, lines), key=lambda item: isinstance(item, str)):
+                    if malformed:
+                        for message in items:
+                            skips.malformed(message)  # type: ignore[arg-type]
+                    else:
+                        numbers, times, indexes, uuids, samples = map(list, zip(*items))
+                        yield _Rows(numbers, times, indexes, uuids, samples)
+                continue
+            times, fields = parsed
+            samples = list(map(_new, itertools.repeat(GpuSample), zip(*fields)))
+            count = len(samples)
+            yield _Rows(range(first, first + count), times,
+                        fields[0] if isinstance(fields[0], list) else [None] * count,
+                        fields[1] if isinstance(fields[1], list) else [None] * count, samples)
 
-    if has_identity:
-        yield from _group_by_identity(rows(), path, skips)
+    if "index" in names or "uuid" in names:
+        yield from _group_by_identity(row_blocks(), path, skips)
     else:
-        yield from group_by_time(rows(), path, skips)
+        rows = itertools.chain.from_iterable(zip(*block) for block in row_blocks())
+        yield from group_by_time(rows, path, skips)
 
 
-def _group_by_identity(
-    rows: Iterator[tuple[int, float, int | None, str | None, GpuSample]], path: str, skips: SkipLog,
-) -> Iterator[NodeSnapshot]:
+class _Rows(NamedTuple):
+    """A block of parsed rows, column by column."""
+
+    lines: Sequence[int]
+    times: list[float]
+    indexes: list[int | None]
+    uuids: list[str | None]
+    samples: list[GpuSample]
+
+
+def _group_by_identity(blocks: Iterator[_Rows], path: str, skips: SkipLog) -> Iterator[NodeSnapshot]:
     """Rows with an index or uuid: a GPU seen again starts the next sample. The same GPU twice at the same
-    time is a malformed row (one row per GPU per sample, as in a JSON Lines recording)."""
+    time is a malformed row (one row per GPU per sample, as in a JSON Lines recording).
+    A block whose GPUs come in the order of the last whole sample (nvidia-smi's own order) is cut into
+    samples by slicing; any other block row by row."""
     ordinals: dict[str, int] = {}
     group: list[GpuSample] = []
-    seen: set[int] = set()
+    seen: list[int] = []
     start = last = 0.0
-    for line, t, index, uuid, sample in rows:
-        if index is None:
-            index = ordinals.setdefault(uuid or "", len(ordinals))
-            sample = with_index(sample, index)
-        if index in seen:
-            if t == last:
-                skips.malformed(f"{path}:{line}: GPU {index} twice at the same time")
+    order: list[int] = []  # the GPUs of the last whole sample, in their order
+    for block in blocks:
+        lines, times, _, uuids, samples = block
+        indexes: list[int] = block.indexes  # type: ignore[assignment]  # checked just below
+        if None in indexes:
+            indexes = [ordinals.setdefault(uuid or "", len(ordinals)) if index is None else index
+                       for index, uuid in zip(block.indexes, uuids)]
+            samples = list(map(with_index, samples, indexes))
+        count, width, pending = len(samples), len(order), len(seen)
+        if width and count >= width and seen == order[:pending] and indexes == list(
+                itertools.islice(itertools.cycle(order), pending, pending + count)):
+            cuts = range((width - pending) % width, count, width)  # rows that begin a sample
+            if all(times[i] != (times[i - 1] if i else last) for i in cuts):
+                yield NodeSnapshot(start, (*group, *samples[:cuts[0]]))
+                for i in cuts[1:]:
+                    yield NodeSnapshot(times[i - width], tuple(samples[i - width:i]))
+                tail = cuts[-1]
+                group, seen, start, last = samples[tail:], indexes[tail:], times[tail], times[-1]
                 continue
-            yield NodeSnapshot(start, tuple(group))
-            group, seen = [], set()
-        if not group:
-            start = t
-        group.append(sample)
-        seen.add(index)
-        last = t
+        for line, t, index, sample in zip(lines, times, indexes, samples):
+            if index in seen:
+                if t == last:
+                    skips.malformed(f"{path}:{line}: GPU {index} twice at the same time")
+                    continue
+                yield NodeSnapshot(start, tuple(group))
+                order = seen
+                group, seen = [], []
+            if not group:
+                start = t
+            group.append(sample)
+            seen.append(index)
+            last = t
     if group:
         yield NodeSnapshot(start, tuple(group))
-
-

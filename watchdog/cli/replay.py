@@ -1,0 +1,180 @@
+"""`replay`: the detectors over one trace or many at full speed, one timeline per trace.
+
+Many traces (files, or folders of them) are replayed side by side in worker processes, one per core
+by default; each trace's timeline is printed whole, in the order given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
+from watchdog.config import Config, load_config
+from watchdog.detect.engine import DetectorEngine
+from watchdog.export import report as report_html
+from watchdog.export.timeline import TextTimeline, json_line
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
+from watchdog.sample.errors import TraceError
+from watchdog.sample.replay import SIM_PREFIX, TRACE_SUFFIXES, open_trace
+
+_BATCH = 2048  # snapshots handed to the engine at once
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    config: Config
+    csv_fields: list[str] | None
+    lenient: bool
+    json: bool
+    report: str | None
+    label: bool  # name the trace on each JSON line (many traces in one output)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    # A replay makes millions of short-lived tuples and no reference cycles worth hunting for: the
+    # collector's default pace would spend a fifth of the run walking the windows.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    config = load_config(args.config)
+    try:
+        traces = expand_traces(args.trace)
+    except TraceError as exc:
+        error(str(exc))
+        return EXIT_FAILURE
+    if args.report and len(traces) > 1:
+        error("--report draws one trace; give one TRACE with it")
+        return EXIT_USAGE
+    options = ReplayOptions(config, [f.strip() for f in args.csv_fields.split(",")] if args.csv_fields else None,
+                            args.lenient, args.json, args.report, label=len(traces) > 1)
+    if len(traces) == 1:
+        return replay_trace(traces[0], options, sys.stdout)
+    jobs = args.jobs or os.cpu_count() or 1
+    status = EXIT_OK
+    for text, warnings, code in _replay_all(traces, options, jobs):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        for line in warnings:
+            error(line)
+        status = max(status, code)
+    return status
+
+
+def expand_traces(specs: Iterable[str]) -> list[str]:
+    """The traces named on the command line, a folder standing for its trace files (sorted)."""
+    traces: list[str] = []
+    for spec in specs:
+        path = Path(spec)
+        if not spec.startswith(SIM_PREFIX) and path.is_dir():
+            found = sorted(str(p) for p in path.iterdir() if p.is_file() and p.suffix.lower() in TRACE_SUFFIXES)
+            if not found:
+                raise TraceError(f"{spec}: no trace files in the folder (looked for {', '.join(TRACE_SUFFIXES)})")
+            traces += found
+        else:
+            traces.append(spec)
+    return traces
+
+
+def _replay_all(traces: list[str], options: ReplayOptions, jobs: int) -> Iterator[tuple[str, list[str], int]]:
+    if jobs <= 1:
+        yield from map(_replay_captured, traces, [options] * len(traces))
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(traces))) as pool:
+        yield from pool.map(_replay_captured, traces, [options] * len(traces))
+
+
+def _replay_captured(spec: str, options: ReplayOptions) -> tuple[str, list[str], int]:
+    """One trace's replay, its timeline and its warnings kept for the caller to print whole."""
+    out, warnings = io.StringIO(), list[str]()
+    try:
+        code = replay_trace(spec, options, out, warnings.append)
+    except TraceError as exc:
+        warnings.append(str(exc))
+        code = EXIT_FAILURE
+    return out.getvalue(), warnings, code
+
+
+def _batches(snapshots: Iterator[NodeSnapshot]) -> Iterator[list[NodeSnapshot]]:
+    """Snapshots in lists of _BATCH; what came before a reader error is handed on before the error."""
+    batch: list[NodeSnapshot] = []
+    try:
+        for snapshot in snapshots:
+            batch.append(snapshot)
+            if len(batch) == _BATCH:
+                yield batch
+                batch = []
+    except TraceError:
+        if batch:
+            yield batch
+        raise
+    if batch:
+        yield batch
+
+
+def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[str], None] = error) -> int:
+    """Replay one trace, writing its timeline (or JSON lines) to `out`; warnings go to `say`."""
+    engine = DetectorEngine(options.config)
+    kept: list[NodeSnapshot] = []  # for --report: thinned as it grows
+    stride = 1
+    fired: list[EpisodeEvent] = []
+    with open_trace(spec, lenient=options.lenient, csv_fields=options.csv_fields) as trace:
+        timeline = None if options.json else TextTimeline(out, spec, trace.naive_time)
+        first = last = None
+        samples = gpus = 0
+        for batch in _batches(trace.snapshots):
+            if first is None:
+                first = batch[0].time_seconds
+            last = batch[-1].time_seconds
+            samples += len(batch)
+            gpus = max(gpus, max(map(len, (snapshot.gpus for snapshot in batch))))
+            if options.report:
+                for number, snapshot in enumerate(batch, start=samples - len(batch) + 1):
+                    if number % stride == 0:
+                        kept.append(snapshot)
+                        if len(kept) > 4 * report_html.MAX_POINTS:
+                            kept, stride = kept[::2], stride * 2
+            for event in engine.observe_many(batch):
+                if event.event is EventKind.SUSPECTED:
+                    continue  # a look at the stacks, live; nothing to report from a trace
+                fired.append(event)
+                if timeline is None:
+                    line = json_line(event, trace.naive_time, spec if options.label else None)
+                    out.write(line + "\n")
+                else:
+                    timeline.event(event)
+        if engine.clock_steps:
+            where = f"{spec}: " if options.label else ""
+            say(f"warning: {where}the trace's clock stepped back {engine.clock_steps} time(s) (the last by "
+                f"{engine.last_step_seconds:.0f} s: DST or an NTP step?); later samples were read as following "
+                "on, so event times after a step are shifted by the step")
+        if trace.skips.count:
+            say(f"warning: {trace.skips.count} line(s) or sample(s) skipped; first: "
+                + "; ".join(trace.skips.first[:3]))
+    if samples == 0:
+        say(f"{spec}: no samples in the trace")
+        return EXIT_FAILURE
+    if timeline is not None:
+        assert first is not None and last is not None
+        still_open = [f"{ep.finding.signature.value} ({ep.fired_severity.value}) on {gpu_list(ep.finding.gpus)}"
+                      for ep in engine.tracker.episodes.values() if ep.fired_severity is not None]
+        timeline.footer(first, last, samples, gpus, still_open)
+    if options.report:
+        episodes = report_html.episodes_from_events(fired)
+        page = report_html.render(report_html.ReportData(
+            f"replay of {spec}", kept, episodes, naive_time=trace.naive_time,
+            verdict="; ".join(str(e["summary"]) for e in episodes[:3]) or "no episode"))
+        try:
+            Path(options.report).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            say(f"--report {options.report}: cannot write: {exc.strerror or exc}")
+            return EXIT_FAILURE
+        print(f"report: {options.report}", file=sys.stderr)
+    return EXIT_OK
