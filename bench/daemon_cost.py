@@ -31,7 +31,7 @@ scenario = sim.Scenario("bench", "", "h100", gpus, 3600, ((0, None, "train"), (4
 config = parse_config({"export": {"listen_address": f"127.0.0.1:{port}"},
                        "bundles": {"directory": folder, "capture_stacks": False}})
 daemon = build(config, sim.SimSource(scenario, pids=pids))
-endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
+endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy)
 endpoint.start()
 daemon.run()
 """

@@ -104,8 +104,10 @@ class Daemon:
         self.engine = DetectorEngine(config, on_error=self._failed)
         self.incidents = incidents
         self.bundles = incidents.bundles
+        collector = WatchdogCollector(lambda: self.published, self.counters)
         self.registry = CollectorRegistry()
-        self.registry.register(WatchdogCollector(lambda: self.published, self.counters))
+        self.registry.register(collector)
+        self.exposition = collector.exposition  # what GET /metrics serves
         self.published = Published()
         self.history: deque[NodeSnapshot] = deque()
         self.component_up: dict[str, bool] = {}

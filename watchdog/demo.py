@@ -138,7 +138,7 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
     })
     daemon = build(config)
     try:
-        endpoint = Endpoint(config.export, daemon.registry, daemon.healthy,
+        endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy,
                             daemon.dump_request if config.dump.enabled else None, config.dump)
     except EndpointError as exc:
         stop_ranks(ranks)

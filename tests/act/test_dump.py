@@ -70,7 +70,7 @@ def start(tmp: Path, processes: list[Any], export: dict[str, Any] | None = None,
                            alerts={"instance": "node-a"}, **sections)
     daemon = build(config)
     daemon.tick()  # one sample: the GPUs' processes are known
-    endpoint = Endpoint(config.export, daemon.registry, daemon.healthy, daemon.dump_request, config.dump)
+    endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)
     endpoint.start()
     return daemon, endpoint
 

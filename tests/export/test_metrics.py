@@ -9,11 +9,21 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.daemon import build
-from watchdog.export.metrics import METRICS, PREFIX, metric_list_markdown
+from watchdog.export.metrics import (
+    METRICS,
+    PREFIX,
+    EpisodeView,
+    Published,
+    WatchdogCollector,
+    metric_list_markdown,
+    new_counters,
+)
+from watchdog.model import Severity, Signature
 from watchdog.sample import sim
 
 GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"
@@ -32,7 +42,7 @@ def scripted_exposition(tmp_path: Path) -> str:
         daemon.tick()
     daemon.shutdown(timeout=5)
     daemon.tick()
-    return generate_latest(daemon.registry).decode()
+    return daemon.exposition().decode()  # what GET /metrics serves
 
 
 def test_exposition_matches_the_golden_file(tmp_path: Path) -> None:
@@ -45,6 +55,26 @@ def test_exposition_matches_the_golden_file(tmp_path: Path) -> None:
     assert 'stall_watchdog_episode_culprit{gpu="4",signature="waiting"} 1.0' in text
     assert 'stall_watchdog_episode_state{gpu="0",signature="waiting"} 2.0' in text
     assert 'stall_watchdog_episodes_total{severity="warning",signature="waiting"} 1.0' in text
+
+
+def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
+    """The server's own renderer against generate_latest on a busy 64-GPU state: every series, label
+    values that need escaping (a job name with a quote, a backslash and a newline), counters."""
+    snapshots = sim.run(sim.Scenario("wide", "", "h100", 64, 600, ((0, None, "train"), (40, None, "spin")), gpm=True))
+    snapshot = [next(snapshots) for _ in range(60)][-1]
+    counters = new_counters()
+    counters.inc("episodes_total", "busy_spin", "critical")
+    counters.inc("component_errors_total", "sample")
+    state = Published(snapshot, (EpisodeView(Signature.WAITING, Severity.WARNING, tuple(range(63)), (63,), 5.0),
+                                 EpisodeView(Signature.BUSY_SPIN, None, (1, 2), (), 7.0)),
+                      tuple((g, 4000 + g, g, 'job "a\\b"\nx') for g in range(64)), {"sample": True, "act": False},
+                      1.9e9, 0.012, 123456)
+    collector = WatchdogCollector(lambda: state, counters)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ours, theirs = collector.exposition(), generate_latest(registry)
+    assert ours == theirs
+    assert ours.count(b"\n") > 1500 and b'training_job="job \\"a\\\\b\\"\\nx"' in ours
 
 
 def test_promtool_lints_the_exposition(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from watchdog.sample import sim
 def serve(tmp_path: Path, clock: Callable[[], float] = time.time, **export: object) -> tuple[Daemon, Endpoint]:
     config = daemon_config(tmp_path, export={"listen_address": "127.0.0.1:0", **export})
     daemon = build(config, sim.SimSource(sim.SCENARIOS["healthy"], clock=clock))
-    endpoint = Endpoint(config.export, daemon.registry, daemon.healthy)
+    endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy)
     endpoint.start()
     return daemon, endpoint
 

@@ -30,7 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         error(str(exc))
         return EXIT_USAGE
     try:
-        endpoint = Endpoint(config.export, daemon.registry, daemon.healthy,
+        endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy,
                             daemon.dump_request if config.dump.enabled else None, config.dump)
     except EndpointError as exc:
         error(str(exc))

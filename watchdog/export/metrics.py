@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
 from watchdog.counters import Counters
@@ -131,68 +132,111 @@ def _family(spec: MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
     return GaugeMetricFamily(name, spec.help, labels=spec.labels)
 
 
+Series = dict[str, list[tuple[tuple[str, ...], float]]]  # metric -> (label values in its spec's order, value)
+
+
 class WatchdogCollector(Collector):
+    """Renders the last published state: `series()` says what is there, once; collect() hands it to
+    prometheus_client, exposition() writes the text a scrape gets (the same bytes as prometheus_client's
+    generate_latest, at a fraction of its cost: 64 GPUs are 1,500 lines)."""
+
     def __init__(self, published: Callable[[], Published], counters: Counters):
         self._published = published
         self._counters = counters
 
-    def collect(self) -> Iterator[Metric]:
+    def series(self) -> Series:
         state = self._published()
-        families = {spec.name: _family(spec) for spec in METRICS}
+        out: Series = {spec.name: [] for spec in METRICS}
         snapshot = state.snapshot
         if snapshot is not None:
             for sample in snapshot.gpus:
-                self._gpu(families, sample)
+                self._gpu(out, sample)
         indexes = [g.index for g in snapshot.gpus] if snapshot is not None else []
-        self._episodes(families, state.episodes, indexes)
+        self._episodes(out, state.episodes, indexes)
         for gpu, pid, rank, job in state.ranks:
-            families["rank_info"].add_metric([str(gpu), str(pid), "" if rank is None else str(rank), job], 1)
+            out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job), 1))
         for component, up in sorted(state.component_up.items()):
-            families["component_up"].add_metric([component], 1 if up else 0)
+            out["component_up"].append(((component,), 1 if up else 0))
         if state.last_sample_wall is not None:
-            families["last_sample_timestamp_seconds"].add_metric([], state.last_sample_wall)
+            out["last_sample_timestamp_seconds"].append(((), state.last_sample_wall))
         if state.tick_seconds is not None:
-            families["tick_duration_seconds"].add_metric([], state.tick_seconds)
+            out["tick_duration_seconds"].append(((), state.tick_seconds))
         if state.bundle_disk_bytes is not None:
-            families["bundle_disk_bytes"].add_metric([], state.bundle_disk_bytes)
-        families["build_info"].add_metric([__version__, platform.python_version()], 1)
+            out["bundle_disk_bytes"].append(((), state.bundle_disk_bytes))
+        out["build_info"].append(((__version__, platform.python_version()), 1))
         for name, values in self._counters.snapshot().items():
             for labels, value in sorted(values.items()):
-                families[name].add_metric(list(labels), value)
-        yield from families.values()
+                out[name].append((tuple(labels), value))
+        return out
+
+    def collect(self) -> Iterator[Metric]:
+        series = self.series()
+        for spec in METRICS:
+            family = _family(spec)
+            for labels, value in series[spec.name]:
+                family.add_metric(list(labels), value)
+            yield family
+
+    def exposition(self) -> bytes:
+        series = self.series()
+        out: list[str] = []
+        for spec, header, sample, order in _TEXT:
+            out.append(header)
+            for labels, value in series[spec.name]:
+                if labels:
+                    pairs = ",".join([f'{spec.labels[i]}="{_escaped(labels[i])}"' for i in order])
+                    out.append(f"{sample}{{{pairs}}} {floatToGoString(value)}\n")
+                else:
+                    out.append(f"{sample} {floatToGoString(value)}\n")
+        return "".join(out).encode("utf-8")
 
     @staticmethod
-    def _gpu(families: dict[str, GaugeMetricFamily | CounterMetricFamily], gpu: GpuSample) -> None:
-        labels = [str(gpu.index), gpu.uuid or ""]
+    def _gpu(out: Series, gpu: GpuSample) -> None:
+        labels = (str(gpu.index), gpu.uuid or "")
         for metric, attribute in READINGS.items():
             value = getattr(gpu, attribute)
             if value is not None:
-                families[metric].add_metric(labels, value)
+                out[metric].append((labels, value))
         if gpu.energy_joules is not None:
-            families["gpu_energy_joules_total"].add_metric(labels, gpu.energy_joules)
+            out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
         if gpu.clock_event_reasons is not None:
-            families["gpu_throttle"].add_metric(labels, 1 if gpu.throttle_reasons else 0)
+            out["gpu_throttle"].append((labels, 1 if gpu.throttle_reasons else 0))
         for health in GpuHealth:
-            families["gpu_health"].add_metric(labels + [health.value], 1 if gpu.health is health else 0)
-        families["gpu_info"].add_metric(labels + [gpu.name or ""], 1)
+            out["gpu_health"].append(((*labels, health.value), 1 if gpu.health is health else 0))
+        out["gpu_info"].append(((*labels, gpu.name or ""), 1))
 
     @staticmethod
-    def _episodes(families: dict[str, GaugeMetricFamily | CounterMetricFamily], episodes: tuple[EpisodeView, ...],
-                  gpus: list[int]) -> None:
+    def _episodes(out: Series, episodes: tuple[EpisodeView, ...], gpus: list[int]) -> None:
         state: dict[tuple[int, Signature], int] = {}
         for episode in episodes:
             for gpu in episode.gpus:
                 key = (gpu, episode.signature)
                 state[key] = max(state.get(key, 0), _STATE[episode.severity])
                 if episode.severity is not None:
-                    families["episode_start_time_seconds"].add_metric([str(gpu), episode.signature.value],
-                                                                      episode.onset_wall)
+                    out["episode_start_time_seconds"].append(((str(gpu), episode.signature.value), episode.onset_wall))
             if episode.signature is Signature.WAITING and episode.severity is not None:
                 for gpu in episode.culprit_gpus:
-                    families["episode_culprit"].add_metric([str(gpu), episode.signature.value], 1)
+                    out["episode_culprit"].append(((str(gpu), episode.signature.value), 1))
         for gpu in gpus:
             for signature in Signature:
-                families["episode_state"].add_metric([str(gpu), signature.value], state.get((gpu, signature), 0))
+                out["episode_state"].append(((str(gpu), signature.value), state.get((gpu, signature), 0)))
+
+
+def _escaped(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return value
+
+
+def _text_layout(spec: MetricSpec) -> tuple[MetricSpec, str, str, list[int]]:
+    """The HELP and TYPE lines, the sample name and the label order (sorted by name) of one series."""
+    name = PREFIX + spec.name
+    help_text = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+    order = sorted(range(len(spec.labels)), key=spec.labels.__getitem__)
+    return spec, f"# HELP {name} {help_text}\n# TYPE {name} {spec.kind}\n", name, order
+
+
+_TEXT = [_text_layout(spec) for spec in METRICS]
 
 
 def metric_list_markdown() -> str:

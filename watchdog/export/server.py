@@ -1,4 +1,4 @@
-"""The HTTP endpoint: /metrics renders the collector's registry, /healthz says whether the loop is
+"""The HTTP endpoint: /metrics serves the exposition text it is given, /healthz says whether the loop is
 sampling, POST /v1/dump hands its body to the dump service (act/dump.py, wired by the composition root).
 Optional TLS and basic auth. Served from its own threads: a slow scraper never delays a tick.
 
@@ -28,8 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from watchdog import logfmt
 from watchdog.config import DumpConfig, ExportConfig
@@ -177,7 +176,7 @@ class HardenedServer(ThreadingHTTPServer):
 
 
 class Endpoint:
-    def __init__(self, cfg: ExportConfig, registry: CollectorRegistry, healthy: Callable[[], tuple[bool, str]],
+    def __init__(self, cfg: ExportConfig, metrics: Callable[[], bytes], healthy: Callable[[], tuple[bool, str]],
                  dump: DumpHandler | None = None, dump_cfg: DumpConfig | None = None):
         self.cfg = cfg
         limits = dump_cfg or DumpConfig()
@@ -207,7 +206,7 @@ class Endpoint:
                     return
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self.reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    self.reply(200, metrics(), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     ok, why = healthy()
                     self.reply(200 if ok else 503, (why + "\n").encode())

@@ -2,7 +2,7 @@
 they moved through read and write calls since the previous sample, as per-GPU rates.
 
 A rank that writes a checkpoint or evaluates on the host moves; a rank blocked in a queue, a lock or a
-collective that will never complete does not. The counters are psutil's cheap /proc reads
+collective that will never complete does not. The counters are two small /proc reads per process
 (`/proc/<pid>/stat` and `/proc/<pid>/io`: rchar and wchar, socket and cache traffic included). Only the
 GPU's own processes count, not their children: a DataLoader worker that still runs does not make the
 rank waiting on it move.
@@ -14,15 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
-
 from watchdog.model import NodeSnapshot
-from watchdog.sample.ranks import host_counters
+from watchdog.sample.ranks import proc_counters
 
 
 @dataclass
 class _Seen:
-    process: psutil.Process
+    start: int  # the process's start time: a pid reused by another process starts afresh
     at: float
     cpu_seconds: float
     io_bytes: int | None
@@ -37,14 +35,13 @@ class HostProgress:
         """(CPU ratio, I/O bytes per second) of one process since it was last read; None for a first look."""
         seen = self._seen.get(pid)
         try:
-            process = seen.process if seen is not None else psutil.Process(pid)
-            cpu, read, write = host_counters(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            start, cpu, read, write = proc_counters(pid)
+        except (OSError, ValueError, IndexError):  # gone, or not a process we may look at
             self._seen.pop(pid, None)
             return None, None
         io_bytes = read + write if read is not None and write is not None else None
-        self._seen[pid] = _Seen(process, now, cpu, io_bytes)
-        if seen is None or now <= seen.at:
+        self._seen[pid] = _Seen(start, now, cpu, io_bytes)
+        if seen is None or now <= seen.at or seen.start != start:
             return None, None
         elapsed = now - seen.at
         io_rate = (io_bytes - seen.io_bytes) / elapsed if io_bytes is not None and seen.io_bytes is not None else None

@@ -72,17 +72,35 @@ def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def host_counters(process: psutil.Process) -> tuple[float, int | None, int | None]:
-    """CPU seconds, and bytes through read and write calls (rchar, wchar; None when not readable), from
-    one read of /proc/<pid>/stat and /proc/<pid>/io."""
-    with process.oneshot():
-        times = process.cpu_times()
-        try:
-            io = process.io_counters()
-            read, write = getattr(io, "read_chars", io.read_bytes), getattr(io, "write_chars", io.write_bytes)
-        except (psutil.AccessDenied, AttributeError):
-            read = write = None
-    return times.user + times.system, read, write
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_counters(pid: int, proc_root: str = "/proc") -> tuple[int, float, int | None, int | None]:
+    """(start time in clock ticks since boot, CPU seconds, rchar, wchar) of a process, from one read each
+    of /proc/<pid>/stat and /proc/<pid>/io (rchar and wchar None where io is not ours to read). The
+    start time tells a reused pid from the process that had it. OSError when the process is gone.
+    Plain reads, not psutil: the daemon does this for every rank every second."""
+    stat = _read(f"{proc_root}/{pid}/stat")
+    # "pid (comm) S ppid ...": the comm may hold spaces and parentheses; the state follows the last ')'
+    fields = stat[stat.rindex(b")") + 2:].split()
+    cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15
+    start = int(fields[19])  # starttime: field 22
+    read: int | None = None
+    write: int | None = None
+    try:
+        io = _read(f"{proc_root}/{pid}/io").split(b"\n", 2)
+        read, write = int(io[0].split()[1]), int(io[1].split()[1])  # rchar, wchar
+    except PermissionError:
+        pass
+    return start, cpu, read, write
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -223,7 +241,10 @@ class RankDiscovery:
         return dict(states)
 
     def activity(self, process: psutil.Process) -> HostActivity:
-        cpu, read, write = host_counters(process)
+        try:
+            _, cpu, read, write = proc_counters(process.pid)
+        except (OSError, ValueError, IndexError):
+            raise psutil.NoSuchProcess(process.pid) from None
         return HostActivity(cpu, read, write, self.thread_states(process.pid))
 
     def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None

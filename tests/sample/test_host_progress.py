@@ -1,0 +1,69 @@
+"""Host progress from /proc: the counters against psutil's on a real process, a process that moves
+against one that waits, a process that goes away, and a pid that another process takes over."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from watchdog.model import GpuSample, NodeSnapshot
+from watchdog.sample import host_progress
+from watchdog.sample.host_progress import HostProgress
+from watchdog.sample.ranks import proc_counters
+
+
+def test_counters_agree_with_psutil() -> None:
+    start, cpu, read, write = proc_counters(os.getpid())
+    me = psutil.Process()
+    times, io = me.cpu_times(), me.io_counters()
+    assert abs(cpu - (times.user + times.system)) < 0.05
+    assert read is not None and write is not None
+    assert 0 <= io.read_chars - read < 2**20 and 0 <= io.write_chars - write < 2**20
+    boot = psutil.boot_time()
+    assert abs(boot + start / os.sysconf("SC_CLK_TCK") - me.create_time()) < 1.0
+
+
+def test_a_process_that_is_gone_is_an_oserror() -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    with pytest.raises(OSError):
+        proc_counters(child.pid)
+
+
+def test_a_busy_process_moves_and_a_sleeping_one_does_not() -> None:
+    clock = iter(float(n) for n in range(100))
+    progress = HostProgress(monotonic=lambda: next(clock))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        snapshot = NodeSnapshot(0.0, (GpuSample(0, pids=(busy.pid,)), GpuSample(1, pids=(idle.pid,)),
+                                      GpuSample(2)))
+        first = progress.annotate(snapshot)
+        assert [g.host_cpu_ratio for g in first.gpus] == [None, None, None]  # a first look has no rate
+        psutil.Process(busy.pid).cpu_percent(interval=0.5)  # let the busy one burn half a second
+        second = progress.annotate(snapshot)
+        assert second.gpus[0].host_cpu_ratio is not None and second.gpus[0].host_cpu_ratio > 0.2
+        assert second.gpus[1].host_cpu_ratio == 0.0 and second.gpus[2].host_cpu_ratio is None
+        busy.kill()
+        busy.wait()
+        third = progress.annotate(snapshot)
+        assert third.gpus[0].host_cpu_ratio is None and third.gpus[1].host_cpu_ratio == 0.0
+    finally:
+        for process in (busy, idle):
+            process.kill()
+            process.wait()
+
+
+def test_a_reused_pid_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same pid with another start time is another process: no rate from the old one's counters."""
+    readings = iter([(100, 50.0, 0, 0), (100, 50.5, 10, 0), (999, 0.1, 0, 0), (999, 0.6, 0, 0)])
+    monkeypatch.setattr(host_progress, "proc_counters", lambda pid: next(readings))
+    clock = iter(float(n) for n in range(10))
+    progress = HostProgress(monotonic=lambda: next(clock))
+    snapshot = NodeSnapshot(0.0, (GpuSample(0, pids=(4242,)),))
+    rates = [progress.annotate(snapshot).gpus[0].host_cpu_ratio for _ in range(4)]
+    assert rates == [None, 0.5, None, 0.5]
