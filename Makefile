@@ -28,6 +28,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/capture_stacks.py
 	$(BIN)/python bench/daemon_cost.py
 	$(BIN)/python bench/accuracy.py
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
