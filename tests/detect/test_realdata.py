@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REALDATA, realdata, run_engine
+from tests.conftest import REALDATA, REPO, realdata, run_engine
 from watchdog.config import Config
 from watchdog.detect import busy_spin
 from watchdog.detect.window import GpuWindow
@@ -148,3 +148,22 @@ def test_healthy_low_power_jobs_look_like_spins_on_power_alone(name: str) -> Non
         if evidence is not None and "power_near_idle" in evidence.legs:
             power_alone.append(gpu.index)
     assert power_alone, "expected at least one GPU whose power alone looks like a spin"
+
+
+def test_a_real_h100_idle_then_matmul_then_a_spinning_kernel() -> None:
+    """Recorded by bench/nvml_cost.py through the daemon's own NVML source on an H100 (driver 580): 10 s
+    idle, 30 s of bf16 matrix products (99% util, 31% memory util, 698 W), then one warp polling a flag
+    that never changes (100% util, 0% memory util, 120 W, SM activity 1%). The products are work; the
+    poll is the spin a collective waiting for a peer shows, and only it is called a hang."""
+    from watchdog.sample.replay import open_trace
+
+    with open_trace(str(REPO / "tests" / "data" / "h100_idle_matmul_spin.jsonl")) as trace:
+        snapshots = list(trace.snapshots)
+    events = run_engine(snapshots)
+    assert [(e.event, e.signature, e.severity) for e in events] == [
+        (EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL)]
+    products = [s.time_seconds for s in snapshots if (s.gpus[0].power_watts or 0) > 600]
+    assert len(products) > 15 and max(products) <= events[0].onset_seconds  # the products came first
+    fired = next(s for s in snapshots if s.time_seconds >= events[0].at_seconds).gpus[0]
+    assert fired.utilization_ratio == 1.0 and fired.memory_utilization_ratio == 0.0 and fired.power_watts < 200
+    assert "sm_activity_low" in events[0].legs and "power_near_idle" in events[0].legs

@@ -11,6 +11,7 @@ import pytest
 
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from watchdog.model import GpuHealth
+from watchdog.sample import nvml
 from watchdog.sample.nvml import FUNCTIONS, NvmlSource, NvmlUnavailable
 
 
@@ -179,4 +180,22 @@ def test_the_doctors_inventory_reads_through_the_open_source_with_a_bound() -> N
     gpu.release.set()
     inventory = source.inventory()
     assert inventory.driver_version == "550.54.15" and len(inventory.gpus) == 2 and (0, 1) in inventory.p2p
+    source.close()
+
+
+def test_the_energy_counter_is_read_every_half_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceGetTotalEnergyConsumption takes milliseconds on an H100 (measured: 3 ms of a 4.4 ms
+    tick): read every ENERGY_SECONDS, its last value kept in between, everything else every tick."""
+    now = [100.0]
+    monkeypatch.setattr(nvml.time, "monotonic", lambda: now[0])
+    gpu = FakeGpu(energy_mj=5_000)
+    source, _ = opened(gpu)
+    readings = []
+    for step in range(4):
+        gpu.energy_mj = 5_000 + step * 1_000
+        readings.append(source.sample().gpus[0].energy_joules)
+        now[0] += 10.0
+    assert readings == [5.0, 5.0, 5.0, 8.0]
+    assert gpu.calls.count("nvmlDeviceGetTotalEnergyConsumption") == 2
+    assert gpu.calls.count("nvmlDeviceGetPowerUsage") == 4
     source.close()

@@ -47,6 +47,9 @@ class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine (no driver, no library, init failed or hung)."""
 
 
+ENERGY_SECONDS = 30.0  # the energy counter is read this often (see _readers: it is a slow call)
+
+
 @dataclass
 class _Device:
     index: int
@@ -59,6 +62,7 @@ class _Device:
     gpm_primed: bool = False
     pending: futures.Future[GpuSample] | None = None
     executor: futures.ThreadPoolExecutor | None = None
+    energy: tuple[float, float] | None = None  # (monotonic time read, joules)
 
 
 class NvmlSource:
@@ -278,8 +282,14 @@ class NvmlSource:
             except (nv.NVMLError_FunctionNotFound, AttributeError):
                 return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(d.handle))
 
-        def energy(d: _Device) -> float:  # nvmlDeviceGetTotalEnergyConsumption, mJ since driver load
-            return nv.nvmlDeviceGetTotalEnergyConsumption(d.handle) / 1000.0
+        def energy(d: _Device) -> float:
+            # nvmlDeviceGetTotalEnergyConsumption, mJ since driver load. It costs milliseconds of driver
+            # time on some GPUs (3 ms on an H100 with r580: most of a tick's NVML time) and only feeds a
+            # counter: read every ENERGY_SECONDS, its last value in between.
+            now = time.monotonic()
+            if d.energy is None or now - d.energy[0] >= ENERGY_SECONDS:
+                d.energy = (now, nv.nvmlDeviceGetTotalEnergyConsumption(d.handle) / 1000.0)
+            return d.energy[1]
 
         def sm_activity(d: _Device) -> float | None:
             # GPM SM_UTIL between this tick's sample and the last one, percent of SMs busy (Hopper+);
