@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from watchdog.config import UnderuseConfig
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.window import GpuRun, GpuView
+from watchdog.detect.window import GpuRun, GpuView, fixed_utilizations
 from watchdog.model import Signature
 
 
@@ -67,8 +67,8 @@ def steady(run: GpuRun, view: GpuView, cfg: UnderuseConfig) -> bool:
 
 def _exact(times: Sequence[float], utils: Sequence[float], view: GpuView, window: float, low: float,
            high: float, margin: float) -> bool:
-    history, unit = view.long_history(), view.long_unit
-    fixed = map(int, map(operator.mul, utils, itertools.repeat(unit)))  # as GpuWindow sums them
+    history = view.long_history()
+    fixed = fixed_utilizations(utils)  # as GpuWindow sums them
     cutoffs = list(map(operator.sub, times, itertools.repeat(window)))
     leaving = list(itertools.islice(history, bisect.bisect_left(history, cutoffs[-1], key=_TIME)))
     gone = list(itertools.accumulate(map(_FIXED, leaving), initial=0))  # sums of the oldest n entries

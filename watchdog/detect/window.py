@@ -24,6 +24,11 @@ def _fixed(ratio: float) -> int:
     return int(ratio * _UNIT)
 
 
+def fixed_utilizations(ratios: Sequence[float]) -> list[int]:
+    """_fixed() over a column, without a call per value."""
+    return list(map(int, map(operator.mul, ratios, itertools.repeat(_UNIT))))
+
+
 _TIME, _FIXED = operator.itemgetter(0), operator.itemgetter(1)
 
 
@@ -148,7 +153,7 @@ class GpuWindow:
             if not kept:
                 return
             times, utils, powers, limits = map(tuple, zip(*kept))
-        fixed = list(map(int, map(operator.mul, utils, itertools.repeat(_UNIT))))  # as _fixed() does
+        fixed = fixed_utilizations(utils)
         history = self._long
         history.extend(zip(times, fixed))
         self._long_sum += sum(fixed)
@@ -180,15 +185,12 @@ class GpuWindow:
     def _learn_working(self, times: Sequence[float], powers: Sequence[float], limits: Sequence[float | None]) -> None:
         """_learn over samples all at 50% utilization or more: the same steps, without a call each."""
         self._idle_block.clear()
-        idle = self.idle_watts
-        if idle is None and (None in limits or min(limits) != max(limits)):  # type: ignore[type-var]
+        reference = self.idle_watts
+        if reference is None and limits[0] and None not in limits and min(limits) == max(limits):  # type: ignore[type-var]
+            reference = self._default_idle_ratio * limits[0]
+        if reference is None:  # a reference that moves, or none: sample by sample (see _learn)
             for t, power, limit in zip(times, powers, limits):
                 self._learn(t, 1.0, power, limit)
-            return
-        reference = idle if idle is not None else self._default_idle_ratio * limits[0] if limits[0] else None
-        if reference is None:  # no reference: each step depends on the last (see _learn)
-            for t, power in zip(times, powers):
-                self._learn(t, 1.0, power, None)
             return
         floor = self._busy_floor_multiple * reference
         working = list(itertools.compress(zip(times, powers), map(floor.__lt__, powers)))

@@ -66,13 +66,29 @@ _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S
 _INTEGER_FIELDS = {"memory_used_bytes", "memory_total_bytes"}
 
 
+class _Cells(dict[str, Any]):
+    """One column's cell text -> value, remembered: a day of log repeats the same few thousand power
+    readings and a hundred utilizations, and a dictionary lookup is several times cheaper than float().
+    `convert` raises ValueError on anything it would not read cell by cell either."""
+
+    def __init__(self, convert: Callable[[str], Any]):
+        super().__init__()
+        self._convert = convert
+
+    def __missing__(self, text: str) -> Any:
+        if len(self) >= 1 << 16:
+            self.clear()
+        value = self[text] = self._convert(text)
+        return value
+
+
 def parse_timestamp(text: str) -> float:
     """nvidia-smi's local, offset-less timestamp, read as if UTC (only differences are used)."""
     text = text.strip()
     # Fast path for nvidia-smi's own "2025/07/27 00:22:27.858": strptime is the slowest part of a row.
     try:
         return _minute_seconds(text[:17]) + _second(text[17:])
-    except (ValueError, KeyError):
+    except ValueError:
         pass
     for fmt in _TIME_FORMATS:
         try:
@@ -89,23 +105,18 @@ def _second(text: str) -> float:
     return value
 
 
-class _Minutes(dict[str, float]):
-    """"2025/07/27 00:22:" -> its Unix time, remembered: a day of log has 1,440 of them."""
-
-    def __missing__(self, prefix: str) -> float:
-        if len(self) > 4096:
-            self.clear()
-        if not (len(prefix) == 17 and prefix[4] == prefix[7] and prefix[4] in "/-" and prefix[10] in " T"
-                and prefix[13] == prefix[16] == ":"):
-            raise KeyError(prefix)
-        hours, minutes = int(prefix[11:13]), int(prefix[14:16])
-        if not (0 <= hours < 24 and 0 <= minutes < 60):
-            raise KeyError(prefix)
-        value = self[prefix] = _day_seconds(prefix[:10].replace("-", "/")) + hours * 3600 + minutes * 60
-        return value
+def _minute(prefix: str) -> float:
+    """"2025/07/27 00:22:" -> its Unix time (a day of log has 1,440 of them: see _minute_seconds)."""
+    if not (len(prefix) == 17 and prefix[4] == prefix[7] and prefix[4] in "/-" and prefix[10] in " T"
+            and prefix[13] == prefix[16] == ":"):
+        raise ValueError(prefix)
+    hours, minutes = int(prefix[11:13]), int(prefix[14:16])
+    if not (0 <= hours < 24 and 0 <= minutes < 60):
+        raise ValueError(prefix)
+    return _day_seconds(prefix[:10].replace("-", "/")) + hours * 3600 + minutes * 60
 
 
-_minute_seconds = _Minutes().__getitem__
+_minute_seconds = _Cells(_minute).__getitem__
 
 
 @functools.lru_cache(maxsize=64)
@@ -258,22 +269,6 @@ def _row_parser(columns: list[_Column]) -> RowParser:
 
 _Row = tuple[int, float, int | None, str | None, GpuSample]
 _new = tuple.__new__
-
-
-class _Cells(dict[str, Any]):
-    """One column's cell text -> value, remembered: a day of log repeats the same few thousand power
-    readings and a hundred utilizations, and a dictionary lookup is several times cheaper than float().
-    `convert` raises ValueError on anything it would not read cell by cell either."""
-
-    def __init__(self, convert: Callable[[str], Any]):
-        super().__init__()
-        self._convert = convert
-
-    def __missing__(self, text: str) -> Any:
-        if len(self) >= 1 << 16:
-            self.clear()
-        value = self[text] = self._convert(text)
-        return value
 
 
 def _strict_number(unit: str, default_unit: str, integer: bool) -> Callable[[str], Any]:
