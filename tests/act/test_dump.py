@@ -11,6 +11,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,13 @@ from watchdog.export.server import Endpoint
 from watchdog.sample.ranks import RankDiscovery
 
 
-def post(url: str, body: object, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
+def post(url: str, body: object, headers: dict[str, str] | None = None, timeout: float = 60
+         ) -> tuple[int, dict[str, Any], dict[str, str]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="POST",
                                      headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read()), dict(response.headers)
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
@@ -163,6 +165,31 @@ def test_a_job_not_on_this_node_is_404(job: dict[str, Any], tmp_path: Path) -> N
         endpoint.stop()
         daemon.shutdown()
     assert status == 404 and "run:elsewhere" in answer["error"] and job["key"] in answer["error"]
+
+
+def test_a_dump_done_before_its_callback_is_attached_still_answers(job: dict[str, Any], tmp_path: Path) -> None:
+    """A 404 can be done before handle() attaches its completion callback, which then runs at once in the
+    request's thread: it must not wait for a lock that thread holds. Made certain here with a pool that
+    runs the dump as it is submitted."""
+    class Immediate:
+        def submit(self, function: Any, *args: Any) -> Future[Any]:
+            future: Future[Any] = Future()
+            future.set_result(function(*args))
+            return future
+
+        def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+            pass
+
+    daemon, endpoint = start(tmp_path, job["processes"])
+    daemon.dumps.pool = Immediate()
+    try:
+        status, answer, _ = post(endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"}, timeout=10)
+        again = post(endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"}, timeout=10)
+    finally:
+        endpoint.stop()
+        daemon.shutdown()
+    assert status == 404 and "run:elsewhere" in answer["error"]
+    assert again[0] == 404 and again[1]["shared"] is True  # the callback ran: the answer was kept
 
 
 def test_off_loopback_dumps_need_auth(job: dict[str, Any], tmp_path: Path) -> None:

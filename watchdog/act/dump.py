@@ -79,7 +79,10 @@ class DumpService:
                 self._started.append(now)
                 future = self.pool.submit(self._dump, jobs)
                 self._running[key] = future
-                future.add_done_callback(functools.partial(self._finished, key))
+        if not shared:
+            # Outside the lock: a dump already done (a quick 404) runs the callback here and now, and the
+            # callback takes the lock.
+            future.add_done_callback(functools.partial(self._finished, key))
         try:
             answer = future.result(timeout=self._budget())
         except FutureTimeout:
