@@ -118,6 +118,10 @@ class StackCapturer:
             running = list(self._running)
         for process in running:
             _kill_group(process)
+            # The capturing thread is in communicate() on this process and reads its pipes until they
+            # close: here only wait for the death (a second communicate() would race it for the pipes).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=2)
 
     def capture(self, targets: Iterable[Target]) -> list[Capture]:
         targets = list(targets)
@@ -160,6 +164,8 @@ class StackCapturer:
             stdout, stderr = process.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
             _kill_group(process)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=2)  # reap it and drain its pipes
             return Capture(target, TIMEOUT, f"py-spy did not finish within {self.timeout:g} s; killed",
                            time.monotonic() - started, blocking)
         finally:
@@ -186,9 +192,8 @@ class StackCapturer:
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL py-spy and whatever it started (it runs in a session of its own)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         process.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.communicate(timeout=2)
