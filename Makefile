@@ -17,7 +17,7 @@ run: $(BIN)/.installed
 	$(BIN)/stall-watchdog demo $(DEMO_ARGS)
 
 test: $(BIN)/.installed
-	$(BIN)/ruff check watchdog tests bench
+	$(BIN)/ruff check watchdog tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest

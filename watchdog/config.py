@@ -335,6 +335,27 @@ class AlertsConfig(_Section):
     rate_limit_per_minute: Annotated[int, Field(ge=1)] = Field(
         20, description="At most this many alerts per receiver per minute; the rest are counted as dropped.")
     instance: str | None = Field(None, description="The `instance` label on alerts; default: this host's name.")
+    instance_env: str | None = Field(
+        None, description="Take the `instance` label from this environment variable instead (Kubernetes: NODE_NAME, "
+        "set from spec.nodeName, since a pod's host name is the pod's).")
+
+    @model_validator(mode="after")
+    def _one_instance(self) -> AlertsConfig:
+        if self.instance is not None and self.instance_env is not None:
+            raise ValueError("give instance or instance_env, not both")
+        return self
+
+
+class KubernetesConfig(_Section):
+    """On Kubernetes: which pod and container each rank is, from the kubelet's pod-resources API."""
+
+    pod_resources_socket: str = Field(
+        "/var/lib/kubelet/pod-resources/kubelet.sock", description="The kubelet's pod-resources socket, asked which "
+        "pod holds each GPU. Not there (not a Kubernetes node, or not mounted): pods are named from each rank's "
+        "cgroup and HOSTNAME instead. Empty: never ask.")
+    refresh_seconds: Seconds = Field(30.0, description="Ask the kubelet again after this long (sooner, at most once a "
+                                     "second, for a GPU its last answer did not name).")
+    timeout_seconds: Seconds = Field(2.0, description="A pod-resources call still unanswered after this long fails.")
 
 
 class Config(_Section):
@@ -347,6 +368,7 @@ class Config(_Section):
     dump: DumpConfig = DumpConfig()
     bundles: BundlesConfig = BundlesConfig()
     alerts: AlertsConfig = AlertsConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
 
 class ConfigError(Exception):

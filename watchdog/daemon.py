@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from prometheus_client.registry import CollectorRegistry
@@ -31,15 +32,17 @@ from watchdog.counters import Counters
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.episodes import event_key
 from watchdog.detect.severity import STACK_SIGNATURES
-from watchdog.export.metrics import EpisodeView, Published, WatchdogCollector, new_counters
+from watchdog.export.metrics import EpisodeView, Published, RankRow, WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, gpu_list
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, Workload, gpu_list
 from watchdog.sample import sim
 from watchdog.sample.host_progress import HostProgress
+from watchdog.sample.kubelet import PodDirectory, PodResourcesClient
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
+from watchdog.sample.workload import merged
 from watchdog.schedule import Ticker
 from watchdog.stacks.capture import StackCapturer
 
@@ -75,7 +78,7 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     caller); the keyword arguments are the seams tests and the demo use."""
     source = source if source is not None else source_for(config)
     counters = new_counters()
-    discovery = discovery or RankDiscovery()
+    discovery = discovery or RankDiscovery(pods=pod_directory(config))
     verdicts: queue.SimpleQueue[tuple[str, Verdict]] = queue.SimpleQueue()
     dispatcher = AlertDispatcher(config.alerts, counters, receivers)
     bundles = BundleStore(config.bundles, counters, render_report=write_for_bundle)
@@ -86,8 +89,24 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                     monotonic, wall, HostProgress(monotonic), verdicts)
     # The incidents' capturer serves the dumps too: py-spy is found once, and one abort stops every capture.
     daemon.dumps = DumpService(config, counters, incidents.capturer, discovery, bundles,
-                               lambda: daemon.published.snapshot, incidents.instance, monotonic)
+                               lambda: daemon.published.snapshot, incidents.instance, monotonic,
+                               last_look=incidents.last_look)
     return daemon
+
+
+def pod_directory(config: Config) -> PodDirectory | None:
+    """The kubelet's answers on which pod holds each GPU, where this node has a kubelet (its pod-resources
+    socket is there); None elsewhere. Refreshed by its own thread, started here."""
+    k = config.kubernetes
+    if not k.pod_resources_socket or not Path(k.pod_resources_socket).exists():
+        return None
+    directory = PodDirectory(
+        PodResourcesClient(k.pod_resources_socket, k.timeout_seconds), k.refresh_seconds,
+        on_error=lambda problem: logfmt.event("pod_resources_failed", level=logfmt.WARNING, problem=problem,
+                                              action="pods are named from each rank's cgroup and HOSTNAME"),
+        on_ok=lambda devices: logfmt.event("pod_resources_ok", socket=k.pod_resources_socket, devices=devices))
+    directory.start()
+    return directory
 
 
 class Daemon:
@@ -117,7 +136,7 @@ class Daemon:
         self.discovery = discovery
         self.host = host  # host progress of each GPU's processes, a reading like the GPU's own
         self.verdicts = verdicts  # the stacks' verdicts, handed back by the incident workers
-        self._rank_cache: dict[int, tuple[int | None, str]] = {}  # pid -> (rank, job)
+        self._rank_cache: dict[int, tuple[int | None, str, Workload]] = {}  # pid -> (rank, job, workload)
         self.dumps: DumpService | None = None  # POST /v1/dump, set by build()
 
     def dump_request(self, body: bytes) -> tuple[int, dict[str, object], int | None]:
@@ -211,17 +230,25 @@ class Daemon:
             disk = self.bundles.disk_bytes()
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks, up, last, tick_seconds, disk)
 
-    def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[tuple[int, int, int | None, str], ...]:
-        """gpu, pid, rank, job for rank_info. A pid is described once (psutil and /proc), then cached."""
+    def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
+        """gpu, pid, rank, job and workload for rank_info. A pid is described once (psutil and /proc), then
+        cached; the pod holding its GPU is the kubelet's latest answer (a dictionary lookup)."""
         if snapshot is None:
             return self.published.ranks
         pids = {pid for g in snapshot.gpus for pid in g.pids}
         for pid in pids - self._rank_cache.keys():
             info = self.discovery.describe(pid)
-            self._rank_cache[pid] = (info.rank, info.job_key) if info is not None else (None, "")
+            self._rank_cache[pid] = (info.rank, info.job_key, info.workload) if info is not None else (
+                None, "", Workload())
         for gone in self._rank_cache.keys() - pids:
             del self._rank_cache[gone]
-        return tuple((g.index, pid, *self._rank_cache[pid]) for g in snapshot.gpus for pid in g.pids)
+        rows = []
+        for g in snapshot.gpus:
+            for pid in g.pids:
+                rank, job, workload = self._rank_cache[pid]
+                pod = self.discovery.pod((g.uuid,)) if g.uuid else Workload()
+                rows.append(RankRow(g.index, pid, rank, job, merged(pod, workload) if pod else workload))
+        return tuple(rows)
 
     # -- health --------------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:
@@ -266,7 +293,7 @@ class Daemon:
             logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path,
                          problems=f"{type(exc).__name__}")
             return False
-        unchanged_until_restart = [name for name in ("source", "export", "alerts", "bundles")
+        unchanged_until_restart = [name for name in ("source", "export", "alerts", "bundles", "kubernetes")
                                    if getattr(new, name) != getattr(self.config, name)]
         self.config = new
         self.engine.reconfigure(new)
@@ -281,4 +308,6 @@ class Daemon:
         if self.dumps is not None:
             self.dumps.close()
         self.incidents.dispatcher.close(timeout=min(timeout, 5.0))
+        if self.discovery.pods is not None:
+            self.discovery.pods.close()
         self.source.close()

@@ -6,7 +6,7 @@ Units are converted once, where a reading is born, into the base units named in 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import NamedTuple
 
@@ -251,3 +251,41 @@ class StackDump:
 
 def member_id(pid: int | None, rank: int | None) -> str:
     return f"rank {rank}" if rank is not None else f"pid {pid}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Where a process runs, in its scheduler's words: its Kubernetes pod or its Slurm job (sample/workload.py
+    reads them). Each field None where nothing says it."""
+
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    slurm_job_id: str | None = None
+    slurm_step: str | None = None
+    slurm_user: str | None = None
+
+    def labels(self) -> tuple[str, ...]:
+        """The values of WORKLOAD_LABELS, '' where unknown (Prometheus drops an empty label)."""
+        return tuple(getattr(self, name) or "" for name in WORKLOAD_LABELS)
+
+    def to_json(self) -> dict[str, str]:
+        return {name: value for name in WORKLOAD_LABELS if (value := getattr(self, name))}
+
+    def describe(self) -> str:
+        """'pod ml/trainer-0 (container main)', 'Slurm job 4242 step 0 (user alice)', or ''."""
+        parts = []
+        if self.pod:
+            where = f"{self.namespace}/{self.pod}" if self.namespace else self.pod
+            parts.append(f"pod {where}" + (f" (container {self.container})" if self.container else ""))
+        if self.slurm_job_id:
+            step = f" step {self.slurm_step}" if self.slurm_step else ""
+            user = f" (user {self.slurm_user})" if self.slurm_user else ""
+            parts.append(f"Slurm job {self.slurm_job_id}{step}{user}")
+        return ", ".join(parts)
+
+    def __bool__(self) -> bool:
+        return any(self.labels())
+
+
+WORKLOAD_LABELS = tuple(f.name for f in fields(Workload))

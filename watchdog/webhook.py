@@ -1,5 +1,5 @@
-"""What a dump request names: `{"training_job": "..."}`, or an Alertmanager webhook (version 4), or
-nothing (every training job on the node).
+"""What a dump request names: `{"training_job": "..."}`, `{"slurm_job_id": "..."}` (a Slurm epilog), an
+Alertmanager webhook (version 4), or nothing (every training job on the node).
 
 Alertmanager posts `{"version": "4", "groupLabels": {...}, "commonLabels": {...}, "alerts": [{"labels":
 {...}}...]}`; the jobs are the `training_job` labels it carries (group, common and each alert's).
@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 
 LABEL = "training_job"
+SLURM_JOB = "slurm_job_id"
 MAX_JOB_NAME = 512
 
 
@@ -27,8 +28,13 @@ def _job(value: object, where: str) -> str:
 
 def training_jobs(body: bytes) -> tuple[str, ...]:
     """The training jobs a request names, in order, each once; () for an empty body or `{}` (all jobs)."""
+    return dump_target(body, slurm=False)[0]
+
+
+def dump_target(body: bytes, slurm: bool = True) -> tuple[tuple[str, ...], str | None]:
+    """(training jobs, Slurm job id) a request names; `slurm`: whether `{"slurm_job_id": "..."}` is read."""
     if not body.strip():
-        return ()
+        return (), None
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -36,11 +42,20 @@ def training_jobs(body: bytes) -> tuple[str, ...]:
     if not isinstance(payload, dict):
         raise PayloadError("expected a JSON object: {\"training_job\": \"...\"} or an Alertmanager webhook")
     if "alerts" in payload or "version" in payload:
-        return _from_alertmanager(payload)
-    unknown = sorted(set(payload) - {LABEL})
+        return _from_alertmanager(payload), None
+    known = {LABEL, SLURM_JOB} if slurm else {LABEL}
+    unknown = sorted(set(payload) - known)
     if unknown:
-        raise PayloadError(f"unknown field {unknown[0]!r}: expected only {LABEL!r} (or an Alertmanager webhook)")
-    return (_job(payload[LABEL], LABEL),) if LABEL in payload else ()
+        expected = " or ".join(repr(k) for k in sorted(known))
+        raise PayloadError(f"unknown field {unknown[0]!r}: expected {expected} (or an Alertmanager webhook)")
+    if len(payload) > 1:
+        raise PayloadError(f"name either {LABEL!r} or {SLURM_JOB!r}, not both")
+    if SLURM_JOB in payload:
+        job = payload[SLURM_JOB]
+        if not isinstance(job, str) or not job.isdigit() or len(job) > 20:
+            raise PayloadError(f"{SLURM_JOB}: expected a Slurm job id (digits, as a string)")
+        return (), job
+    return ((_job(payload[LABEL], LABEL),) if LABEL in payload else ()), None
 
 
 def _from_alertmanager(payload: Mapping[str, object]) -> tuple[str, ...]:

@@ -146,7 +146,8 @@ def test_rate_limit_answers_429_with_retry_after(job: dict[str, Any], tmp_path: 
 @pytest.mark.parametrize("body,why", [
     (b"not json", "not JSON"), ([1, 2], "expected a JSON object"), ({"job": "x"}, "unknown field 'job'"),
     ({"training_job": ""}, "training_job: expected"), ({"version": "4", "alerts": []}, "names no training_job"),
-    ({"version": "3", "alerts": []}, "only version 4")])
+    ({"version": "3", "alerts": []}, "only version 4"), ({"slurm_job_id": "12; rm"}, "expected a Slurm job id"),
+    ({"slurm_job_id": 12}, "expected a Slurm job id"), ({"slurm_job_id": "1", "training_job": "a"}, "not both")])
 def test_bad_payloads_get_400_with_the_reason(job: dict[str, Any], tmp_path: Path, body: object, why: str) -> None:
     daemon, endpoint = start(tmp_path, job["processes"])
     try:

@@ -55,6 +55,8 @@ def test_bad_payloads_and_repeats(tmp_path: Path) -> None:
                               cooldown_seconds=600)
     assert coordinator.accept(b"{}")[0] == 400
     assert coordinator.accept(b"[")[0] == 400
+    status, refused = coordinator.accept(b'{"slurm_job_id": "42"}')  # a node's /v1/dump reads it; not the coordinator
+    assert status == 400 and "unknown field 'slurm_job_id'" in refused["error"]
     status, first = coordinator.accept(b'{"training_job": "run:x"}')
     assert status == 202 and first == {"accepted": ["run:x"], "skipped": []}
     assert coordinator.accept(b'{"training_job": "run:x"}')[1] == {"accepted": [], "skipped": ["run:x"]}

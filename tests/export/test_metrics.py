@@ -19,11 +19,12 @@ from watchdog.export.metrics import (
     PREFIX,
     EpisodeView,
     Published,
+    RankRow,
     WatchdogCollector,
     metric_list_markdown,
     new_counters,
 )
-from watchdog.model import Severity, Signature
+from watchdog.model import Severity, Signature, Workload
 from watchdog.sample import sim
 
 GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"
@@ -67,7 +68,9 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
     counters.inc("component_errors_total", "sample")
     state = Published(snapshot, (EpisodeView(Signature.WAITING, Severity.WARNING, tuple(range(63)), (63,), 5.0),
                                  EpisodeView(Signature.BUSY_SPIN, None, (1, 2), (), 7.0)),
-                      tuple((g, 4000 + g, g, 'job "a\\b"\nx') for g in range(64)), {"sample": True, "act": False},
+                      tuple(RankRow(g, 4000 + g, g, 'job "a\\b"\nx', Workload("ml", f"trainer-{g // 8}", "main", "4242",
+                                                                              "0", 'o"neil'))
+                            for g in range(64)), {"sample": True, "act": False},
                       1.9e9, 0.012, 123456)
     collector = WatchdogCollector(lambda: state, counters)
     registry = CollectorRegistry(auto_describe=False)

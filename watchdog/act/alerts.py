@@ -26,7 +26,7 @@ from typing import Protocol
 from watchdog import logfmt
 from watchdog.config import AlertsConfig, ReceiverConfig
 from watchdog.counters import Counters
-from watchdog.model import Severity, iso_time
+from watchdog.model import Severity, Workload, iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
 
@@ -45,6 +45,7 @@ class Alert:
     instance: str
     job: str = "unknown"
     bundle: str | None = None
+    workload: Workload = Workload()  # the pod or Slurm job the affected ranks share
 
     @property
     def alertname(self) -> str:
@@ -54,12 +55,14 @@ class Alert:
         return {"key": self.key, "status": self.status, "alertname": self.alertname, "signature": self.signature,
                 "severity": self.severity.value, "gpus": list(self.gpus), "culprit_gpus": list(self.culprit_gpus),
                 "summary": self.summary, "onset": iso_time(self.onset), "at": iso_time(self.at),
-                "instance": self.instance, "job": self.job, "bundle": self.bundle}
+                "instance": self.instance, "job": self.job, "bundle": self.bundle,
+                "workload": self.workload.to_json()}
 
     def text(self) -> str:
         head = "RESOLVED" if self.status == "resolved" else self.severity.value.upper()
+        scheduler = f" [{self.workload.describe()}]" if self.workload else ""
         where = f" Bundle: {self.bundle}" if self.bundle else ""
-        return f"[{head}] {self.instance}: {self.summary}.{where}"
+        return f"[{head}] {self.instance}{scheduler}: {self.summary}.{where}"
 
 
 class DeliveryError(Exception):
@@ -175,7 +178,8 @@ class AlertmanagerReceiver(_HttpReceiver):
     def send(self, alert: Alert) -> None:
         labels = self._labels.get(alert.key) or {
             "alertname": alert.alertname, "severity": alert.severity.value, "signature": alert.signature,
-            "gpu": ",".join(map(str, alert.gpus)), "instance": alert.instance, "job": alert.job}
+            "gpu": ",".join(map(str, alert.gpus)), "instance": alert.instance, "job": alert.job,
+            **alert.workload.to_json()}
         if alert.status == "firing":
             labels = {**labels, "severity": alert.severity.value}
             self._labels[alert.key] = labels

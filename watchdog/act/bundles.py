@@ -57,7 +57,8 @@ class Incident:
             "event": self.event.to_json(), "severity": (self.severity or self.event.severity).value,
             "headline": self.event.headline, "verdict": self.sentence or self.event.summary,
             "partial": self.partial, "notes": self.notes,
-            "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key} for r in self.ranks],
+            "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key,
+                       **({"workload": r.workload.to_json()} if r.workload else {})} for r in self.ranks],
             "stacks": [{"job": rep.job, "summary": rep.analysis.summary, "outliers": list(rep.analysis.outliers),
                         "verdict": rep.verdict.to_json()} for rep in self.pictures],
             "written": iso_time(time.time()),
@@ -88,7 +89,8 @@ class BundleStore:
             if incident.ranks:
                 self._json(folder / "environment.json", [
                     {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),
-                     "container": r.container, "env": dict(r.env), "problems": list(r.problems)}
+                     "container": r.container, "workload": r.workload.to_json(), "env": dict(r.env),
+                     "problems": list(r.problems)}
                     for r in incident.ranks])
             if not self._render(folder):
                 incident.partial = True

@@ -1,5 +1,10 @@
 """`POST /v1/dump`: capture a training job's local ranks now, because an alert (or the coordinator) asks.
 
+`{"slurm_job_id": "..."}` (a Slurm epilog) names the job by its Slurm id. When its ranks are already gone
+(Slurm kills them before the epilog runs) and one of the daemon's episodes concerned them (open, or
+resolved lately: the kill itself resolves it), the bundle holds that episode's last look at their stacks,
+marked `"ended": true`; with no such episode there is nothing to keep (404).
+
 The answer is JSON: the bundle written, this node's verdict per job, every rank with its pid, GPUs,
 activity and raw py-spy threads, the Flight Recorder dumps read back and NCCL RAS's view. Requests for
 one job while its dump runs share that dump; a job dumped less than `dump.cooldown_seconds` ago gets that
@@ -25,7 +30,7 @@ from watchdog.model import NodeSnapshot, iso_time
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
-from watchdog.webhook import PayloadError, training_jobs
+from watchdog.webhook import PayloadError, dump_target
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,10 @@ class Answer:
 class DumpService:
     def __init__(self, config: Config, counters: Counters, capturer: StackCapturer, discovery: RankDiscovery,
                  bundles: BundleStore, snapshot: Callable[[], NodeSnapshot | None], node: str,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 last_look: Callable[[str], list[tuple[StackPicture, tuple[RankInfo, ...]]]] | None = None):
+        """`last_look(slurm_job_id)`: the pictures (and their ranks) of open episodes that concerned that
+        Slurm job, for a job that ended before it could be dumped."""
         self.config = config
         self.counters = counters
         self.capturer = capturer
@@ -47,6 +55,7 @@ class DumpService:
         self.snapshot = snapshot
         self.node = node
         self.monotonic = monotonic
+        self.last_look = last_look
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dump")
         self._lock = threading.Lock()
         self._running: dict[tuple[str, ...], Future[Answer]] = {}
@@ -55,11 +64,11 @@ class DumpService:
 
     def handle(self, body: bytes) -> Answer:
         try:
-            jobs = training_jobs(body)
+            jobs, slurm_job = dump_target(body)
         except PayloadError as exc:
             self.counters.inc("dumps_total", "bad_request")
             return Answer(400, {"error": str(exc)})
-        key = tuple(sorted(jobs)) or ("*",)
+        key = (f"slurm:{slurm_job}",) if slurm_job else tuple(sorted(jobs)) or ("*",)
         now = self.monotonic()
         with self._lock:
             future = self._running.get(key)
@@ -77,7 +86,7 @@ class DumpService:
                     return Answer(429, {"error": f"over {self.config.dump.max_per_minute} dumps a minute "
                                         f"(dump.max_per_minute); retry in {wait} s"}, retry_after=wait)
                 self._started.append(now)
-                future = self.pool.submit(self._dump, jobs)
+                future = self.pool.submit(self._dump, jobs, slurm_job)
                 self._running[key] = future
         if not shared:
             # Outside the lock: a dump already done (a quick 404) runs the callback here and now, and the
@@ -111,25 +120,43 @@ class DumpService:
         ranks = self.discovery.from_snapshot(snapshot) if snapshot is not None else []
         return ranks or self.discovery.scan()
 
-    def _dump(self, jobs: tuple[str, ...]) -> Answer:
+    def _dump(self, jobs: tuple[str, ...], slurm_job: str | None = None) -> Answer:
         started = time.time()
-        every = group_jobs(self._ranks())
+        ranks = self._ranks()
+        if slurm_job is not None:
+            ranks = [r for r in ranks if r.workload.slurm_job_id == slurm_job]
+        every = group_jobs(ranks)
         chosen = [j for j in every if not jobs or j.key in jobs]
-        if not chosen:
+        ended: list[tuple[StackPicture, tuple[RankInfo, ...]]] = []
+        if not chosen and slurm_job is not None and self.last_look is not None:
+            ended = self.last_look(slurm_job)
+        if not chosen and not ended:
             self.counters.inc("dumps_total", "no_ranks")
-            here = ", ".join(j.key for j in every) or "none"
-            what = f"no local rank of training job {', '.join(jobs)}" if jobs else "no training ranks"
+            here = ", ".join(j.key for j in group_jobs(self._ranks())) or "none"
+            what = (f"no local rank and no open episode of Slurm job {slurm_job}" if slurm_job else
+                    f"no local rank of training job {', '.join(jobs)}" if jobs else "no training ranks")
             return Answer(404, {"error": f"{what} on this node (jobs here: {here})", "node": self.node, "jobs": []})
-        pictures = [capture_job(job, self.capturer, self.discovery, self.config.stacks, self.node) for job in chosen]
-        for picture in pictures:
-            for capture in picture.captures:
-                self.counters.inc("stack_captures_total", capture.result)
-        by_job = {job.key: job for job in chosen}
+        if ended:
+            pictures = [picture for picture, _ in ended]
+            members = [ranks for _, ranks in ended]
+        else:
+            pictures = [capture_job(job, self.capturer, self.discovery, self.config.stacks, self.node)
+                        for job in chosen]
+            members = [job.ranks for job in chosen]
+            for picture in pictures:
+                for capture in picture.captures:
+                    self.counters.inc("stack_captures_total", capture.result)
         body: dict[str, object] = {"node": self.node, "captured_at": iso_time(started), "shared": False,
                                    "seconds": round(time.time() - started, 3),
-                                   "jobs": [_job_json(p, by_job[p.job].ranks) for p in pictures]}
+                                   "jobs": [_job_json(p, r) for p, r in zip(pictures, members)]}
+        if slurm_job is not None:
+            body["slurm_job_id"] = slurm_job
+            body["ended"] = bool(ended)
+            if ended:
+                body["note"] = ("the job's ranks are gone: these are the stacks of its open episode's last look, "
+                                "taken while it ran")
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
-        gpus = sorted({g for job in chosen for r in job.ranks for g in r.gpus})
+        gpus = sorted({g for group in members for r in group for g in r.gpus})
         path = self.bundles.write_dump(f"{stamp}-dump-gpu{'-'.join(map(str, gpus[:8])) or 'node'}", body, pictures)
         body["bundle"] = path.name if path is not None else None
         body["bundle_path"] = str(path) if path is not None else None
@@ -153,6 +180,7 @@ def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...]) -> dict[str, o
         member = capture.dump.member if capture is not None and capture.dump is not None else None
         activity = analysis.member_activity.get(member) if member else None
         rows.append({"rank": rank.rank, "pid": rank.pid, "gpus": list(rank.gpus), "member": member,
+                     "workload": rank.workload.to_json(),
                      "activity": activity.name if activity else None,
                      "where": group_of[member].where if member in group_of else None,
                      "capture": capture.result if capture is not None else "not_captured",

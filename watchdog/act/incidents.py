@@ -15,9 +15,11 @@ is written as a partial bundle.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -31,13 +33,33 @@ from watchdog.config import Config
 from watchdog.counters import Counters
 from watchdog.doctor.checks import examine, top_finding
 from watchdog.doctor.facts import gather
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, Workload
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
+from watchdog.sample.workload import common
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
 
 _MAX_PENDING = 4
+# A job's end (its ranks killed) often resolves its episode before the scheduler's epilog asks for a last
+# dump: the episodes resolved this recently are still asked.
+_ENDED_KEPT_SECONDS = 900.0
+_ENDED_KEPT = 64
+
+
+def instance_name(config: Config) -> str:
+    """The `instance` label on alerts: alerts.instance, else the variable alerts.instance_env names, else the
+    host name (a missing variable is said once, then the host name is used)."""
+    cfg = config.alerts
+    if cfg.instance:
+        return cfg.instance
+    if cfg.instance_env:
+        found = os.environ.get(cfg.instance_env, "").strip()
+        if found:
+            return found
+        logfmt.event("instance_env_unset", level=logfmt.WARNING, variable=cfg.instance_env,
+                     action="alerts carry this host's name as their instance")
+    return socket.gethostname()
 
 
 @dataclass
@@ -46,6 +68,7 @@ class _Open:
     severity: Severity | None = None  # None while only suspected
     bundle: str | None = None
     job: str = "unknown"
+    workload: Workload = Workload()  # the pod or Slurm job the affected ranks share
     looked_at: float | None = None  # monotonic time of the last look at the stacks
     look: Future[None] | None = None
     pictures: list[StackPicture] = field(default_factory=list)
@@ -67,10 +90,11 @@ class IncidentHandler:
         self.inventory = inventory
         self.on_verdict = on_verdict
         self.monotonic = monotonic
-        self.instance = config.alerts.instance or socket.gethostname()
+        self.instance = instance_name(config)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="incident")
         self.pending: set[Future[Any]] = set()
         self.open: dict[str, _Open] = {}
+        self.resolved: deque[tuple[float, _Open]] = deque(maxlen=_ENDED_KEPT)  # (monotonic time, state)
         self.stopping = threading.Event()
         self._lock = threading.Lock()
 
@@ -95,7 +119,9 @@ class IncidentHandler:
         else:
             self._alert(event, state, resolved=True)
             with self._lock:
-                self.open.pop(key, None)
+                gone = self.open.pop(key, None)
+                if gone is not None:
+                    self.resolved.append((self.monotonic(), gone))
 
     def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None:
         """Look again at the stacks of these open, not yet critical episodes when their last look is old."""
@@ -106,6 +132,25 @@ class IncidentHandler:
                 continue
             if now - state.looked_at >= self.config.stacks.recheck_seconds:
                 self._look(key, state, snapshot)
+
+    def last_look(self, slurm_job_id: str) -> list[tuple[StackPicture, tuple[RankInfo, ...]]]:
+        """The stacks last captured for open (or lately resolved) episodes whose ranks ran in this Slurm job,
+        with those ranks."""
+        found = []
+        now = self.monotonic()
+        with self._lock:
+            states = list(self.open.values()) + [state for at, state in reversed(self.resolved)
+                                                 if now - at <= _ENDED_KEPT_SECONDS]
+        for state in states:
+            ranks = [r for r in state.ranks if r.workload.slurm_job_id == slurm_job_id]
+            if not ranks:
+                continue
+            pids = {r.pid for r in ranks}
+            for picture in state.pictures:
+                members = tuple(r for r in ranks if r.job_key == picture.job and r.pid in pids)
+                if members:
+                    found.append((picture, members))
+        return found
 
     def _submit(self, work: Callable[..., object], *args: object) -> bool:
         with self._lock:
@@ -150,6 +195,7 @@ class IncidentHandler:
             state.ranks, state.pictures = ranks, pictures
             if ranks:
                 state.job = ranks[0].job_key
+                state.workload = common(r.workload for r in ranks)
             if pictures and self.on_verdict is not None:
                 self.on_verdict(key, pictures[0].verdict)
         finally:
@@ -193,7 +239,7 @@ class IncidentHandler:
             key=event.key, status="resolved" if resolved else "firing", signature=event.signature.value,
             severity=event.severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus,
             summary=summary or event.summary, onset=event.onset_seconds, at=event.at_seconds,
-            instance=self.instance, job=state.job, bundle=state.bundle))
+            instance=self.instance, job=state.job, bundle=state.bundle, workload=state.workload))
 
     def close(self, timeout: float) -> None:
         """Finish in-flight incidents within `timeout`; those not started are written as partial. Running

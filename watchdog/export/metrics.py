@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -17,7 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
 from watchdog.counters import Counters
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, Severity, Signature
+from watchdog.model import WORKLOAD_LABELS, GpuHealth, GpuSample, NodeSnapshot, Severity, Signature, Workload
 
 PREFIX = "stall_watchdog_"
 
@@ -77,8 +78,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
                ("signature", "severity")),
     MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
-               "run id, rendezvous address or Slurm job (not `job`, which Prometheus gives the scrape job).",
-               ("gpu", "pid", "rank", "training_job")),
+               "run id, rendezvous address or Slurm job (not `job`, which Prometheus gives the scrape job); "
+               "`namespace`, `pod`, `container` are the Kubernetes pod holding the GPU and `slurm_job_id`, "
+               "`slurm_step`, `slurm_user` the Slurm job, where the rank runs in one.",
+               ("gpu", "pid", "rank", "training_job", *WORKLOAD_LABELS)),
     MetricSpec("stack_captures_total", "counter", "py-spy stack captures by result.", ("result",)),
     MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
     MetricSpec("bundles_total", "counter", "Incident bundles by result (written, partial, failed).", ("result",)),
@@ -104,13 +107,21 @@ class EpisodeView:
     onset_wall: float
 
 
+class RankRow(NamedTuple):
+    gpu: int
+    pid: int
+    rank: int | None
+    job: str
+    workload: Workload
+
+
 @dataclass(frozen=True)
 class Published:
     """What the loop swaps in after each tick; the collector renders only this."""
 
     snapshot: NodeSnapshot | None = None
     episodes: tuple[EpisodeView, ...] = ()
-    ranks: tuple[tuple[int, int, int | None, str], ...] = ()  # gpu, pid, rank, job
+    ranks: tuple[RankRow, ...] = ()
     component_up: Mapping[str, bool] = field(default_factory=dict)
     last_sample_wall: float | None = None
     tick_seconds: float | None = None
@@ -153,8 +164,9 @@ class WatchdogCollector(Collector):
                 self._gpu(out, sample)
         indexes = [g.index for g in snapshot.gpus] if snapshot is not None else []
         self._episodes(out, state.episodes, indexes)
-        for gpu, pid, rank, job in state.ranks:
-            out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job), 1))
+        for gpu, pid, rank, job, workload in state.ranks:
+            out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job,
+                                      *workload.labels()), 1))
         for component, up in sorted(state.component_up.items()):
             out["component_up"].append(((component,), 1 if up else 0))
         if state.last_sample_wall is not None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, iso_time, member_id
+from watchdog.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, NodeSnapshot, Workload, iso_time, member_id
 from watchdog.sample import recording
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -148,8 +148,9 @@ def render(data: ReportData) -> str:
               "at": iso_time(float(e["at"]), data.naive_time)} for e in data.episodes],  # type: ignore[arg-type]
             ["signature", "severity", "onset", "at", "summary"], set()))
     if data.ranks:
-        parts.append("<h2>Ranks</h2>" + _table(data.ranks, ["member", "rank", "pid", "gpus", "activity", "where",
-                                                           "cpu_seconds", "write_bytes"], culprits))
+        scheduler = ["runs_in"] if any(r.get("runs_in") for r in data.ranks) else []  # the pod or Slurm job
+        parts.append("<h2>Ranks</h2>" + _table(data.ranks, ["member", "rank", "pid", "gpus", *scheduler, "activity",
+                                                           "where", "cpu_seconds", "write_bytes"], culprits))
     if data.groups:
         parts.append("<h2>Stacks</h2>")
         for group in data.groups:
@@ -189,7 +190,8 @@ def from_bundle(folder: Path) -> ReportData:
         member = member_id(r.get("pid"), r.get("rank"))
         h = host.get(member, {})
         ranks.append({"member": member, "rank": r.get("rank"), "pid": r.get("pid"), "gpus": r.get("gpus"),
-                      "activity": activity.get(member, ""), "where": where.get(member, ""),
+                      "runs_in": _runs_in(r.get("workload")), "activity": activity.get(member, ""),
+                      "where": where.get(member, ""),
                       "cpu_seconds": h.get("cpu_seconds", ""), "write_bytes": h.get("write_bytes", "")})
     onset = event.get("onset")
     episodes = []
@@ -203,6 +205,14 @@ def from_bundle(folder: Path) -> ReportData:
                       str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
                       report.get("groups", []), report.get("outliers", []),
                       _load_json(folder / "doctor.json") or [])  # type: ignore[arg-type]
+
+
+def _runs_in(saved: object) -> str:
+    """'pod ml/trainer-0 (container main), Slurm job 42 step 0' from a bundle's workload object."""
+    if not isinstance(saved, dict):
+        return ""
+    known = {name: str(value) for name, value in saved.items() if name in WORKLOAD_LABELS and value}
+    return Workload(**known).describe()
 
 
 def _plain_title(event: dict[str, object]) -> str:

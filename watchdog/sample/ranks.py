@@ -18,12 +18,15 @@ from pathlib import Path
 
 import psutil
 
-from watchdog.model import NodeSnapshot, member_id
+from watchdog.model import NodeSnapshot, Workload, member_id
+from watchdog.sample import workload
+from watchdog.sample.kubelet import PodDirectory
+from watchdog.sample.workload import WORKLOAD_VARIABLES
 
-# Launch variables read from each rank's environment.
+# Launch variables read from each rank's environment, and those that say which pod or Slurm job it is.
 RANK_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
-    "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "CUDA_VISIBLE_DEVICES", *WORKLOAD_VARIABLES,
 )
 KEPT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
@@ -111,8 +114,9 @@ class RankInfo:
     gpus: tuple[int, ...]
     env: Mapping[str, str]  # launch variables plus NCCL_*, TORCH_NCCL_*, GLOO_*; diagnosis only
     activity: HostActivity | None
-    container: str | None = None
+    container: str | None = None  # the container id (or cgroup path) the process runs in
     problems: tuple[str, ...] = ()  # what could not be read
+    workload: Workload = Workload()  # its pod or Slurm job
 
     def _int(self, name: str) -> int | None:
         value = self.env.get(name)
@@ -181,10 +185,12 @@ def group_jobs(ranks: Iterable[RankInfo]) -> list[Job]:
 
 class RankDiscovery:
     """Describes processes. `proc_root` is where environ, cgroup and thread states are read from (tests
-    point it at a fixture tree); psutil supplies the rest."""
+    point it at a fixture tree); psutil supplies the rest. `pods` names the pod holding a GPU (the kubelet's
+    pod-resources API), where the daemon runs on Kubernetes."""
 
-    def __init__(self, proc_root: str | Path = "/proc"):
+    def __init__(self, proc_root: str | Path = "/proc", pods: PodDirectory | None = None):
         self.proc_root = Path(proc_root)
+        self.pods = pods
         self.counters: Counter[str] = Counter()  # gone, pid_reused, unreadable_environ, ...
 
     def _read(self, pid: int, name: str) -> bytes:
@@ -211,11 +217,15 @@ class RankDiscovery:
                 env[name] = REDACTED if SECRET_NAME.search(name) else value.decode(errors="replace")
         return env, None
 
-    def container(self, pid: int) -> str | None:
+    def cgroup(self, pid: int) -> str:
+        """/proc/<pid>/cgroup, '' where it cannot be read."""
         try:
-            text = self._read(pid, "cgroup").decode(errors="replace")
+            return self._read(pid, "cgroup").decode(errors="replace")
         except OSError:
-            return None
+            return ""
+
+    def container(self, pid: int, cgroup: str | None = None) -> str | None:
+        text = self.cgroup(pid) if cgroup is None else cgroup
         for line in text.splitlines():
             path = line.rpartition(":")[2]
             found = _CONTAINER_ID.findall(path)
@@ -247,9 +257,22 @@ class RankDiscovery:
             raise psutil.NoSuchProcess(process.pid) from None
         return HostActivity(cpu, read, write, self.thread_states(process.pid))
 
-    def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None
-                 ) -> RankInfo | None:
-        """The process now, or None when it is gone (or its pid now belongs to another process)."""
+    def pod(self, uuids: Iterable[str]) -> Workload:
+        """The pod and container the kubelet says hold these GPUs (its last answer; never waits)."""
+        held = self.pods.holder(uuids) if self.pods is not None else None
+        if held is None:
+            return Workload()
+        return Workload(namespace=held.namespace, pod=held.pod, container=held.container)
+
+    def workload(self, env: Mapping[str, str], cgroup: str, uuids: Iterable[str] = ()) -> Workload:
+        """The pod (the kubelet's answer for the rank's GPUs, else its cgroup) and the Slurm job of a rank."""
+        pod = workload.merged(self.pod(uuids), workload.pod_from_cgroup(env, cgroup))
+        return workload.merged(pod, workload.slurm(env, cgroup))
+
+    def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None,
+                 uuids: tuple[str, ...] = ()) -> RankInfo | None:
+        """The process now, or None when it is gone (or its pid now belongs to another process). `uuids`:
+        its GPUs' UUIDs, to ask the kubelet which pod holds them."""
         try:
             process = psutil.Process(pid)
             create_time = process.create_time()
@@ -268,16 +291,21 @@ class RankDiscovery:
             self.counters["access_denied"] += 1
             return RankInfo(pid, 0.0, (), gpus, {}, None, problems=("process: access denied",))
         env, problem = self.environment(pid)
-        return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(pid),
-                        problems=(problem,) if problem else ())
+        cgroup = self.cgroup(pid)
+        return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(pid, cgroup),
+                        problems=(problem,) if problem else (), workload=self.workload(env, cgroup, uuids))
 
     def from_snapshot(self, snapshot: NodeSnapshot) -> list[RankInfo]:
         """The compute processes NVML lists on each GPU."""
         gpus_of: dict[int, list[int]] = {}
+        uuids_of: dict[int, list[str]] = {}
         for gpu in snapshot.gpus:
             for pid in gpu.pids:
                 gpus_of.setdefault(pid, []).append(gpu.index)
-        ranks = (self.describe(pid, tuple(gpus)) for pid, gpus in sorted(gpus_of.items()))
+                if gpu.uuid:
+                    uuids_of.setdefault(pid, []).append(gpu.uuid)
+        ranks = (self.describe(pid, tuple(gpus), uuids=tuple(uuids_of.get(pid, ())))
+                 for pid, gpus in sorted(gpus_of.items()))
         return [r for r in ranks if r is not None]
 
     def scan(self) -> list[RankInfo]:

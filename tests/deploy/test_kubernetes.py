@@ -1,0 +1,158 @@
+"""deploy/kubernetes: the manifests validate against the Kubernetes API schemas (kubernetes-validate,
+offline), and keep their promises: least privilege and no less, probes, limits, the ConfigMap made from
+config.example.yaml and the PrometheusRule from rules.yml."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import REPO, need_tool
+from watchdog.config import Config, parse_config
+
+KUBE = REPO / "deploy" / "kubernetes"
+OPERATOR = KUBE / "prometheus-operator"
+PLAIN = sorted(KUBE.glob("*.yaml"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+def pod_spec() -> dict[str, Any]:
+    return load(KUBE / "daemonset.yaml")["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def main_container() -> dict[str, Any]:
+    [container] = [c for c in pod_spec()["containers"] if c["name"] == "stall-watchdog"]
+    return container
+
+
+def pod_config() -> Config:
+    return parse_config(yaml.safe_load(load(KUBE / "configmap.yaml")["data"]["config.yaml"]), "configmap.yaml")
+
+
+@pytest.mark.parametrize("path", PLAIN, ids=[p.name for p in PLAIN])
+def test_each_manifest_validates_against_the_kubernetes_api(path: Path) -> None:
+    version = kubernetes_validate.latest_version()
+    assert tuple(map(int, version.split(".")[:2])) >= (1, 30)
+    kubernetes_validate.validate(load(path), version, strict=True)
+
+
+def test_the_validator_catches_a_broken_daemonset() -> None:
+    broken = copy.deepcopy(load(KUBE / "daemonset.yaml"))
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = "SYS_PTRACE"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+    broken = copy.deepcopy(load(KUBE / "daemonset.yaml"))
+    broken["spec"]["template"]["spec"]["hostPid"] = True  # a misspelt field, caught by strict validation
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_least_privilege_and_no_less() -> None:
+    spec = pod_spec()
+    assert spec["hostPID"] is True  # NVML's pids are the host's
+    assert "hostNetwork" not in spec and "hostIPC" not in spec
+    assert spec["runtimeClassName"] == "nvidia" and spec["automountServiceAccountToken"] is False
+    for container in spec["containers"] + spec["initContainers"]:
+        security = container["securityContext"]
+        assert security.get("privileged", False) is False and security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"]["drop"] == ["ALL"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+        requested = {**container["resources"].get("limits", {}), **container["resources"].get("requests", {})}
+        assert not any(name.startswith("nvidia.com/") for name in requested)  # sees every GPU, holds none
+    assert main_container()["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+    assert "add" not in spec["initContainers"][0]["securityContext"]["capabilities"]  # the doctor needs none
+    mounts = {m["name"]: m for m in main_container()["volumeMounts"]}
+    assert mounts["sys"]["readOnly"] is True and mounts["sys"]["mountPath"] == "/sys"
+    assert mounts["pod-resources"]["readOnly"] is True and mounts["config"]["readOnly"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["bundles"]["hostPath"]["path"] == "/var/lib/stall-watchdog"
+    assert {name for name, m in mounts.items() if not m.get("readOnly")} == {"bundles", "tmp"}
+
+
+def test_the_doctor_never_keeps_the_daemon_from_starting(tmp_path: Path) -> None:
+    [doctor] = pod_spec()["initContainers"]
+    command = doctor["command"]
+    assert command[:2] == ["/bin/sh", "-c"] and "stall-watchdog doctor" in command[2]
+    fake = tmp_path / "stall-watchdog"
+    fake.write_text("#!/bin/sh\necho 'error: P2P broken'\nexit 4\n")  # a node with an error finding
+    fake.chmod(0o755)
+    run = subprocess.run(command, capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert run.returncode == 0 and "doctor exited 4" in run.stdout
+
+
+def test_probes_limits_and_ports_agree_with_the_config() -> None:
+    container, config = main_container(), pod_config()
+    [port] = container["ports"]
+    host, _, listen = config.export.listen_address.rpartition(":")
+    assert host == "0.0.0.0" and int(listen) == port["containerPort"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    # liveness gives a wedged loop a minute, well past the stale-sample limit of /healthz
+    live = container["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 3 * config.export.stale_after_seconds
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert limits["memory"] == "512Mi" and requests["memory"] == "128Mi"
+    # bench/daemon_cost.py: 51 MiB at 64 GPUs, plus py-spy captures of ~8 MiB each, all at once
+    assert 51 + 8 * config.stacks.max_parallel <= int(limits["memory"].removesuffix("Mi"))
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert str(Path(config.kubernetes.pod_resources_socket).parent) in mounts
+    assert any(config.bundles.directory.startswith(m + "/") for m in mounts)
+    assert Path("/etc/stall-watchdog/config.yaml").parent.as_posix() in mounts
+    assert container["args"] == ["run", "--config", "/etc/stall-watchdog/config.yaml"]
+    env = {e["name"]: e for e in container["env"]}
+    assert config.alerts.instance_env == "NODE_NAME"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_the_configmap_is_config_example_with_only_the_pod_keys_changed(tmp_path: Path) -> None:
+    check = subprocess.run([sys.executable, str(KUBE / "render.py"), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    ours, defaults = pod_config().model_dump(), Config().model_dump()
+    changed = {(section, key) for section, values in ours.items() for key, value in values.items()
+               if defaults[section][key] != value}
+    assert changed == {("export", "listen_address"), ("alerts", "instance_env")}
+    extracted = tmp_path / "config.yaml"
+    extracted.write_text(load(KUBE / "configmap.yaml")["data"]["config.yaml"])
+    result = subprocess.run([sys.executable, "-m", "watchdog", "check-config", str(extracted)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_prometheus_rule_is_rules_yml(tmp_path: Path) -> None:
+    rule = load(OPERATOR / "prometheusrule.yaml")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["spec"] == yaml.safe_load((REPO / "deploy" / "prometheus" / "rules.yml").read_text())
+    extracted = tmp_path / "rules.yml"
+    extracted.write_text(yaml.safe_dump(rule["spec"]))
+    check = subprocess.run([need_tool("promtool"), "check", "rules", str(extracted)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_service_monitor_finds_the_pods_and_keeps_their_workload_labels() -> None:
+    monitor, service = load(OPERATOR / "servicemonitor.yaml"), load(KUBE / "service.yaml")
+    pod_labels = load(KUBE / "daemonset.yaml")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["honorLabels"] is True
+    dropped = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+    assert dropped and all(name in dropped[0]["regex"] for name in ("namespace", "pod", "container"))
+    assert {"targetLabel": "job", "replacement": "stall-watchdog"} in endpoint["relabelings"]
+    namespaces = {load(p)["metadata"].get("namespace") for p in [*PLAIN, *OPERATOR.glob("*.yaml")]}
+    assert namespaces == {None, "stall-watchdog"}  # the Namespace itself has none

@@ -1,0 +1,127 @@
+"""deploy/slurm: the prolog and the epilog run as slurmd runs them (sh, the environment Slurm gives a
+prolog or an epilog) against the real doctor and a live daemon serving /v1/dump over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO, gloo_job
+from tests.fakes.daemon import daemon_config, stepping_clock
+from tests.test_daemon import wait_for_looks
+from watchdog.daemon import Daemon, build
+from watchdog.export.server import Endpoint
+from watchdog.sample import sim
+
+SLURM = REPO / "deploy" / "slurm"
+JOB = "31337"
+
+
+def slurm_env(script: str, **extra: str) -> dict[str, str]:
+    """What slurmd gives a prolog or an epilog (no user environment), plus this checkout's PATH."""
+    return {"PATH": os.environ["PATH"], "SLURM_JOB_ID": JOB, "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1000",
+            "SLURM_CLUSTER_NAME": "test", "SLURMD_NODENAME": "node-a", "SLURM_JOB_PARTITION": "gpu",
+            "SLURM_SCRIPT_CONTEXT": f"{script}_slurmd", **extra}
+
+
+def run_script(name: str, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/sh", str(SLURM / name)], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def fake_doctor(tmp: Path, status: int, text: str) -> str:
+    fake = tmp / "stall-watchdog"
+    fake.write_text(f"#!/bin/sh\necho '{text}'\nexit {status}\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_the_prolog_passes_a_healthy_node_with_the_real_doctor() -> None:
+    result = run_script("prolog.sh", slurm_env("prolog"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_prolog_drains_on_an_error_and_only_then(tmp_path: Path) -> None:
+    drained = run_script("prolog.sh", slurm_env("prolog", STALL_WATCHDOG=fake_doctor(tmp_path, 4, "p2p: broken")))
+    assert drained.returncode == 1
+    assert "doctor found an error: draining" in drained.stderr and "p2p: broken" in drained.stderr
+    warning = fake_doctor(tmp_path, 3, "acs: on")
+    assert run_script("prolog.sh", slurm_env("prolog", STALL_WATCHDOG=warning)).returncode == 1  # a fake that says 3
+    assert run_script("prolog.sh", slurm_env("prolog", STALL_WATCHDOG=fake_doctor(tmp_path, 0, "ok"))).returncode == 0
+    broken = run_script("prolog.sh", slurm_env("prolog", STALL_WATCHDOG=fake_doctor(tmp_path, 1, "Traceback")))
+    assert broken.returncode == 0 and "could not run (exit 1); not draining" in broken.stderr
+    missing = run_script("prolog.sh", slurm_env("prolog", STALL_WATCHDOG=str(tmp_path / "nowhere")))
+    assert missing.returncode == 0 and "not draining" in missing.stderr
+
+
+def start(tmp: Path, pids: dict[int, list[int]], capture: bool) -> tuple[Daemon, Endpoint]:
+    config = daemon_config(tmp, source={"scenario": "odd_rank", "start_offset_seconds": 295, "pids": pids},
+                           bundles={"capture_stacks": capture}, stacks={"observe_seconds": 0.3},
+                           dump={"cooldown_seconds": 0})
+    daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+    daemon.tick()
+    endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)
+    endpoint.start()
+    return daemon, endpoint
+
+
+def epilogs(daemon: Daemon, endpoint: Endpoint, *jobs: str) -> list[subprocess.CompletedProcess[str]]:
+    """The epilog of each of these jobs against the live daemon, which is stopped afterwards."""
+    try:
+        return [run_script("epilog.sh", {**slurm_env("epilog", STALL_WATCHDOG_URL=endpoint.base_url),
+                                         "SLURM_JOB_ID": job}) for job in jobs]
+    finally:
+        endpoint.stop()
+        daemon.shutdown()
+
+
+def bundles(tmp: Path) -> list[dict[str, Any]]:
+    folder = tmp / "incidents"
+    return [json.loads((b / "summary.json").read_text()) for b in sorted(folder.glob("*-dump-*"))]
+
+
+def test_the_epilog_dumps_a_job_that_is_still_there(tmp_path: Path) -> None:
+    with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0"}) as ranks:
+        daemon, endpoint = start(tmp_path, {g: [p.pid] for g, p in enumerate(ranks)}, capture=False)
+        result, other = epilogs(daemon, endpoint, JOB, "1")
+    assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
+    assert other.returncode == 0 and other.stderr == ""  # another job: a quiet 404
+    [summary] = bundles(tmp_path)
+    assert summary["slurm_job_id"] == JOB and summary["ended"] is False
+    [job] = summary["jobs"]
+    assert job["outliers"] == ["rank 2"]
+    assert {r["workload"]["slurm_job_id"] for r in job["ranks"]} == {JOB}
+
+
+def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path: Path) -> None:
+    with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB}) as ranks:
+        pids = {4: [ranks[2].pid], 0: [ranks[0].pid], 1: [ranks[1].pid], 2: [ranks[3].pid]}
+        daemon, endpoint = start(tmp_path, pids, capture=True)
+        for _ in range(40):
+            if daemon.incidents.open:
+                break
+            daemon.tick()
+        wait_for_looks(daemon)
+        for p in ranks:  # Slurm kills the job's processes before its epilog runs
+            p.kill()
+            p.wait()
+        result, unrelated = epilogs(daemon, endpoint, JOB, "999")
+    assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
+    assert unrelated.returncode == 0 and unrelated.stderr == ""
+    [summary] = bundles(tmp_path)
+    assert summary["ended"] is True and "ranks are gone" in summary["note"]
+    [job] = summary["jobs"]
+    assert job["outliers"] == ["rank 2"] and len(job["ranks"]) == 4
+
+
+def test_the_epilog_never_fails_the_job(tmp_path: Path) -> None:
+    for env in (slurm_env("epilog", STALL_WATCHDOG_URL="http://127.0.0.1:9"),  # no daemon
+                {**slurm_env("epilog"), "SLURM_JOB_ID": '1", "x": "'},  # not a job id: never sent
+                {key: value for key, value in slurm_env("epilog").items() if key != "SLURM_JOB_ID"}):
+        started = time.monotonic()
+        result = run_script("epilog.sh", env)
+        assert result.returncode == 0 and result.stderr, env
+        assert time.monotonic() - started < 10

@@ -1,0 +1,163 @@
+"""The kubelet pod-resources client against a real gRPC server speaking the kubelet's proto on a unix
+socket: the pod holding each GPU, time-sliced and shared GPUs, a kubelet that fails or hangs, and
+answers that are not protobuf at all."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.fakes.podresources import KubeletServer, generated
+from watchdog.model import GpuSample, NodeSnapshot, Workload
+from watchdog.sample.kubelet import KubeletError, PodContainer, PodDirectory, PodResourcesClient, parse_list
+from watchdog.sample.ranks import RankDiscovery
+
+UUID = [f"GPU-{n:08x}-aaaa-bbbb-cccc-{n:012x}" for n in range(8)]
+PODS = [
+    ("ml", "trainer-0", [("main", [("nvidia.com/gpu", UUID[0:4])]), ("sidecar", [])]),
+    ("ml", "trainer-1", [("main", [("nvidia.com/gpu", UUID[4:6])])]),
+    ("team-b", "notebook", [("jupyter", [("nvidia.com/gpu", [f"{UUID[6]}::0"])]),
+                            ("other", [("nvidia.com/gpu", [f"{UUID[7]}::1"])])]),
+    ("team-c", "shared", [("a", [("nvidia.com/gpu", [f"{UUID[7]}::2"])])]),
+    ("kube-system", "no-gpu", [("pause", [("example.com/nic", ["nic0"])])]),
+]
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    # A unix socket path is limited to 108 bytes: pytest's tmp_path can be longer.
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as folder:
+        yield Path(folder) / "kubelet.sock"
+
+
+def test_the_client_reads_the_kubelets_answer_on_the_real_wire_format(socket_path: Path) -> None:
+    with KubeletServer(socket_path, PODS):
+        listing = PodResourcesClient(str(socket_path)).list()
+    holders = {(c.namespace, c.pod, c.container): devices for c, devices in listing}
+    assert holders[("ml", "trainer-0", "main")] == tuple(UUID[0:4])
+    assert holders[("ml", "trainer-1", "main")] == tuple(UUID[4:6])
+    assert holders[("kube-system", "no-gpu", "pause")] == ("nic0",)
+    assert ("ml", "trainer-0", "sidecar") not in holders  # a container with no device lists none
+    assert {c.resource for c, _ in listing} == {"nvidia.com/gpu", "example.com/nic"}
+
+
+def test_the_directory_names_the_one_container_holding_a_gpu(socket_path: Path) -> None:
+    with KubeletServer(socket_path, PODS):
+        directory = PodDirectory(PodResourcesClient(str(socket_path)))
+        assert directory.refresh()
+    assert directory.holder([UUID[1]]) == PodContainer("ml", "trainer-0", "main", "nvidia.com/gpu")
+    assert directory.holder(UUID[0:4]) == PodContainer("ml", "trainer-0", "main", "nvidia.com/gpu")
+    assert directory.holder([UUID[6]]) == PodContainer("team-b", "notebook", "jupyter", "nvidia.com/gpu")  # time-sliced
+    assert directory.holder([UUID[7]]) is None  # shared by two pods: naming one would be a guess
+    assert directory.holder([UUID[3], UUID[4]]) is None  # a rank across two pods' GPUs: no single pod
+    assert directory.holder(["GPU-unknown"]) is None
+    assert directory.holder([]) is None
+
+
+def test_a_failing_kubelet_is_reported_once_and_the_last_answer_kept(socket_path: Path) -> None:
+    errors: list[str] = []
+    oks: list[int] = []
+    with KubeletServer(socket_path, PODS) as server:
+        directory = PodDirectory(PodResourcesClient(str(socket_path)), on_error=errors.append, on_ok=oks.append)
+        assert directory.refresh()
+        server.fail = True
+        assert not directory.refresh() and not directory.refresh()
+        assert directory.holder([UUID[0]]) is not None  # the last good answer stays
+        server.fail = False
+        assert directory.refresh()
+    assert len(errors) == 1 and "UNAVAILABLE" in errors[0] and "kubelet restarting" in errors[0]
+    assert oks == [8, 8]  # 8 devices (the shared GPU names no one): the first answer, then the one after the failure
+
+
+def test_a_hung_kubelet_costs_its_timeout_not_more(socket_path: Path) -> None:
+    with KubeletServer(socket_path, PODS) as server:
+        server.delay = 5.0
+        client = PodResourcesClient(str(socket_path), timeout_seconds=0.5)
+        started = time.monotonic()
+        with pytest.raises(KubeletError, match="DEADLINE_EXCEEDED"):
+            client.list()
+        assert time.monotonic() - started < 3.0
+        client.close()
+
+
+def test_no_socket_is_a_clear_error(socket_path: Path) -> None:
+    with pytest.raises(KubeletError, match="no such socket"):
+        PodResourcesClient(str(socket_path)).list()
+
+
+def test_the_thread_asks_again_when_a_new_gpu_is_not_named(socket_path: Path) -> None:
+    with KubeletServer(socket_path, PODS[:1]) as server:
+        directory = PodDirectory(PodResourcesClient(str(socket_path)), refresh_seconds=3600)
+        directory.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not directory.answered and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert directory.holder([UUID[4]]) is None  # trainer-1 is not there yet: a miss asks again
+            server.pods = PODS
+            while directory.holder([UUID[4]]) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert directory.holder([UUID[4]]) == PodContainer("ml", "trainer-1", "main", "nvidia.com/gpu")
+            assert server.calls <= 4  # asked again on the miss, at most once a second, not on every lookup
+            asked = server.calls
+            for _ in range(25):  # a GPU no pod holds: asked about once, then left to the regular refresh
+                assert directory.holder(["GPU-no-pod"]) is None
+                time.sleep(0.1)
+            assert server.calls - asked <= 1
+        finally:
+            directory.close()
+
+
+def test_a_real_rank_is_named_by_the_pod_holding_its_gpu(socket_path: Path) -> None:
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "SLURM_JOB_ID": "777", "SLURM_STEP_ID": "3"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        with KubeletServer(socket_path, PODS):
+            directory = PodDirectory(PodResourcesClient(str(socket_path)))
+            directory.refresh()
+        discovery = RankDiscovery(pods=directory)
+        snapshot = NodeSnapshot(0.0, (GpuSample(index=5, uuid=UUID[5], pids=(rank.pid,)),))
+        [info] = discovery.from_snapshot(snapshot)
+    finally:
+        rank.kill()
+        rank.wait()
+    assert info.workload == Workload("ml", "trainer-1", "main", "777", "3", None)
+    assert info.workload.describe() == "pod ml/trainer-1 (container main), Slurm job 777 step 3"
+
+
+def test_the_generated_message_round_trips_through_our_decoder() -> None:
+    pb2, _ = generated()
+    answer = pb2.ListPodResourcesResponse()
+    pod = answer.pod_resources.add(name="p" * 300, namespace="ns")
+    pod.containers.add(name="c").devices.add(resource_name="r", device_ids=["GPU-1", "GPU-2"])
+    [(holder, devices)] = parse_list(answer.SerializeToString())
+    assert holder == PodContainer("ns", "p" * 300, "c", "r") and devices == ("GPU-1", "GPU-2")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_fail_with_a_kubelet_error(raw: bytes) -> None:
+    with contextlib.suppress(KubeletError):  # any other exception fails the test
+        parse_list(raw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=60), st.integers(min_value=0, max_value=59))
+def test_a_cut_answer_fails_cleanly(tail: bytes, cut: int) -> None:
+    pb2, _ = generated()
+    answer = pb2.ListPodResourcesResponse()
+    answer.pod_resources.add(name="trainer", namespace="ml").containers.add(name="main").devices.add(
+        resource_name="nvidia.com/gpu", device_ids=[UUID[0]])
+    raw = answer.SerializeToString() + tail
+    with contextlib.suppress(KubeletError):
+        parse_list(raw[:cut] if cut < len(raw) else raw)
