@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 
 from tests.conftest import gloo_job
@@ -45,6 +46,11 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
                 wait_for_looks(daemon)
                 for _ in range(45 - ticks):
                     daemon.tick()
+                # The episode may fire on the last tick: let its bundle be written (the alert follows it)
+                # before stopping, or the stop writes it as partial, without the ranks.
+                deadline = time.monotonic() + 30
+                while not hook.requests and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 exposition = daemon.exposition().decode()
                 daemon.shutdown(timeout=15)
         finally:
@@ -55,6 +61,7 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
     for line in info:
         assert 'namespace="ml",pid=' in line and 'pod="trainer-0"' in line and 'container="main"' in line
         assert 'slurm_job_id="9001"' in line and 'slurm_step="0"' in line and 'slurm_user="alice"' in line
+    assert len(hook.requests) == 1, [b["alert"]["status"] + " " + b["alert"]["summary"] for _, b in hook.requests]
     (_, body), = hook.requests
     alert = body["alert"]
     assert alert["workload"] == {"namespace": "ml", "pod": "trainer-0", "container": "main",
@@ -65,6 +72,7 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
     assert path == "/api/v2/alerts"
     assert labels["namespace"] == "ml" and labels["pod"] == "trainer-0" and labels["slurm_job_id"] == "9001"
     bundle = Path(alert["bundle"])
+    assert (bundle / "environment.json").exists(), (bundle / "summary.json").read_text()  # notes say why
     environment = json.loads((bundle / "environment.json").read_text())
     assert {r["workload"]["slurm_job_id"] for r in environment} == {"9001"}
     assert {r["workload"]["pod"] for r in environment} == {"trainer-0"}

@@ -10,11 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import REPO, gloo_job
 from tests.fakes.daemon import daemon_config, stepping_clock
 from tests.test_daemon import wait_for_looks
 from watchdog.daemon import Daemon, build
 from watchdog.export.server import Endpoint
+from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 from watchdog.sample import sim
 
 SLURM = REPO / "deploy" / "slurm"
@@ -96,7 +99,8 @@ def test_the_epilog_dumps_a_job_that_is_still_there(tmp_path: Path) -> None:
     assert {r["workload"]["slurm_job_id"] for r in job["ranks"]} == {JOB}
 
 
-def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path: Path) -> None:
+@pytest.mark.parametrize("resolved", [False, True], ids=["episode open", "episode resolved by the kill"])
+def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path: Path, resolved: bool) -> None:
     with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB}) as ranks:
         pids = {4: [ranks[2].pid], 0: [ranks[0].pid], 1: [ranks[1].pid], 2: [ranks[3].pid]}
         daemon, endpoint = start(tmp_path, pids, capture=True)
@@ -108,6 +112,13 @@ def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path
         for p in ranks:  # Slurm kills the job's processes before its epilog runs
             p.kill()
             p.wait()
+        if resolved:  # the GPUs fall idle with the ranks gone, and the episode resolves before the epilog
+            snapshot = daemon.published.snapshot
+            assert snapshot is not None
+            for key in list(daemon.incidents.open):
+                daemon.incidents.handle(EpisodeEvent(EventKind.RESOLVED, Signature.WAITING, Severity.WARNING, (4,),
+                                                     (), 0.0, 1.0, "resolved", key=key), snapshot, [])
+            assert not daemon.incidents.open
         result, unrelated = epilogs(daemon, endpoint, JOB, "999")
     assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
     assert unrelated.returncode == 0 and unrelated.stderr == ""

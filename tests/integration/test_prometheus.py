@@ -70,7 +70,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
             readies.append(ready)
             rank = start([sys.executable, str(TARGETS / "stuck.py"), "queue", str(ready)], f"rank{gpu}.log",
                          {"RANK": str(gpu), "WORLD_SIZE": "8", "LOCAL_RANK": str(gpu),
-                          "TORCHELASTIC_RUN_ID": "llm-42"})
+                          "TORCHELASTIC_RUN_ID": "llm-42",  # torchrun under srun: Slurm's variables too
+                          "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice"})
             pids[gpu] = [rank.pid]
         wait_for(readies, processes=processes)
 
@@ -147,6 +148,29 @@ def test_the_daemons_alert_reaches_alertmanager(stack: dict[str, object]) -> Non
     assert labels["severity"] == "critical" and labels["instance"] == "node-a" and labels["gpu"] == "0,1,2,3,4,5,6,7"
     assert "HANG (critical): GPUs 0-7 spin at 100% util" in annotations["summary"]
     assert annotations["bundle"].startswith(str(stack["tmp"]))
+
+
+def test_the_job_alerts_lead_to_the_slurm_job(stack: dict[str, object]) -> None:
+    """Node B's ranks run in Slurm job 4242: the rules' job view, the culprit-node alert that real Prometheus
+    fires and the daemon's own alert in Alertmanager all carry it."""
+    prom, am = str(stack["prom"]), str(stack["am"])
+    info = until(lambda: query(prom, 'stall_watchdog:gpu_job:info{slurm_job_id="4242"}'), 60, "the job view")
+    assert {s["metric"]["training_job"] for s in info} == {"run:llm-42"}  # type: ignore[index]
+
+    def culprit() -> list[dict[str, object]]:
+        alerts = get_json(prom + "/api/v1/alerts")["data"]["alerts"]  # type: ignore[index]
+        return [a for a in alerts if a["labels"]["alertname"] == "StallWatchdogJobCulpritNode"
+                and a["state"] == "firing"]
+
+    (fired,) = until(culprit, 180, "StallWatchdogJobCulpritNode to fire")  # type: ignore[misc]
+    assert fired["labels"]["slurm_job_id"] == "4242" and "(Slurm job 4242)" in fired["annotations"]["summary"]
+
+    def waiting() -> list[dict[str, object]]:
+        alerts = get_json(am + "/api/v2/alerts")
+        return [a for a in alerts if a["labels"].get("alertname") == "StallWatchdogWaiting"]  # type: ignore[union-attr]
+
+    (alert,) = until(waiting, 120, "node B's waiting alert in Alertmanager")  # type: ignore[misc]
+    assert alert["labels"]["slurm_job_id"] == "4242" and alert["labels"]["slurm_user"] == "alice"
 
 
 def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> None:
