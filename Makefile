@@ -29,6 +29,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/daemon_cost.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/pod_resources.py
 	$(BIN)/python bench/nvml_cost.py  # on a machine with a GPU; says so and stops without one
 
 clean:
