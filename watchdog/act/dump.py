@@ -45,8 +45,8 @@ class DumpService:
                  bundles: BundleStore, snapshot: Callable[[], NodeSnapshot | None], node: str,
                  monotonic: Callable[[], float] = time.monotonic,
                  last_look: Callable[[str], list[tuple[StackPicture, tuple[RankInfo, ...]]]] | None = None):
-        """`last_look(slurm_job_id)`: the pictures (and their ranks) of open episodes that concerned that
-        Slurm job, for a job that ended before it could be dumped."""
+        """`last_look(slurm_job_id)`: the pictures (and their ranks) of open or lately resolved episodes that
+        concerned that Slurm job, for a job that ended before it could be dumped."""
         self.config = config
         self.counters = counters
         self.capturer = capturer

@@ -134,23 +134,21 @@ class IncidentHandler:
                 self._look(key, state, snapshot)
 
     def last_look(self, slurm_job_id: str) -> list[tuple[StackPicture, tuple[RankInfo, ...]]]:
-        """The stacks last captured for open (or lately resolved) episodes whose ranks ran in this Slurm job,
-        with those ranks."""
-        found = []
+        """The stacks last captured of each training job that ran in this Slurm job, with its ranks, from the
+        open episodes first, then the lately resolved ones, newest first (one picture per training job: two
+        episodes on the same GPUs looked at the same ranks)."""
         now = self.monotonic()
         with self._lock:
             states = list(self.open.values()) + [state for at, state in reversed(self.resolved)
                                                  if now - at <= _ENDED_KEPT_SECONDS]
+        found: dict[str, tuple[StackPicture, tuple[RankInfo, ...]]] = {}
         for state in states:
             ranks = [r for r in state.ranks if r.workload.slurm_job_id == slurm_job_id]
-            if not ranks:
-                continue
-            pids = {r.pid for r in ranks}
             for picture in state.pictures:
-                members = tuple(r for r in ranks if r.job_key == picture.job and r.pid in pids)
-                if members:
-                    found.append((picture, members))
-        return found
+                members = tuple(r for r in ranks if r.job_key == picture.job)
+                if members and picture.job not in found:
+                    found[picture.job] = (picture, members)
+        return list(found.values())
 
     def _submit(self, work: Callable[..., object], *args: object) -> bool:
         with self._lock:
