@@ -224,9 +224,10 @@ class RankDiscovery:
         except OSError:
             return ""
 
-    def container(self, pid: int, cgroup: str | None = None) -> str | None:
-        text = self.cgroup(pid) if cgroup is None else cgroup
-        for line in text.splitlines():
+    @staticmethod
+    def container(cgroup: str) -> str | None:
+        """The container id (or the cgroup path) in a process's /proc/<pid>/cgroup text."""
+        for line in cgroup.splitlines():
             path = line.rpartition(":")[2]
             found = _CONTAINER_ID.findall(path)
             if found:
@@ -292,7 +293,7 @@ class RankDiscovery:
             return RankInfo(pid, 0.0, (), gpus, {}, None, problems=("process: access denied",))
         env, problem = self.environment(pid)
         cgroup = self.cgroup(pid)
-        return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(pid, cgroup),
+        return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(cgroup),
                         problems=(problem,) if problem else (), workload=self.workload(env, cgroup, uuids))
 
     def from_snapshot(self, snapshot: NodeSnapshot) -> list[RankInfo]:

@@ -26,8 +26,6 @@ _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f
 _LABEL_MAX = 253  # a Kubernetes name is at most 253 characters; anything longer is not one
 
 
-
-
 def slurm(env: Mapping[str, str], cgroup: str) -> Workload:
     """The Slurm job of a process: its environment first, its cgroup path where the environment is silent
     (a process that cleared its environment, or one Slurm started without srun's variables)."""
