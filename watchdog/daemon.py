@@ -42,7 +42,6 @@ from watchdog.sample.kubelet import PodDirectory, PodResourcesClient
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
-from watchdog.sample.workload import merged
 from watchdog.schedule import Ticker
 from watchdog.stacks.capture import StackCapturer
 
@@ -246,8 +245,7 @@ class Daemon:
         for g in snapshot.gpus:
             for pid in g.pids:
                 rank, job, workload = self._rank_cache[pid]
-                pod = self.discovery.pod((g.uuid,)) if g.uuid else Workload()
-                rows.append(RankRow(g.index, pid, rank, job, merged(pod, workload) if pod else workload))
+                rows.append(RankRow(g.index, pid, rank, job, self.discovery.with_pod(workload, (g.uuid or "",))))
         return tuple(rows)
 
     # -- health --------------------------------------------------------------------------------------

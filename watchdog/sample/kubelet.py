@@ -100,18 +100,22 @@ def _strings(data: bytes, *numbers: int) -> dict[int, list[str]]:
     return found
 
 
+def _last(strings: dict[int, list[str]], number: int) -> str:
+    """A singular string field: protobuf keeps the last value given, '' when none was."""
+    return strings[number][-1] if strings[number] else ""
+
+
 def parse_list(answer: bytes) -> list[tuple[PodContainer, tuple[str, ...]]]:
     """Each container's devices, from a ListPodResourcesResponse."""
     out = []
     for pod in _messages(answer, 1):
         names = _strings(pod, 1, 2)
-        pod_name, namespace = (names[1] or [""])[-1], (names[2] or [""])[-1]
         for container in _messages(pod, 3):
-            container_name = (_strings(container, 1)[1] or [""])[-1]
+            container_name = _last(_strings(container, 1), 1)
             for devices in _messages(container, 2):
                 found = _strings(devices, 1, 2)
-                resource = (found[1] or [""])[-1]
-                out.append((PodContainer(namespace, pod_name, container_name, resource), tuple(found[2])))
+                holder = PodContainer(_last(names, 2), _last(names, 1), container_name, _last(found, 1))
+                out.append((holder, tuple(found[2])))
     return out
 
 

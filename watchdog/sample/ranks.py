@@ -258,17 +258,18 @@ class RankDiscovery:
             raise psutil.NoSuchProcess(process.pid) from None
         return HostActivity(cpu, read, write, self.thread_states(process.pid))
 
-    def pod(self, uuids: Iterable[str]) -> Workload:
-        """The pod and container the kubelet says hold these GPUs (its last answer; never waits)."""
+    def with_pod(self, found: Workload, uuids: Iterable[str]) -> Workload:
+        """`found`, with the pod and container the kubelet says hold these GPUs in first place (its last
+        answer; never waits)."""
         held = self.pods.holder(uuids) if self.pods is not None else None
         if held is None:
-            return Workload()
-        return Workload(namespace=held.namespace, pod=held.pod, container=held.container)
+            return found
+        return workload.merged(Workload(namespace=held.namespace, pod=held.pod, container=held.container), found)
 
     def workload(self, env: Mapping[str, str], cgroup: str, uuids: Iterable[str] = ()) -> Workload:
         """The pod (the kubelet's answer for the rank's GPUs, else its cgroup) and the Slurm job of a rank."""
-        pod = workload.merged(self.pod(uuids), workload.pod_from_cgroup(env, cgroup))
-        return workload.merged(pod, workload.slurm(env, cgroup))
+        return self.with_pod(workload.merged(workload.pod_from_cgroup(env, cgroup), workload.slurm(env, cgroup)),
+                             uuids)
 
     def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None,
                  uuids: tuple[str, ...] = ()) -> RankInfo | None:
