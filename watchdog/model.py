@@ -6,9 +6,11 @@ Units are converted once, where a reading is born, into the base units named in 
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class GpuHealth(str, enum.Enum):
@@ -91,6 +93,68 @@ class NodeSnapshot:
 
     time_seconds: float
     gpus: tuple[GpuSample, ...]
+
+
+SAMPLE_DEFAULTS = tuple(GpuSample._field_defaults.get(name) for name in GpuSample._fields)  # index: None
+_new_sample = tuple.__new__
+
+
+def samples_of(columns: Sequence[Sequence[Any] | None], count: int,
+               defaults: Sequence[Any] = SAMPLE_DEFAULTS) -> list[GpuSample]:
+    """`count` samples from one column per GpuSample field, in its order (None: every sample has the
+    field's default): built a row at a time without a call per sample, as trace readers need them."""
+    rows = [itertools.repeat(default, count) if column is None else column
+            for column, default in zip(columns, defaults)]
+    return list(map(_new_sample, itertools.repeat(GpuSample), zip(*rows)))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotBlock:
+    """Consecutive snapshots of the same GPUs in the same order, held column by column: what a trace
+    reader hands the detectors without building a GpuSample per reading. Row `n * width + p` is GPU
+    `layout[p]` in snapshot n. `columns` has one entry per GpuSample field, in its order: a value per
+    row, or None where every row has the field's default (a column the log does not have); the index
+    column is always there."""
+
+    times: Sequence[float]  # one per snapshot
+    layout: tuple[int, ...]  # the GPU indexes, as the rows of each snapshot list them
+    columns: tuple[Sequence[Any] | None, ...]
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def column(self, slot: int, position: int, start: int, stop: int) -> Sequence[Any]:
+        """Field `slot` of the GPU at `position` in snapshots start..stop-1."""
+        values, width = self.columns[slot], len(self.layout)
+        if values is None:
+            return (SAMPLE_DEFAULTS[slot],) * (stop - start)
+        return values[start * width + position:stop * width:width]
+
+    def samples(self, position: int, start: int, stop: int) -> list[GpuSample]:
+        """The GPU at `position` in snapshots start..stop-1, as samples."""
+        width = len(self.layout)
+        return samples_of([None if values is None else values[start * width + position:stop * width:width]
+                           for values in self.columns], stop - start)
+
+    def snapshots(self, start: int = 0, stop: int | None = None) -> list[NodeSnapshot]:
+        stop = len(self.times) if stop is None else stop
+        width = len(self.layout)
+        first, last = start * width, stop * width
+        samples = samples_of([None if values is None else values[first:last] for values in self.columns],
+                             last - first)
+        return [NodeSnapshot(t, tuple(samples[n:n + width]))
+                for t, n in zip(self.times[start:stop], range(0, last - first, width))]
+
+
+def each_snapshot(stretches: Iterable[NodeSnapshot | SnapshotBlock]) -> Iterator[NodeSnapshot]:
+    """Snapshots and blocks of them, as snapshots one at a time."""
+    for item in stretches:
+        yield from item.snapshots() if isinstance(item, SnapshotBlock) else (item,)
+
+
+def snapshot_range(stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int) -> Sequence[NodeSnapshot]:
+    """Snapshots start..stop-1 of a list of them or of a block."""
+    return stream.snapshots(start, stop) if isinstance(stream, SnapshotBlock) else stream[start:stop]
 
 
 class Progress(str, enum.Enum):

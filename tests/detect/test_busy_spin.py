@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from watchdog.config import Config
 from watchdog.detect import busy_spin
-from watchdog.detect.window import GpuWindow
+from watchdog.detect.window import GpuRun, GpuWindow
 from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuSample
 
 CFG = Config().detectors.busy_spin
@@ -73,3 +75,45 @@ def test_power_flat_alone_is_not_evidence() -> None:
 def test_onset_ignores_the_samples_before_the_spin() -> None:
     evidence = busy_spin.evaluate(window([], [IDLE] * 8 + [SPIN] * 18), CFG)
     assert evidence is not None and evidence.since == 8.0
+
+
+def _reading(rng: random.Random) -> dict:
+    spin = rng.random() < 0.7
+    return {
+        "utilization_ratio": None if rng.random() < 0.05 else (1.0 if spin else rng.choice([0.0, 0.4, 0.97])),
+        "power_watts": None if rng.random() < 0.05 else round(rng.uniform(140, 160) if spin else rng.uniform(60, 600)),
+        "memory_utilization_ratio": rng.choice([None, 0.0, 0.0, 0.02, 0.3]),
+        "sm_activity_ratio": rng.choice([None, None, 0.01, 0.02, 0.5]),
+        "clock_event_reasons": rng.choice([None, 0, 0, 0x1, CLOCK_EVENT_HW_THERMAL]),
+    }
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_sliding_window_readings_are_those_of_the_window(seed: int) -> None:
+    """busy_spin keeps its window's readings sorted as the window slides (_Readings): at every tick,
+    through gaps, throttling, a sampling interval that changes, clock steps back and stretches taken
+    in bulk, they equal the sorted readings of the window, and every verdict equals the one reached
+    from readings gathered afresh."""
+    rng = random.Random(seed)
+    w = GpuWindow(0, 30, 600, CFG.idle_power_max_multiple, CFG.default_idle_power_ratio)
+    t, compared = 0.0, 0
+    for _ in range(600):
+        if rng.random() < 0.02:  # a stretch ingested in bulk
+            times = [t + 1.0 + n for n in range(rng.randint(2, 60))]
+            w.extend(GpuRun(times, [GpuSample(index=0, **{**H100, **_reading(rng)}) for _ in times]))
+            t = times[-1]
+        t += rng.choice([1.0, 1.0, 1.0, 0.5, 5.0]) if rng.random() > 0.01 else -3.0
+        w.add(t, GpuSample(index=0, **{**H100, **_reading(rng)}))
+        slid = (busy_spin.evaluate(w, CFG), busy_spin.pinned(w, CFG))
+        count = w.recent_count(busy_spin._span(w, CFG.window_seconds))
+        readings = w.memo.get("busy_spin")
+        if readings is not None and readings.end == w.added and count >= 3:
+            window = [s for _, s in w.recent(busy_spin._span(w, CFG.window_seconds))]
+            for name, field in (("utils", "utilization_ratio"), ("memory", "memory_utilization_ratio"),
+                                ("power", "power_watts")):
+                assert getattr(readings, name) == sorted(v for s in window if (v := getattr(s, field)) is not None)
+            assert list(readings.activity) == [s.sm_activity_ratio for s in window if s.sm_activity_ratio is not None]
+            compared += 1
+        w.memo.clear()
+        assert (busy_spin.evaluate(w, CFG), busy_spin.pinned(w, CFG)) == slid
+    assert compared > 300

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
 
@@ -100,3 +100,39 @@ def test_lenient_counts_what_it_skips() -> None:
 def test_header_is_required(first: str) -> None:
     with pytest.raises(TraceError, match="rec.jsonl:1:"):
         list(recording.read(io.StringIO(first + "\n"), "rec.jsonl"))
+
+
+def _text(snapshots: list[NodeSnapshot]) -> str:
+    buf = io.StringIO()
+    recording.write(buf, HEAD, snapshots)
+    return buf.getvalue()
+
+
+def test_lines_of_the_same_gpus_and_columns_come_as_column_blocks() -> None:
+    snapshots = list(sim.run(sim.SCENARIOS["odd_rank"]))  # 1,501 snapshots
+    # A GPU lost for a few lines: a column more ("health") and a GPU fewer each break the run.
+    lost = [NodeSnapshot(s.time_seconds, (s.gpus[0]._replace(health=GpuHealth.LOST), *s.gpus[1:]))
+            for s in snapshots[1100:1103]]
+    fewer = [NodeSnapshot(s.time_seconds, s.gpus[1:]) for s in snapshots[1103:1110]]
+    stream = [*snapshots[:1100], *lost, *fewer, *snapshots[1110:]]
+    items = list(recording.stretches(io.StringIO(_text(stream)), "rec.jsonl"))
+    assert list(each_snapshot(items)) == stream
+    blocks = [item for item in items if isinstance(item, SnapshotBlock)]
+    # At most _RUN_LINES a block; broken where the columns or the GPUs change.
+    sizes = [len(item) if isinstance(item, SnapshotBlock) else 1 for item in items]
+    assert sizes == [recording._RUN_LINES, 1100 - recording._RUN_LINES, 3, 7, 391]
+    assert blocks[0].layout == tuple(g.index for g in stream[0].gpus)
+
+
+def test_what_came_before_a_malformed_line_is_handed_on_before_its_error() -> None:
+    snapshots = list(sim.run(sim.SCENARIOS["odd_rank"]))[:50]
+    lines = _text(snapshots).splitlines()
+    lines.insert(31, "{nope")  # the 30th snapshot's line is line 31
+    read: list[NodeSnapshot] = []
+    with pytest.raises(TraceError, match="rec.jsonl:32: not valid JSON"):
+        for item in recording.stretches(io.StringIO("\n".join(lines) + "\n"), "rec.jsonl"):
+            read.extend(each_snapshot([item]))
+    assert read == snapshots[:30]
+    skips = SkipLog(lenient=True)
+    assert list(recording.read(io.StringIO("\n".join(lines) + "\n"), "rec.jsonl", skips)) == snapshots
+    assert skips.count == 1

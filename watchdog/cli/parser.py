@@ -47,7 +47,9 @@ def _add_replay(verbs: Verbs) -> None:
                         help="CSV log, JSON Lines recording, sim:SCENARIO, or a folder of logs ("
                              + ", ".join(TRACE_SUFFIXES) + "); several are replayed side by side")
     replay.add_argument("--jobs", type=int, metavar="N",
-                        help="traces replayed at once when there are several (default: one per core)")
+                        help="processes to use (default: one per core): several traces are replayed side by "
+                             "side; one trace is read by a second process while the first detects (1: one "
+                             "process)")
     replay.add_argument("--config", metavar="FILE", help="YAML configuration (defaults when omitted)")
     replay.add_argument("--json", action="store_true",
                         help="one JSON object per episode event instead of a readable timeline")

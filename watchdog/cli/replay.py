@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -22,7 +22,8 @@ from watchdog.config import Config, load_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.export import report as report_html
 from watchdog.export.timeline import TextTimeline, json_line
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, gpu_list
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, SnapshotBlock, gpu_list, snapshot_range
+from watchdog.sample import read_ahead
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import SIM_PREFIX, TRACE_SUFFIXES, open_trace
 
@@ -37,6 +38,7 @@ class ReplayOptions:
     json: bool
     report: str | None
     label: bool  # name the trace on each JSON line (many traces in one output)
+    read_ahead: bool = False  # read the trace in a second process while this one detects
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -55,9 +57,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     options = ReplayOptions(config, [f.strip() for f in args.csv_fields.split(",")] if args.csv_fields else None,
                             args.lenient, args.json, args.report, label=len(traces) > 1)
-    if len(traces) == 1:
-        return replay_trace(traces[0], options, sys.stdout)
     jobs = args.jobs or os.cpu_count() or 1
+    if len(traces) == 1:
+        ahead = jobs > 1 and not traces[0].startswith(SIM_PREFIX) and read_ahead.available()
+        return replay_trace(traces[0], replace(options, read_ahead=ahead), sys.stdout)
     status = EXIT_OK
     for text, warnings, code in _replay_all(traces, options, jobs):
         sys.stdout.write(text)
@@ -102,12 +105,19 @@ def _replay_captured(spec: str, options: ReplayOptions) -> tuple[str, list[str],
     return out.getvalue(), warnings, code
 
 
-def _batches(snapshots: Iterator[NodeSnapshot]) -> Iterator[list[NodeSnapshot]]:
-    """Snapshots in lists of _BATCH; what came before a reader error is handed on before the error."""
+def _batches(stretches: Iterator[NodeSnapshot | SnapshotBlock]) -> Iterator[list[NodeSnapshot] | SnapshotBlock]:
+    """A reader's blocks as they come, its single snapshots in lists of up to _BATCH; what came before a
+    reader error is handed on before the error."""
     batch: list[NodeSnapshot] = []
     try:
-        for snapshot in snapshots:
-            batch.append(snapshot)
+        for item in stretches:
+            if isinstance(item, SnapshotBlock):
+                if batch:
+                    yield batch
+                    batch = []
+                yield item
+                continue
+            batch.append(item)
             if len(batch) == _BATCH:
                 yield batch
                 batch = []
@@ -125,20 +135,25 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
     kept: list[NodeSnapshot] = []  # for --report: thinned as it grows
     stride = 1
     fired: list[EpisodeEvent] = []
-    with open_trace(spec, lenient=options.lenient, csv_fields=options.csv_fields) as trace:
+    opened = read_ahead.open_trace_ahead if options.read_ahead else open_trace
+    with opened(spec, lenient=options.lenient, csv_fields=options.csv_fields) as trace:
         timeline = None if options.json else TextTimeline(out, spec, trace.naive_time)
         first = last = None
         samples = gpus = 0
-        for batch in _batches(trace.snapshots):
+        for batch in _batches(trace.stretches):
+            if isinstance(batch, SnapshotBlock):
+                times, width = batch.times, len(batch.layout)
+            else:
+                times, width = [snapshot.time_seconds for snapshot in batch], max(len(s.gpus) for s in batch)
             if first is None:
-                first = batch[0].time_seconds
-            last = batch[-1].time_seconds
+                first = times[0]
+            last = times[-1]
             samples += len(batch)
-            gpus = max(gpus, max(map(len, (snapshot.gpus for snapshot in batch))))
+            gpus = max(gpus, width)
             if options.report:
-                for number, snapshot in enumerate(batch, start=samples - len(batch) + 1):
+                for offset, number in enumerate(range(samples - len(batch) + 1, samples + 1)):
                     if number % stride == 0:
-                        kept.append(snapshot)
+                        kept.extend(snapshot_range(batch, offset, offset + 1))
                         if len(kept) > 4 * report_html.MAX_POINTS:
                             kept, stride = kept[::2], stride * 2
             for event in engine.observe_many(batch):

@@ -21,7 +21,9 @@ memory-controller busy, SM activity high.
 
 from __future__ import annotations
 
-import operator
+import bisect
+import itertools
+from collections import deque
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -31,8 +33,6 @@ from watchdog.detect.window import GpuRun, GpuView
 from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
 _T = TypeVar("_T")
-_COLUMNS = operator.itemgetter(*(GpuSample._fields.index(name) for name in (
-    "clock_event_reasons", "utilization_ratio", "power_watts", "memory_utilization_ratio", "sm_activity_ratio")))
 _WEAK = ("power_flat", "power_fell")
 _MIN_SAMPLES = 8  # the flatness of fewer samples means little
 
@@ -49,19 +49,14 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         return None
     if latest.sm_activity_ratio is not None and latest.sm_activity_ratio > 2 * cfg.sm_activity_max_ratio:
         return None
-    window = view.recent(_span(view, cfg.window_seconds))
-    if len(window) < 3:
+    count = view.recent_count(_span(view, cfg.window_seconds))
+    if count < 3:
         return None
 
-    # The window's columns (this runs every tick for every spinning GPU).
-    times, samples = zip(*window)
-    reasons, in_order, power_column, memory_column, activity_column = zip(*map(_COLUMNS, samples))
-    if any(r & THROTTLE_REASON_MASK for r in set(reasons) if r):
+    readings = _readings(view, count)
+    if readings.throttled:
         return None  # throttled: slow, not spinning
-    utils = sorted(_present(in_order))
-    power = _present(power_column)
-    mem = _present(memory_column)
-    activity = _present(activity_column)
+    utils, power, mem, activity = readings.utils, readings.power, readings.memory, readings.activity
     if percentile(utils, 0.5) < floor:
         return None
     clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
@@ -71,7 +66,6 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     legs: list[str] = []
     facts: dict[str, float | str] = {"utilization": utils[len(utils) // 2]}
     if mem:
-        mem.sort()
         if percentile(mem, 0.9) > cfg.memory_utilization_max_ratio:
             return None  # the memory controller is busy: real work
         legs.append("memory_idle")
@@ -83,7 +77,6 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         legs.append("sm_activity_low")
         facts["sm_activity"] = mean_activity
     if power:
-        power.sort()
         # The median, not the mean: a spinning rank still shows brief bursts of real work.
         median = percentile(power, 0.5)
         facts["power_watts"] = median
@@ -114,8 +107,68 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     weak = not substantive and {"power_fell", "power_flat"} <= set(legs)
     if len(legs) < cfg.min_legs or not (substantive or weak):
         return None
-    since = run_start(times, [u is not None and u >= floor for u in in_order])
+    if len(utils) == count and utils[0] >= floor:  # every sample holds: run_start's answer, without its pass
+        since = view.samples[len(view.samples) - count][0]
+    else:
+        window = view.recent(_span(view, cfg.window_seconds))
+        since = run_start([t for t, _ in window], [s.utilization_ratio is not None and s.utilization_ratio >= floor
+                                                    for _, s in window])
     return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts, weak=weak)
+
+
+class _Readings:
+    """The readings of busy_spin's window, kept as the window slides: a tick brings a sample and drops
+    one, and the sorted lists are updated in place rather than sorted afresh. They always hold exactly
+    the window's readings, so each percentile is the one sorting the window would give."""
+
+    __slots__ = ("start", "end", "samples", "utils", "memory", "power", "activity", "throttled")
+
+    def __init__(self, start: int = 0) -> None:
+        self.start = self.end = start  # the samples held: numbers start..end-1 (see GpuView.added)
+        self.samples: deque[GpuSample] = deque()
+        self.utils: list[float] = []  # sorted, readings that are there only (a read may have failed)
+        self.memory: list[float] = []
+        self.power: list[float] = []
+        self.activity: deque[float] = deque()  # in window order: summed as the window's own list would be
+        self.throttled = 0  # samples with a hardware or thermal slowdown reason
+
+    def take(self, sample: GpuSample) -> None:
+        self.samples.append(sample)
+        for value, kept in ((sample.utilization_ratio, self.utils), (sample.memory_utilization_ratio, self.memory),
+                            (sample.power_watts, self.power)):
+            if value is not None:
+                bisect.insort(kept, value)
+        if sample.sm_activity_ratio is not None:
+            self.activity.append(sample.sm_activity_ratio)
+        if sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK:
+            self.throttled += 1
+
+    def drop(self) -> None:
+        sample = self.samples.popleft()
+        for value, kept in ((sample.utilization_ratio, self.utils), (sample.memory_utilization_ratio, self.memory),
+                            (sample.power_watts, self.power)):
+            if value is not None:
+                del kept[bisect.bisect_left(kept, value)]
+        if sample.sm_activity_ratio is not None:
+            self.activity.popleft()
+        if sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK:
+            self.throttled -= 1
+
+
+def _readings(view: GpuView, count: int) -> _Readings:
+    """The readings of the view's newest `count` samples: those kept for the last tick, slid on."""
+    end = view.added
+    start = end - count
+    readings: _Readings | None = view.memo.get("busy_spin")
+    if readings is None or not readings.start <= start <= readings.end:  # not a slide of what is kept
+        readings = view.memo["busy_spin"] = _Readings(start)
+    for _ in range(start - readings.start):
+        readings.drop()
+    samples = view.samples
+    for _, sample in itertools.islice(samples, len(samples) - (end - readings.end), None):
+        readings.take(sample)
+    readings.start, readings.end = start, end
+    return readings
 
 
 def _present(values: Sequence[_T | None]) -> list[_T]:
@@ -135,11 +188,10 @@ def _span(view: GpuView, seconds: float) -> float:
 def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:
     """Utilization pinned at 100% with no memory traffic seen: a GPU like this may spin without enough
     power evidence of its own, and is never the one the others wait on."""
-    window = view.recent(_span(view, cfg.window_seconds))
-    utils = sorted(s.utilization_ratio for _, s in window if s.utilization_ratio is not None)
+    readings = _readings(view, view.recent_count(_span(view, cfg.window_seconds)))
+    utils, mem = readings.utils, readings.memory
     if len(utils) < 3 or percentile(utils, 0.5) < cfg.utilization_min_ratio:
         return False
-    mem = sorted(s.memory_utilization_ratio for _, s in window if s.memory_utilization_ratio is not None)
     return not mem or percentile(mem, 0.9) <= cfg.memory_utilization_max_ratio
 
 
@@ -154,5 +206,11 @@ def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
     memory, activity = run.column("memory_utilization_ratio"), run.column("sm_activity_ratio")
     if None not in memory and min(memory) > memory_busy:
         return True
+    if None not in utils and None not in memory:  # the memory of every sample at or above the floor is busy
+        hot = itertools.compress(memory, map(floor.__le__, utils))
+        if min(hot, default=memory_busy + 1) > memory_busy:
+            return True
+        if activity.count(None) == len(activity):
+            return False  # one such sample with idle memory and no SM reading: evaluate() goes on there
     return all(u is None or u < floor or (m is not None and m > memory_busy) or (a is not None and a > sm_busy)
                for u, m, a in zip(utils, memory, activity))

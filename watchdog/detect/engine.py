@@ -19,7 +19,7 @@ from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import job_findings, underuse_finding
 from watchdog.detect.window import GpuRun, GpuWindow
-from watchdog.model import EpisodeEvent, Finding, NodeSnapshot, Severity, Signature
+from watchdog.model import EpisodeEvent, Finding, NodeSnapshot, Severity, Signature, SnapshotBlock, snapshot_range
 
 _BULK_TICKS = 128  # a stretch checked for steadiness at once
 _STEP_TICKS = 16  # observed one by one when a stretch is not steady, before checking again
@@ -36,6 +36,12 @@ def _ignore(component: str, error: Exception) -> None:
 
 _INDEX = operator.itemgetter(0)
 _STEP_TOLERANCE_SECONDS = 0.5  # nvidia-smi prints a sample's GPUs milliseconds apart, not always in order
+
+
+def _stamps(stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int) -> Sequence[float]:
+    if isinstance(stream, SnapshotBlock):
+        return stream.times[start:stop]
+    return [snapshot.time_seconds for snapshot in stream[start:stop]]
 
 
 class DetectorEngine:
@@ -130,45 +136,55 @@ class DetectorEngine:
                 table.append((steady, section))
         return table
 
-    def observe_many(self, snapshots: Sequence[NodeSnapshot]) -> list[EpisodeEvent]:
+    def observe_many(self, snapshots: Sequence[NodeSnapshot] | SnapshotBlock) -> list[EpisodeEvent]:
         """The events observe() would return over these snapshots one after the other, in order.
         Stretches on which no detector can find anything (most of a healthy day) are ingested in
-        bulk: for replaying long traces."""
+        bulk: for replaying long traces. A reader's SnapshotBlock is taken as it is, column by column;
+        samples are built only for the ticks that are evaluated and for what the windows keep."""
         events: list[EpisodeEvent] = []
         start, count = 0, len(snapshots)
         while start < count:
             stop = min(count, start + _BULK_TICKS)
-            runs = self._steady_runs(snapshots[start:stop])
+            runs = self._steady_runs(snapshots, start, stop)
             if runs is not None:
-                events += self._ingest(snapshots[stop - 2].time_seconds, snapshots[stop - 1].time_seconds, runs)
+                before_last, last = _stamps(snapshots, stop - 2, stop)
+                events += self._ingest(before_last, last, runs)
             else:
                 stop = min(count, start + _STEP_TICKS)
-                for snapshot in snapshots[start:stop]:
+                for snapshot in snapshot_range(snapshots, start, stop):
                     events.extend(self.observe(snapshot))
             start = stop
         return events
 
-    def _steady_runs(self, block: Sequence[NodeSnapshot]) -> list[tuple[GpuWindow, GpuRun]] | None:
-        """Each known GPU's run over `block`, when the block can be ingested in bulk: no detector down,
-        the same GPUs as the last snapshot, the clock moving forward, and every enabled detector steady
-        on every GPU. Else None."""
+    def _steady_runs(self, stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int
+                     ) -> list[tuple[GpuWindow, GpuRun]] | None:
+        """Each known GPU's run over snapshots start..stop-1, when they can be ingested in bulk: no
+        detector down, the same GPUs as the last snapshot, the clock moving forward, and every enabled
+        detector steady on every GPU. Else None."""
         layout, last = self._present, self._last_stamp
-        if self._steady is None or not layout or last is None or len(block) < 2:
+        if self._steady is None or not layout or last is None or stop - start < 2:
             return None
         if not all(self.detector_up.values()):
             return None
-        stamps = [snapshot.time_seconds for snapshot in block]
+        if isinstance(stream, SnapshotBlock) and stream.layout != layout:
+            return None
+        stamps = _stamps(stream, start, stop)
         if stamps[0] <= last or any(map(operator.ge, stamps[:-1], stamps[1:])):
             return None
-        per_snapshot = [snapshot.gpus for snapshot in block]
-        if set(map(len, per_snapshot)) != {len(layout)}:
-            return None
         times = list(map(operator.add, stamps, itertools.repeat(self._offset)))
-        runs = []
-        for index, samples in zip(layout, zip(*per_snapshot)):
-            run, window = GpuRun(times, samples), self._windows[index]
-            if run.column("index").count(index) != len(samples):
+        if isinstance(stream, SnapshotBlock):
+            candidates = [(index, GpuRun.of_block(times, stream, position, start))
+                          for position, index in enumerate(layout)]
+        else:
+            per_snapshot = [snapshot.gpus for snapshot in stream[start:stop]]
+            if set(map(len, per_snapshot)) != {len(layout)}:
                 return None
+            candidates = [(index, GpuRun(times, samples)) for index, samples in zip(layout, zip(*per_snapshot))]
+            if any(run.column("index").count(index) != len(run) for index, run in candidates):
+                return None
+        runs = []
+        for index, run in candidates:
+            window = self._windows[index]
             for steady, section in self._steady:
                 if not steady(run, window, section):
                     return None

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from watchdog.model import GpuHealth, GpuSample
+from watchdog.model import GpuHealth, GpuSample, SnapshotBlock
 
 _MIN_SAMPLES = 10  # kept whatever their age: a window of -l 5 samples still has enough to judge
 _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the idle estimate
@@ -46,6 +46,9 @@ class GpuView(Protocol):
     host_seen_at: float | None  # latest such sample
     moved_at: float | None  # latest sample whose processes moved on the host (CPU or I/O)
     progress_still_seconds: float  # processes that have not moved for this long are still
+    # What a detector keeps between ticks, by its name: only what follows from the samples themselves
+    # (work saved as the window slides), never a verdict.
+    memo: dict[str, Any]
 
     @property
     def long_mean_utilization(self) -> float | None: ...
@@ -57,6 +60,11 @@ class GpuView(Protocol):
     def active(self) -> bool: ...
 
     def recent(self, seconds: float) -> list[tuple[float, GpuSample]]: ...
+
+    def recent_count(self, seconds: float) -> int: ...
+
+    @property
+    def added(self) -> int: ...
 
     def long_history(self) -> deque[tuple[float, int]]: ...
 
@@ -105,6 +113,7 @@ class GpuWindow:
         self.host_seen_at: float | None = None
         self.moved_at: float | None = None
         self.latest = GpuSample(index)
+        self.memo: dict[str, Any] = {}
 
     def add(self, t: float, sample: GpuSample) -> None:
         samples = self.samples
@@ -136,15 +145,23 @@ class GpuWindow:
     def extend(self, run: GpuRun) -> None:
         """The state add() would leave after each of the run's samples in turn, reached in bulk: for a
         replay's stretches that no detector can fire on. The run's times must increase."""
-        times, samples = run.times, run.samples
-        self.now, self.latest = times[-1], samples[-1]
-        window = self.samples
-        window.extend(zip(times, samples))
-        self._added += len(samples)
+        times, window = run.times, self.samples
+        before, count = len(window), len(times)
+        # What add() would have popped: the oldest entries up to the cutoff (on into the run, whose times
+        # increase, when every entry before it is older), keeping _MIN_SAMPLES. Only the run's samples
+        # that stay are built.
         cutoff = times[-1] - self.short_seconds
-        old = min(_older(window, cutoff), len(window) - _MIN_SAMPLES)  # what add() would have popped
-        if old > 0:
-            self.samples = deque(itertools.islice(window, old, None))
+        gone = _older(window, cutoff)
+        if gone == before:
+            gone += bisect.bisect_left(times, cutoff)
+        gone = max(0, min(gone, before + count - _MIN_SAMPLES))
+        first = max(0, gone - before)
+        stay = run.samples_from(first)
+        if gone:
+            window = self.samples = deque(itertools.islice(window, gone, None))
+        window.extend(zip(times[first:], stay))
+        self.now, self.latest = times[-1], stay[-1]
+        self._added += count
         self._extend_host(times, run.column("host_cpu_ratio"), run.column("host_io_bytes_per_second"))
         utils, powers, limits = run.column("utilization_ratio"), run.column("power_watts"), run.column(
             "power_limit_watts")
@@ -193,22 +210,22 @@ class GpuWindow:
                 self._learn(t, 1.0, power, limit)
             return
         floor = self._busy_floor_multiple * reference
-        working = list(itertools.compress(zip(times, powers), map(floor.__lt__, powers)))
+        mask = list(map(floor.__lt__, powers))
+        working, stamps = list(itertools.compress(powers, mask)), list(itertools.compress(times, mask))
         if not working:
             return
         busy, busy_at = self.busy_watts, self._busy_at
         if busy is None or busy_at is None:
-            (busy_at, busy), working = working[0], working[1:]
-        stamps = [busy_at, *map(_TIME, working)]
-        steps = set(map(operator.sub, stamps[1:], stamps[:-1]))
+            busy, busy_at, working, stamps = working[0], stamps[0], working[1:], stamps[1:]
+        steps = set(map(operator.sub, stamps, [busy_at, *stamps[:-1]]))
         if len(steps) == 1:  # the usual even sampling: one weight for every step
             alpha = self._alpha(steps.pop())
-            busy = functools.reduce(lambda level, item: level + alpha * (item[1] - level), working, busy)
+            busy = functools.reduce(lambda level, power: level + alpha * (power - level), working, busy)
         else:
-            for t, power in working:
+            for t, power in zip(stamps, working):
                 busy = busy + self._alpha(t - busy_at) * (power - busy)
                 busy_at = t
-        self.busy_watts, self._busy_at = busy, working[-1][0] if working else busy_at
+        self.busy_watts, self._busy_at = busy, stamps[-1] if stamps else busy_at
 
     def _learn(self, t: float, util: float, power: float, limit: float | None) -> None:
         if util == 0.0:
@@ -266,12 +283,20 @@ class GpuWindow:
 
     def recent(self, seconds: float) -> list[tuple[float, GpuSample]]:
         """Samples of the last `seconds`, oldest first: from the newest back to the first older one."""
+        samples = self.samples
+        return list(itertools.islice(samples, len(samples) - self.recent_count(seconds), None))
+
+    def recent_count(self, seconds: float) -> int:
+        """How many samples recent(seconds) holds."""
         samples, cutoff = self.samples, self.now - seconds
         if self._added - len(samples) >= self._unordered_from:  # in time order again: bisect
-            return list(itertools.islice(samples, bisect.bisect_left(samples, cutoff, key=_TIME), None))
-        out = list(itertools.takewhile(lambda item: item[0] >= cutoff, reversed(samples)))
-        out.reverse()
-        return out
+            return len(samples) - bisect.bisect_left(samples, cutoff, key=_TIME)
+        return sum(1 for _ in itertools.takewhile(lambda item: item[0] >= cutoff, reversed(samples)))
+
+    @property
+    def added(self) -> int:
+        """Samples ever added: the newest sample is number added - 1, and recent() ends with it."""
+        return self._added
 
     @property
     def active(self) -> bool:
@@ -292,18 +317,43 @@ def _older(entries: deque[tuple[float, Any]], cutoff: float) -> int:
 
 
 class GpuRun:
-    """One GPU's samples over a stretch of ticks, read column by column (transposed once, on first use).
-    A detector's `steady(run, view, cfg)` looks at it to say, without a call per sample, that it would
-    find nothing on any of these samples; GpuWindow.extend ingests it."""
+    """One GPU's samples over a stretch of ticks, read column by column. A detector's
+    `steady(run, view, cfg)` looks at it to say, without a call per sample, that it would find nothing
+    on any of these samples; GpuWindow.extend ingests it. Built from samples (transposed once, on first
+    use) or from a reader's SnapshotBlock (its columns sliced; samples built only where a window keeps
+    them)."""
 
     def __init__(self, times: Sequence[float], samples: Sequence[GpuSample]):
-        self.times, self.samples = times, samples
-        self._columns: dict[str, tuple[Any, ...]] | None = None
+        self.times = times
+        self._samples: Sequence[GpuSample] | None = samples
+        self._columns: dict[str, Sequence[Any]] | None = None
+        self._block: tuple[SnapshotBlock, int, int] | None = None
+
+    @classmethod
+    def of_block(cls, times: Sequence[float], block: SnapshotBlock, position: int, start: int) -> GpuRun:
+        """The GPU at `position` of `block` in its snapshots from `start` on, one per time in `times`."""
+        run = cls(times, ())
+        run._samples, run._columns, run._block = None, {}, (block, position, start)
+        return run
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.times)
 
-    def column(self, name: str) -> tuple[Any, ...]:
-        if self._columns is None:
-            self._columns = dict(zip(GpuSample._fields, zip(*self.samples)))
-        return self._columns[name]
+    def column(self, name: str) -> Sequence[Any]:
+        columns = self._columns
+        if columns is None:
+            columns = self._columns = dict(zip(GpuSample._fields, zip(*self._samples)))  # type: ignore[misc]
+        elif name not in columns and self._block is not None:
+            block, position, start = self._block
+            columns[name] = block.column(_SLOT[name], position, start, start + len(self.times))
+        return columns[name]
+
+    def samples_from(self, first: int) -> Sequence[GpuSample]:
+        """The run's samples from the `first` on."""
+        if self._samples is not None:
+            return self._samples[first:]
+        block, position, start = self._block  # type: ignore[misc]
+        return block.samples(position, start + first, start + len(self.times))
+
+
+_SLOT = {name: slot for slot, name in enumerate(GpuSample._fields)}

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, TextIO
 
 import msgspec
 
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines, line_blocks
 
@@ -75,7 +75,7 @@ _COLUMN_TYPES: dict[str, Any] = {
     "uuid": list[str | None] | None,
     "name": list[str | None] | None,
     "health": list[Literal["ok", "lost", "hung"] | None] | None,
-    "pids": list[list[int] | None] | None,
+    "pids": list[tuple[int, ...] | None] | None,  # decoded straight into GpuSample's tuples
     "errors": list[dict[str, str] | None] | None,
     **{name: list[_Count | None] | None for name in _INTS - {"index"}},
 }
@@ -89,15 +89,19 @@ _Line = msgspec.defstruct("_Line", [("t", Annotated[float, msgspec.Meta(gt=-_LAR
 _DECODE = msgspec.json.Decoder(_Line).decode
 _CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
     "health": lambda column: [_HEALTH[v] if v is not None else GpuHealth.OK for v in column],
-    "pids": lambda column: [tuple(p) if p else () for p in column],
+    "pids": lambda column: [p or () for p in column] if None in column else column,
     "errors": lambda column: [tuple(e.items()) if e else () for e in column],
 }
 _CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]
-_DEFAULT_ROW = [_DEFAULTS.get(name) for name in _FIELDS]
-_new = tuple.__new__
 
 
 def decode(line: str | bytes) -> NodeSnapshot:
+    t, columns = _decode_columns(line)
+    return NodeSnapshot(t, tuple(samples_of(columns, len(columns[0]))))
+
+
+def _decode_columns(line: str | bytes) -> tuple[float, list[Any]]:
+    """A snapshot line's time and GpuSample field columns (None for a field the line leaves out), checked."""
     try:
         raw = _DECODE(line)
     except msgspec.ValidationError as exc:
@@ -118,12 +122,48 @@ def decode(line: str | bytes) -> NodeSnapshot:
     for position, convert in _CONVERT_AT:
         if columns[position] is not None:
             columns[position] = convert(columns[position])
-    columns = [itertools.repeat(default, count) if column is None else column
-               for column, default in zip(columns, _DEFAULT_ROW)]
-    return NodeSnapshot(raw.t, tuple(map(_new, itertools.repeat(GpuSample), zip(*columns))))  # type: ignore[attr-defined]
+    return raw.t, columns  # type: ignore[attr-defined]
 
 
 def read(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = None) -> Iterator[NodeSnapshot]:
+    return each_snapshot(stretches(stream, path, skips))
+
+
+class _Run:
+    """Consecutive lines with the same GPUs and the same columns, gathered into one SnapshotBlock.
+    Repeated names, UUIDs and process lists become one object each (`shared`): a day repeats the same
+    few, and a block is smaller to keep and to hand to another process."""
+
+    def __init__(self, t: float, columns: list[Any], shared: dict[Any, Any]):
+        self.layout, self.shape = columns[0], [column is None for column in columns]
+        self.times, self.lines, self.shared = [t], [columns], shared
+
+    def takes(self, columns: list[Any]) -> bool:
+        return columns[0] == self.layout and [column is None for column in columns] == self.shape
+
+    def block(self) -> NodeSnapshot | SnapshotBlock:
+        if len(self.times) == 1:
+            return NodeSnapshot(self.times[0], tuple(samples_of(self.lines[0], len(self.layout))))
+        if len(self.shared) > 1 << 16:
+            self.shared.clear()
+        joined = [None if absent else list(itertools.chain.from_iterable(columns))
+                  for columns, absent in zip(zip(*self.lines), self.shape)]
+        for slot in _SHARED_SLOTS:
+            values = joined[slot]
+            if values is not None:
+                joined[slot] = list(map(self.shared.setdefault, values, values))
+        return SnapshotBlock(self.times, tuple(self.layout), tuple(joined))
+
+
+_SHARED_SLOTS = [_FIELDS.index(name) for name in ("uuid", "name", "pids")]
+
+
+_RUN_LINES = 1024  # lines gathered into one block at most
+
+
+def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = None
+              ) -> Iterator[NodeSnapshot | SnapshotBlock]:
+    """The recording's snapshots; consecutive ones with the same GPUs and columns as column blocks."""
     skips = skips if skips is not None else SkipLog()
     blocks: Iterator[tuple[int, list[str]] | tuple[int, list[bytes]]] = (
         stream.byte_blocks() if isinstance(stream, TextLines) else line_blocks(stream))
@@ -140,16 +180,29 @@ def read(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = N
         raise TraceError(f"{path}:1: recording format version {head[FORMAT_KEY]!r}; this version reads "
                          f"{FORMAT_VERSION}")
     # A clock that steps back is kept, as in an nvidia-smi log: the detectors notice the step and say so.
+    run: _Run | None = None
+    shared: dict[Any, Any] = {}
     for number, lines in itertools.chain([(head_number + 1, head_lines[1:])], blocks):
         for offset, line in enumerate[str | bytes](lines):
             if not line.strip():
                 continue
             try:
-                snapshot = decode(line)
+                t, columns = _decode_columns(line)
             except ValueError as exc:
+                if run is not None:  # what came before a malformed line is handed on before its error
+                    yield run.block()
+                    run = None
                 skips.malformed(f"{path}:{number + offset}: {_utf8_problem(line) or exc}")
                 continue
-            yield snapshot
+            if run is not None and run.takes(columns) and len(run.times) < _RUN_LINES:
+                run.times.append(t)
+                run.lines.append(columns)
+                continue
+            if run is not None:
+                yield run.block()
+            run = _Run(t, columns, shared)
+    if run is not None:
+        yield run.block()
 
 
 def _utf8_problem(line: str | bytes) -> str | None:

@@ -8,11 +8,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.model import NodeSnapshot
+from watchdog.model import NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines
-from watchdog.sample.smi_csv import read_smi_csv
+from watchdog.sample.smi_csv import smi_csv_stretches
 
 SIM_PREFIX = "sim:"
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".log", ".txt")  # what a folder given to `replay` contributes
@@ -20,9 +20,13 @@ TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".log", ".txt")  # what a folder gi
 
 @dataclass
 class Trace:
-    snapshots: Iterator[NodeSnapshot]
+    stretches: Iterator[NodeSnapshot | SnapshotBlock]  # the snapshots, regular stretches as column blocks
     naive_time: bool  # nvidia-smi timestamps carry no offset: print them back without one
     skips: SkipLog = field(default_factory=SkipLog)
+
+    @property
+    def snapshots(self) -> Iterator[NodeSnapshot]:
+        return each_snapshot(self.stretches)
 
 
 def scenario(name: str) -> sim.Scenario:
@@ -47,6 +51,6 @@ def open_trace(spec: str, lenient: bool = False, csv_fields: list[str] | None = 
         first = stream.peek(4)[:4].removeprefix(b"\xef\xbb\xbf")[:1]
         lines = TextLines(stream, spec, skips)
         if first == b"{":
-            yield Trace(recording.read(lines, spec, skips), naive_time=False, skips=skips)
+            yield Trace(recording.stretches(lines, spec, skips), naive_time=False, skips=skips)
         else:
-            yield Trace(read_smi_csv(lines, spec, csv_fields, skips), naive_time=True, skips=skips)
+            yield Trace(smi_csv_stretches(lines, spec, csv_fields, skips), naive_time=True, skips=skips)

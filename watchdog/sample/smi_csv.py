@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.model import SAMPLE_DEFAULTS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines, line_blocks
 from watchdog.sample.smi_gpu_count import group_by_time, with_index
@@ -268,7 +268,6 @@ def _row_parser(columns: list[_Column]) -> RowParser:
 
 
 _Row = tuple[int, float, int | None, str | None, GpuSample]
-_new = tuple.__new__
 
 
 def _strict_number(unit: str, default_unit: str, integer: bool) -> Callable[[str], Any]:
@@ -296,10 +295,10 @@ def _hex_mask(text: str) -> int | None:
 
 
 def _block_parser(columns: list[_Column]) -> Callable[[list[str]], tuple[list[float], list[Any]] | None]:
-    """Build a function turning a block of lines into (times, GpuSample field columns), a column at a
-    time: the block is split once, each column is a slice of it, and each distinct cell text is
-    converted once. It gives up (None) on anything but plain, complete rows; the block is then read
-    row by row, which names the line and the column of what is wrong."""
+    """Build a function turning a block of lines into (times, GpuSample field columns: None for a field
+    the log does not have), a column at a time: the block is split once, each column is a slice of it,
+    and each distinct cell text is converted once. It gives up (None) on anything but plain, complete
+    rows; the block is then read row by row, which names the line and the column of what is wrong."""
     width = len(columns)
     by_name = {c.name: c.position for c in columns}
     slots = {name: position for position, name in enumerate(GpuSample._fields)}
@@ -316,12 +315,9 @@ def _block_parser(columns: list[_Column]) -> Callable[[list[str]], tuple[list[fl
         reason_cells.insert(0, (active_mask[0], _Cells(_hex_mask)))
     stamps = _Cells(parse_timestamp)
     t_pos = by_name["timestamp"]
-    defaults = [GpuSample._field_defaults.get(name) for name in GpuSample._fields]
-    defaults[slots["index"]] = 0
     separators = operator.methodcaller("count", ",")
 
     def parse(lines: list[str]) -> tuple[list[float], list[Any]] | None:
-        count = len(lines)
         text = ",".join(lines)
         if '"' in text or "\r" in text:
             return None  # quoting or carriage returns: the csv module, row by row
@@ -329,7 +325,7 @@ def _block_parser(columns: list[_Column]) -> Callable[[list[str]], tuple[list[fl
         if min(per_line) != width - 1 or max(per_line) != width - 1:
             return None  # blank or ragged lines
         cells = text.split(",")
-        fields: list[Any] = [itertools.repeat(value, count) for value in defaults]
+        fields: list[Any] = [None] * len(GpuSample._fields)
         try:
             times = list(map(stamps.__getitem__, cells[t_pos::width]))
             for position, slot, converted in converters:
@@ -358,6 +354,14 @@ def read_smi_csv(
     """Snapshots from an nvidia-smi CSV log. `fields` gives the columns of a log written with noheader.
     A malformed row raises TraceError naming path:line, unless `skips` is lenient: then it is skipped and
     counted. Samples nvidia-smi itself cut short are always dropped and counted in `skips`."""
+    return each_snapshot(smi_csv_stretches(stream, path, fields, skips))
+
+
+def smi_csv_stretches(
+    stream: Iterable[str] | TextLines, path: str, fields: list[str] | None = None, skips: SkipLog | None = None,
+) -> Iterator[NodeSnapshot | SnapshotBlock]:
+    """read_smi_csv's snapshots, the regular stretches of the log (the same GPUs in the same order, as
+    nvidia-smi writes them) handed on as column blocks: a replay's detectors take them as they are."""
     skips = skips if skips is not None else SkipLog()
     blocks = line_blocks(stream)
     head = next(blocks, None)
@@ -416,58 +420,88 @@ def read_smi_csv(
                         yield _Rows(numbers, times, indexes, uuids, samples)
                 continue
             times, fields = parsed
-            samples = list(map(_new, itertools.repeat(GpuSample), zip(*fields)))
-            count = len(samples)
-            yield _Rows(range(first, first + count), times,
-                        fields[0] if isinstance(fields[0], list) else [None] * count,
-                        fields[1] if isinstance(fields[1], list) else [None] * count, samples)
+            count = len(times)
+            yield _Rows(range(first, first + count), times, fields[0] or [None] * count,
+                        fields[1] or [None] * count, None, fields)
 
     if "index" in names or "uuid" in names:
         yield from _group_by_identity(row_blocks(), path, skips)
     else:
-        rows = itertools.chain.from_iterable(zip(*block) for block in row_blocks())
+        rows = itertools.chain.from_iterable(zip(*block[:4], block.built()) for block in row_blocks())
         yield from group_by_time(rows, path, skips)
 
 
 class _Rows(NamedTuple):
-    """A block of parsed rows, column by column."""
+    """A block of parsed rows, column by column: its samples, or the block parser's GpuSample field
+    columns (None for a field the log does not have) to build them from where needed."""
 
     lines: Sequence[int]
     times: list[float]
     indexes: list[int | None]
     uuids: list[str | None]
-    samples: list[GpuSample]
+    samples: list[GpuSample] | None
+    fields: list[list[Any] | None] | None = None
+
+    def built(self, start: int = 0, stop: int | None = None) -> list[GpuSample]:
+        """Samples of rows start..stop-1."""
+        if self.samples is not None:
+            return self.samples[start:stop]
+        stop = len(self.times) if stop is None else stop
+        fields: list[list[Any] | None] = self.fields  # type: ignore[assignment]  # samples or fields: one is there
+        return samples_of([None if column is None else column[start:stop] for column in fields], stop - start,
+                          _ROW_DEFAULTS)
 
 
-def _group_by_identity(blocks: Iterator[_Rows], path: str, skips: SkipLog) -> Iterator[NodeSnapshot]:
+_ROW_DEFAULTS = (0, *SAMPLE_DEFAULTS[1:])  # a log without an index column: each row gets its place later
+
+
+def _joined(pending: list[GpuSample], fields: list[list[Any] | None], stop: int) -> tuple[list[Any] | None, ...]:
+    """The columns of the `pending` samples followed by rows 0..stop-1 of a block's `fields`."""
+    columns: list[list[Any] | None] = []
+    for before, column, default in zip(zip(*pending), fields, _ROW_DEFAULTS):
+        if column is not None:
+            columns.append([*before, *column[:stop]])
+        elif before.count(default) == len(before):
+            columns.append(None)
+        else:
+            columns.append([*before, *itertools.repeat(default, stop)])
+    return tuple(columns)
+
+
+def _group_by_identity(blocks: Iterator[_Rows], path: str, skips: SkipLog) -> Iterator[NodeSnapshot | SnapshotBlock]:
     """Rows with an index or uuid: a GPU seen again starts the next sample. The same GPU twice at the same
     time is a malformed row (one row per GPU per sample, as in a JSON Lines recording).
     A block whose GPUs come in the order of the last whole sample (nvidia-smi's own order) is cut into
-    samples by slicing; any other block row by row."""
+    samples by slicing, and handed on as one SnapshotBlock; any other block row by row."""
     ordinals: dict[str, int] = {}
     group: list[GpuSample] = []
     seen: list[int] = []
     start = last = 0.0
     order: list[int] = []  # the GPUs of the last whole sample, in their order
     for block in blocks:
-        lines, times, _, uuids, samples = block
-        indexes: list[int] = block.indexes  # type: ignore[assignment]  # checked just below
-        if None in indexes:
-            indexes = [ordinals.setdefault(uuid or "", len(ordinals)) if index is None else index
-                       for index, uuid in zip(block.indexes, uuids)]
-            samples = list(map(with_index, samples, indexes))
-        count, width, pending = len(samples), len(order), len(seen)
+        if None in block.indexes:
+            named = [ordinals.setdefault(uuid or "", len(ordinals)) if index is None else index
+                     for index, uuid in zip(block.indexes, block.uuids)]
+            block = block._replace(indexes=list[int | None](named), samples=list(map(with_index, block.built(), named)),
+                                   fields=None)
+        lines, times, fields = block.lines, block.times, block.fields
+        indexes: list[int] = block.indexes  # type: ignore[assignment]  # every one named just above
+        count, width, pending = len(times), len(order), len(seen)
         if width and count >= width and seen == order[:pending] and indexes == list(
                 itertools.islice(itertools.cycle(order), pending, pending + count)):
             cuts = range((width - pending) % width, count, width)  # rows that begin a sample
             if all(times[i] != (times[i - 1] if i else last) for i in cuts):
-                yield NodeSnapshot(start, (*group, *samples[:cuts[0]]))
-                for i in cuts[1:]:
-                    yield NodeSnapshot(times[i - width], tuple(samples[i - width:i]))
                 tail = cuts[-1]
-                group, seen, start, last = samples[tail:], indexes[tail:], times[tail], times[-1]
+                stamps = [start, *times[cuts[0]:tail:width]]
+                if fields is not None:
+                    yield SnapshotBlock(stamps, tuple(order), _joined(group, fields, tail))
+                else:
+                    rows = [*group, *block.built(0, tail)]
+                    yield from (NodeSnapshot(t, tuple(rows[n:n + width]))
+                                for t, n in zip(stamps, range(0, len(rows), width)))
+                group, seen, start, last = block.built(tail), indexes[tail:], times[tail], times[-1]
                 continue
-        for line, t, index, sample in zip(lines, times, indexes, samples):
+        for line, t, index, sample in zip(lines, times, indexes, block.built()):
             if index in seen:
                 if t == last:
                     skips.malformed(f"{path}:{line}: GPU {index} twice at the same time")
