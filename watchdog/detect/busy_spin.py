@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from typing import TypeVar
@@ -57,7 +59,9 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     if readings.throttled:
         return None  # throttled: slow, not spinning
     utils, power, mem, activity = readings.utils, readings.power, readings.memory, readings.activity
-    if percentile(utils, 0.5) < floor:
+    # Nearest-rank percentiles of the sorted readings (evidence.percentile), by index: this runs every
+    # tick for every spinning GPU.
+    if utils[len(utils) // 2] < floor:
         return None
     clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
     if clock is not None and clock_max and clock < cfg.clock_min_ratio * clock_max:
@@ -78,7 +82,8 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         facts["sm_activity"] = mean_activity
     if power:
         # The median, not the mean: a spinning rank still shows brief bursts of real work.
-        median = percentile(power, 0.5)
+        watts = len(power)
+        median = power[watts // 2]
         facts["power_watts"] = median
         limit = latest.power_limit_watts
         if limit:
@@ -99,7 +104,7 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         elif busy is not None and median <= cfg.fell_max_ratio * busy:
             legs.append("power_fell")
             facts["busy_watts"] = busy
-        spread = percentile(power, 0.75) - percentile(power, 0.25)
+        spread = power[3 * watts // 4] - power[watts // 4]
         if spread <= max(cfg.power_flat_max_ratio * median, cfg.power_flat_min_watts):
             legs.append("power_flat")
 
@@ -206,11 +211,12 @@ def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
     memory, activity = run.column("memory_utilization_ratio"), run.column("sm_activity_ratio")
     if None not in memory and min(memory) > memory_busy:
         return True
-    if None not in utils and None not in memory:  # the memory of every sample at or above the floor is busy
-        hot = itertools.compress(memory, map(floor.__le__, utils))
-        if min(hot, default=memory_busy + 1) > memory_busy:
-            return True
+    if None not in utils and None not in memory:  # each sample at or above the floor: memory or SMs busy
+        hot = list(map(floor.__le__, utils))
         if activity.count(None) == len(activity):
-            return False  # one such sample with idle memory and no SM reading: evaluate() goes on there
+            return min(itertools.compress(memory, hot), default=math.inf) > memory_busy
+        if None not in activity:
+            return all(map(operator.or_, map(memory_busy.__lt__, itertools.compress(memory, hot)),
+                           map(sm_busy.__lt__, itertools.compress(activity, hot))))
     return all(u is None or u < floor or (m is not None and m > memory_busy) or (a is not None and a > sm_busy)
                for u, m, a in zip(utils, memory, activity))
