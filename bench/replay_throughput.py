@@ -51,11 +51,6 @@ def end_to_end(*args: str) -> tuple[float, str]:
     return time.perf_counter() - started, result.stdout
 
 
-def best(runs: int, measure):  # type: ignore[no-untyped-def]
-    """The fastest of a few runs: the figure least disturbed by whatever else the machine does."""
-    return min((measure() for _ in range(runs)), key=lambda r: r[0] if isinstance(r, tuple) else r)
-
-
 def in_process(path: Path) -> tuple[float, float, float, float]:
     """Seconds to read the trace as a replay does (column blocks where it is regular) and as snapshots,
     then to detect over it one snapshot at a time, and as a replay does. The collector runs at the pace
@@ -103,19 +98,29 @@ def main() -> None:
         samples = (scenario.duration_seconds + 1) * scenario.gpus
         print(f"trace: {scenario.description}, 1 Hz, {scenario.gpus} GPUs, {scenario.duration_seconds // 3600} h, "
               f"{samples:,} GPU-samples ({log.stat().st_size / 2**20:.0f} MiB CSV, "
-              f"{jsonl.stat().st_size / 2**20:.0f} MiB JSON Lines); {os.cpu_count()} cores; best of 3 runs")
-        floor = best(3, lambda: csv_floor(log))
+              f"{jsonl.stat().st_size / 2**20:.0f} MiB JSON Lines); {os.cpu_count()} cores; the best of 3 rounds")
+        # Rounds of every measurement in turn, so that each replay has a floor measured moments before it:
+        # a shared machine's speed drifts by a third over a few minutes, and the ratio is what carries.
+        kinds = {"floor": lambda: (csv_floor(log), "")}
+        for key, path in (("csv", log), ("jsonl", jsonl)):
+            kinds[key] = lambda path=path: end_to_end(str(path))
+            kinds[key + " one"] = lambda path=path: end_to_end(str(path), "--jobs", "1")
+        rounds = [{key: measure() for key, measure in kinds.items()} for _ in range(3)]
+        fastest = {key: min(r[key][0] for r in rounds) for key in kinds}
+        outputs = {r[key][1] for r in rounds for key in ("csv", "csv one")}
+        assert len(outputs) == 1 and len({r[key][1] for r in rounds for key in ("jsonl", "jsonl one")}) == 1
+        floor = fastest["floor"]
         print(f"csv-module floor (read + convert 2 columns): {floor:.2f} s, {samples / floor:,.0f} GPU-samples/s")
-        outputs = {}
-        for name, path, goal in (("nvidia-smi CSV", log, 250_000), ("JSON Lines", jsonl, 400_000)):
-            seconds, outputs[name] = best(3, lambda path=path: end_to_end(str(path)))
-            ratio = f", {seconds / floor:.1f}x the csv floor (goal <= 3x)" if path is log else ""
+        for name, key, goal in (("nvidia-smi CSV", "csv", 250_000), ("JSON Lines", "jsonl", 400_000)):
+            seconds, alone = fastest[key], fastest[key + " one"]
+            ratios = sorted(r[key][0] / r["floor"][0] for r in rounds)
+            ratio = (f", {ratios[1]:.1f}x the csv floor measured just before it (median of 3 rounds: "
+                     f"{', '.join(f'{x:.1f}' for x in ratios)}; goal <= 3x)") if key == "csv" else ""
             print(f"replay {name:>15}, end to end: {seconds:.2f} s, {samples / seconds:>9,.0f} GPU-samples/s "
                   f"(goal >= {goal:,}){ratio}")
-            alone, text = best(3, lambda path=path: end_to_end(str(path), "--jobs", "1"))
-            assert text == outputs[name]
             print(f"  {'':>15}  in one process (--jobs 1): {alone:.2f} s, {samples / alone:>9,.0f} GPU-samples/s; "
                   "the default reads the trace in a second process")
+        outputs = {"nvidia-smi CSV": rounds[0]["csv"][1], "JSON Lines": rounds[0]["jsonl"][1]}
         for name, path in (("nvidia-smi CSV", log), ("JSON Lines", jsonl)):
             read, built, single, bulk = in_process(path)
             print(f"  {name:>15} in process: read {samples / read:>9,.0f}/s ({read:.2f} s; {built:.2f} s as "
