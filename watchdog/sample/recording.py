@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any, Literal, TextIO
 
@@ -135,11 +136,11 @@ class _Run:
     few, and a block is smaller to keep and to hand to another process."""
 
     def __init__(self, t: float, columns: list[Any], shared: dict[Any, Any]):
-        self.layout, self.shape = columns[0], [column is None for column in columns]
+        self.layout, self.shape = columns[0], _shape(columns)
         self.times, self.lines, self.shared = [t], [columns], shared
 
     def takes(self, columns: list[Any]) -> bool:
-        return columns[0] == self.layout and [column is None for column in columns] == self.shape
+        return columns[0] == self.layout and _shape(columns) == self.shape
 
     def block(self) -> NodeSnapshot | SnapshotBlock:
         if len(self.times) == 1:
@@ -156,6 +157,11 @@ class _Run:
 
 
 _SHARED_SLOTS = [_FIELDS.index(name) for name in ("uuid", "name", "pids")]
+
+
+def _shape(columns: list[Any]) -> list[bool]:
+    """Which columns a line leaves out."""
+    return list(map(operator.is_, columns, itertools.repeat(None)))
 
 
 _RUN_LINES = 1024  # lines gathered into one block at most
@@ -184,7 +190,7 @@ def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | Non
     shared: dict[Any, Any] = {}
     for number, lines in itertools.chain([(head_number + 1, head_lines[1:])], blocks):
         for offset, line in enumerate[str | bytes](lines):
-            if not line.strip():
+            if not line or line.isspace():  # (strip() would copy every line to find out)
                 continue
             try:
                 t, columns = _decode_columns(line)
