@@ -96,7 +96,8 @@ def test_a_hung_py_spy_is_killed_at_the_timeout(tmp_path: Path) -> None:
         if not leftovers or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert leftovers == [], "the hung py-spy's process group was not killed"
+    assert leftovers == [], ("the hung py-spy's process group was not killed: "
+                             + "; ".join(_described(p) for p in leftovers))
 
 
 def test_missing_py_spy_is_reported() -> None:
@@ -120,3 +121,12 @@ def test_a_rank_dying_during_capture_is_classified(tmp_path: Path) -> None:
         process.wait()
         (capture,) = capturer.capture([Target(process.pid)])
     assert capture.result == GONE
+
+
+def _described(process: psutil.Process) -> str:
+    """What a leftover is, for the failure message: whose child, in which process group and session."""
+    try:
+        return (f"pid {process.pid} status {process.status()} ppid {process.ppid()} pgid {os.getpgid(process.pid)} "
+                f"sid {os.getsid(process.pid)} (this test: pgid {os.getpgid(0)})")
+    except (psutil.Error, OSError) as exc:
+        return f"pid {process.pid} ({exc})"
