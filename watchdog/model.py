@@ -132,9 +132,8 @@ class SnapshotBlock:
 
     def samples(self, position: int, start: int, stop: int) -> list[GpuSample]:
         """The GPU at `position` in snapshots start..stop-1, as samples."""
-        width = len(self.layout)
-        return samples_of([None if values is None else values[start * width + position:stop * width:width]
-                           for values in self.columns], stop - start)
+        return samples_of([None if values is None else self.column(slot, position, start, stop)
+                           for slot, values in enumerate(self.columns)], stop - start)
 
     def snapshots(self, start: int = 0, stop: int | None = None) -> list[NodeSnapshot]:
         stop = len(self.times) if stop is None else stop
@@ -155,6 +154,13 @@ def each_snapshot(stretches: Iterable[NodeSnapshot | SnapshotBlock]) -> Iterator
 def snapshot_range(stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int) -> Sequence[NodeSnapshot]:
     """Snapshots start..stop-1 of a list of them or of a block."""
     return stream.snapshots(start, stop) if isinstance(stream, SnapshotBlock) else stream[start:stop]
+
+
+def snapshot_times(stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int) -> Sequence[float]:
+    """The times of snapshots start..stop-1 of a list of them or of a block."""
+    if isinstance(stream, SnapshotBlock):
+        return stream.times[start:stop]
+    return [snapshot.time_seconds for snapshot in stream[start:stop]]
 
 
 class Progress(str, enum.Enum):

@@ -22,7 +22,15 @@ from watchdog.config import Config, load_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.export import report as report_html
 from watchdog.export.timeline import TextTimeline, json_line
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, SnapshotBlock, gpu_list, snapshot_range
+from watchdog.model import (
+    EpisodeEvent,
+    EventKind,
+    NodeSnapshot,
+    SnapshotBlock,
+    gpu_list,
+    snapshot_range,
+    snapshot_times,
+)
 from watchdog.sample import read_ahead
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import SIM_PREFIX, TRACE_SUFFIXES, open_trace
@@ -141,10 +149,8 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
         first = last = None
         samples = gpus = 0
         for batch in _batches(trace.stretches):
-            if isinstance(batch, SnapshotBlock):
-                times, width = batch.times, len(batch.layout)
-            else:
-                times, width = [snapshot.time_seconds for snapshot in batch], max(len(s.gpus) for s in batch)
+            times = snapshot_times(batch, 0, len(batch))
+            width = len(batch.layout) if isinstance(batch, SnapshotBlock) else max(len(s.gpus) for s in batch)
             if first is None:
                 first = times[0]
             last = times[-1]

@@ -51,7 +51,8 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
         return None
     if latest.sm_activity_ratio is not None and latest.sm_activity_ratio > 2 * cfg.sm_activity_max_ratio:
         return None
-    count = view.recent_count(_span(view, cfg.window_seconds))
+    span = _span(view, cfg.window_seconds)
+    count = view.recent_count(span)
     if count < 3:
         return None
 
@@ -115,7 +116,7 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     if len(utils) == count and utils[0] >= floor:  # every sample holds: run_start's answer, without its pass
         since = view.samples[len(view.samples) - count][0]
     else:
-        window = view.recent(_span(view, cfg.window_seconds))
+        window = view.recent(span)
         since = run_start([t for t, _ in window], [s.utilization_ratio is not None and s.utilization_ratio >= floor
                                                     for _, s in window])
     return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts, weak=weak)
@@ -137,27 +138,33 @@ class _Readings:
         self.activity: deque[float] = deque()  # in window order: summed as the window's own list would be
         self.throttled = 0  # samples with a hardware or thermal slowdown reason
 
+    def _sorted(self, sample: GpuSample) -> tuple[tuple[float | None, list[float]], ...]:
+        """Each of the sample's readings that is kept sorted, with its list."""
+        return ((sample.utilization_ratio, self.utils), (sample.memory_utilization_ratio, self.memory),
+                (sample.power_watts, self.power))
+
     def take(self, sample: GpuSample) -> None:
         self.samples.append(sample)
-        for value, kept in ((sample.utilization_ratio, self.utils), (sample.memory_utilization_ratio, self.memory),
-                            (sample.power_watts, self.power)):
+        for value, kept in self._sorted(sample):
             if value is not None:
                 bisect.insort(kept, value)
         if sample.sm_activity_ratio is not None:
             self.activity.append(sample.sm_activity_ratio)
-        if sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK:
-            self.throttled += 1
+        self.throttled += _throttled(sample)
 
     def drop(self) -> None:
         sample = self.samples.popleft()
-        for value, kept in ((sample.utilization_ratio, self.utils), (sample.memory_utilization_ratio, self.memory),
-                            (sample.power_watts, self.power)):
+        for value, kept in self._sorted(sample):
             if value is not None:
                 del kept[bisect.bisect_left(kept, value)]
         if sample.sm_activity_ratio is not None:
             self.activity.popleft()
-        if sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK:
-            self.throttled -= 1
+        self.throttled -= _throttled(sample)
+
+
+def _throttled(sample: GpuSample) -> bool:
+    """A hardware or thermal slowdown reason is set."""
+    return bool(sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK)
 
 
 def _readings(view: GpuView, count: int) -> _Readings:

@@ -19,7 +19,16 @@ from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import job_findings, underuse_finding
 from watchdog.detect.window import GpuRun, GpuWindow
-from watchdog.model import EpisodeEvent, Finding, NodeSnapshot, Severity, Signature, SnapshotBlock, snapshot_range
+from watchdog.model import (
+    EpisodeEvent,
+    Finding,
+    NodeSnapshot,
+    Severity,
+    Signature,
+    SnapshotBlock,
+    snapshot_range,
+    snapshot_times,
+)
 
 _BULK_TICKS = 128  # a stretch checked for steadiness at once
 _STEP_TICKS = 16  # observed one by one when a stretch is not steady, before checking again
@@ -36,12 +45,6 @@ def _ignore(component: str, error: Exception) -> None:
 
 _INDEX = operator.itemgetter(0)
 _STEP_TOLERANCE_SECONDS = 0.5  # nvidia-smi prints a sample's GPUs milliseconds apart, not always in order
-
-
-def _stamps(stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int) -> Sequence[float]:
-    if isinstance(stream, SnapshotBlock):
-        return stream.times[start:stop]
-    return [snapshot.time_seconds for snapshot in stream[start:stop]]
 
 
 class DetectorEngine:
@@ -147,7 +150,7 @@ class DetectorEngine:
             stop = min(count, start + _BULK_TICKS)
             runs = self._steady_runs(snapshots, start, stop)
             if runs is not None:
-                before_last, last = _stamps(snapshots, stop - 2, stop)
+                before_last, last = snapshot_times(snapshots, stop - 2, stop)
                 events += self._ingest(before_last, last, runs)
             else:
                 stop = min(count, start + _STEP_TICKS)
@@ -168,7 +171,7 @@ class DetectorEngine:
             return None
         if isinstance(stream, SnapshotBlock) and stream.layout != layout:
             return None
-        stamps = _stamps(stream, start, stop)
+        stamps = snapshot_times(stream, start, stop)
         if stamps[0] <= last or any(map(operator.ge, stamps[:-1], stamps[1:])):
             return None
         times = list(map(operator.add, stamps, itertools.repeat(self._offset)))

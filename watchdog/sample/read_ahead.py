@@ -81,9 +81,9 @@ def _stretches(messages: queue.Queue[bytes | None], reader: Any, skips: SkipLog
         if kind == "items":
             yield from value
             continue
-        skips.count, skips.first = value[0], value[1]
-        if kind == "error":
-            raise TraceError(value[2])
+        skips.count, skips.first, error = value
+        if error is not None:
+            raise TraceError(error)
         return
 
 
@@ -105,18 +105,17 @@ def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] |
             with open_trace(spec, lenient=lenient, csv_fields=csv_fields) as trace:
                 sending.send(("open", trace.naive_time))
                 batch: list[NodeSnapshot | SnapshotBlock] = []
+                error = None
                 try:
                     for item in trace.stretches:
                         batch.append(item)
                         if isinstance(item, SnapshotBlock) or len(batch) >= _BATCH:
                             sending.send(("items", batch))
                             batch = []
-                except TraceError as exc:
-                    sending.send(("items", batch))
-                    sending.send(("error", (trace.skips.count, trace.skips.first, str(exc))))
-                    return
+                except TraceError as exc:  # a malformed line: after everything read before it
+                    error = str(exc)
                 sending.send(("items", batch))
-                sending.send(("end", (trace.skips.count, trace.skips.first)))
+                sending.send(("end", (trace.skips.count, trace.skips.first, error)))
         except TraceError as exc:  # the trace could not be opened
             sending.send(("error", str(exc)))
     except BrokenPipeError:
