@@ -96,11 +96,6 @@ _CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
 _CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]
 
 
-def decode(line: str | bytes) -> NodeSnapshot:
-    t, columns = _decode_columns(line)
-    return NodeSnapshot(t, tuple(samples_of(columns, len(columns[0]))))
-
-
 def _decode_columns(line: str | bytes) -> tuple[float, list[Any]]:
     """A snapshot line's time and GpuSample field columns (None for a field the line leaves out), checked."""
     try:
