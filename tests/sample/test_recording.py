@@ -136,3 +136,22 @@ def test_what_came_before_a_malformed_line_is_handed_on_before_its_error() -> No
     skips = SkipLog(lenient=True)
     assert list(recording.read(io.StringIO("\n".join(lines) + "\n"), "rec.jsonl", skips)) == snapshots
     assert skips.count == 1
+
+
+def test_a_block_holds_each_repeated_name_uuid_and_process_list_once() -> None:
+    snapshots = list(sim.run(sim.SCENARIOS["odd_rank"]))[:300]
+    # A rank restarts on GPU 2 at the 100th snapshot: its process list changes and stays changed.
+    restarted = [NodeSnapshot(s.time_seconds, tuple(g._replace(pids=(9999,)) if g.index == 2 and n >= 100 else g
+                                                    for g in s.gpus)) for n, s in enumerate(snapshots)]
+    items = list(recording.stretches(io.StringIO(_text(restarted)), "rec.jsonl"))
+    assert list(each_snapshot(items)) == restarted
+    (block,) = items
+    assert isinstance(block, SnapshotBlock)
+    width = len(block.layout)
+    for field in ("uuid", "name", "pids"):
+        column = block.columns[GpuSample._fields.index(field)]
+        assert column is not None and len(column) == width * len(snapshots)
+        # One object for each distinct value, however many lines repeat it.
+        assert len({id(value) for value in column}) == len(set(column)), field
+    pids = block.columns[GpuSample._fields.index("pids")]
+    assert pids is not None and pids[2 + 99 * width] != (9999,) and pids[2 + 100 * width] == (9999,)

@@ -4,7 +4,6 @@ power levels this GPU has shown when idle and when doing real work (its own base
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 import operator
@@ -220,7 +219,8 @@ class GpuWindow:
         steps = set(map(operator.sub, stamps, [busy_at, *stamps[:-1]]))
         if len(steps) == 1:  # the usual even sampling: one weight for every step
             alpha = self._alpha(steps.pop())
-            busy = functools.reduce(lambda level, power: level + alpha * (power - level), working, busy)
+            for power in working:
+                busy += alpha * (power - busy)
         else:
             for t, power in zip(stamps, working):
                 busy = busy + self._alpha(t - busy_at) * (power - busy)

@@ -127,28 +127,40 @@ def read(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = N
 
 class _Run:
     """Consecutive lines with the same GPUs and the same columns, gathered into one SnapshotBlock.
-    Repeated names, UUIDs and process lists become one object each (`shared`): a day repeats the same
-    few, and a block is smaller to keep and to hand to another process."""
+    Each line's columns are appended as it arrives, while its values are fresh in memory. Repeated
+    names, UUIDs and process lists become one object each (`shared`): a day repeats the same few, and a
+    block is smaller to keep and to hand to another process."""
 
     def __init__(self, t: float, columns: list[Any], shared: dict[Any, Any]):
-        self.layout, self.shape = columns[0], _shape(columns)
-        self.times, self.lines, self.shared = [t], [columns], shared
+        self.layout, self.shape, self.shared = columns[0], _shape(columns), shared
+        if len(shared) > 1 << 16:
+            shared.clear()
+        self.times: list[float] = []
+        self.columns: list[list[Any] | None] = [None if absent else [] for absent in self.shape]
+        self._last: list[tuple[int, list[Any] | None]] = [(slot, None) for slot in _SHARED_SLOTS
+                                                           if columns[slot] is not None]
+        self.add(t, columns)
 
     def takes(self, columns: list[Any]) -> bool:
         return columns[0] == self.layout and _shape(columns) == self.shape
 
+    def add(self, t: float, columns: list[Any]) -> None:
+        self.times.append(t)
+        for n, (slot, last) in enumerate(self._last):
+            column = columns[slot]
+            if column == last:  # as on the line before: its objects again
+                columns[slot] = last
+            else:
+                columns[slot] = list(map(self.shared.setdefault, column, column))
+                self._last[n] = (slot, columns[slot])
+        for joined, column in zip(self.columns, columns):
+            if joined is not None:
+                joined.extend(column)
+
     def block(self) -> NodeSnapshot | SnapshotBlock:
         if len(self.times) == 1:
-            return NodeSnapshot(self.times[0], tuple(samples_of(self.lines[0], len(self.layout))))
-        if len(self.shared) > 1 << 16:
-            self.shared.clear()
-        joined = [None if absent else list(itertools.chain.from_iterable(columns))
-                  for columns, absent in zip(zip(*self.lines), self.shape)]
-        for slot in _SHARED_SLOTS:
-            values = joined[slot]
-            if values is not None:
-                joined[slot] = list(map(self.shared.setdefault, values, values))
-        return SnapshotBlock(self.times, tuple(self.layout), tuple(joined))
+            return NodeSnapshot(self.times[0], tuple(samples_of(self.columns, len(self.layout))))
+        return SnapshotBlock(self.times, tuple(self.layout), tuple(self.columns))
 
 
 _SHARED_SLOTS = [_FIELDS.index(name) for name in ("uuid", "name", "pids")]
@@ -196,8 +208,7 @@ def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | Non
                 skips.malformed(f"{path}:{number + offset}: {_utf8_problem(line) or exc}")
                 continue
             if run is not None and run.takes(columns) and len(run.times) < _RUN_LINES:
-                run.times.append(t)
-                run.lines.append(columns)
+                run.add(t, columns)
                 continue
             if run is not None:
                 yield run.block()
