@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import queue
-import threading
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
@@ -24,7 +23,9 @@ from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.replay import Trace, open_trace
 
 _BATCH = 256  # single snapshots sent at once (blocks go one by one)
-_AHEAD = 64  # messages read ahead of the detectors: a few seconds of a day-long trace
+_AHEAD = 64  # messages taken in ahead of the detectors: a few seconds of a day-long trace
+_PIPE_BYTES = 1 << 20  # the pipe's buffer where the system allows it (Linux's usual largest): about ten
+# messages, so that the reader need not wait for this process to take each one
 
 
 class ReaderFailed(RuntimeError):
@@ -41,43 +42,67 @@ def open_trace_ahead(spec: str, lenient: bool = False, csv_fields: list[str] | N
     """open_trace(spec, ...), read by a second process."""
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
+    _widen(receiving)
     reader = context.Process(target=_read, args=(sending, spec, lenient, csv_fields), daemon=True,
                              name="stall-watchdog trace reader")
     reader.start()
     sending.close()
-    # A thread drains the pipe as fast as the reader fills it, so neither process waits on the other
-    # while the work of each varies (a quiet hour detects faster than it reads, a hang slower).
-    messages: queue.Queue[bytes | None] = queue.Queue(maxsize=_AHEAD)
-    pump = threading.Thread(target=_pump, args=(receiving, messages), daemon=True, name="trace pump")
-    pump.start()
     try:
-        kind, value = _receive(messages, reader)
+        inbox = _Inbox(receiving, reader)
+        kind, value = inbox.take()
         if kind == "error":
             raise TraceError(value)
         skips = SkipLog(lenient=lenient)
-        yield Trace(_stretches(messages, reader, skips), naive_time=value, skips=skips)
+        yield Trace(_stretches(inbox, skips), naive_time=value, skips=skips)
     finally:
         if reader.is_alive():
             reader.terminate()
         reader.join()
-        while pump.is_alive():  # a pump waiting on a full queue: make room until it has seen the end
-            with suppress(queue.Empty):
-                messages.get(timeout=0.05)
         receiving.close()
 
 
-def _pump(receiving: Connection, messages: queue.Queue[bytes | None]) -> None:
-    try:
-        while True:
-            messages.put(receiving.recv_bytes())
-    except (EOFError, OSError):
-        messages.put(None)
+def _widen(receiving: Connection) -> None:
+    """A larger pipe buffer, where Linux allows it; the usual 64 KiB otherwise."""
+    import fcntl  # Unix only, as fork() is
+
+    size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if size is not None:
+        with suppress(OSError):
+            fcntl.fcntl(receiving.fileno(), size, _PIPE_BYTES)
 
 
-def _stretches(messages: queue.Queue[bytes | None], reader: Any, skips: SkipLog
-               ) -> Iterator[NodeSnapshot | SnapshotBlock]:
+class _Inbox:
+    """The reader's messages, taken from the pipe by this thread. Each time one is wanted, whatever else
+    has arrived is taken in too (up to _AHEAD), so the reader runs on while the detectors work. There is
+    no second thread: one would wait for the interpreter at every read, and the reader on it."""
+
+    def __init__(self, receiving: Connection, reader: Any):
+        self._receiving, self._reader = receiving, reader
+        self._waiting: deque[bytes] = deque()
+        self._ended = False  # the pipe has closed: what is waiting is all there will be
+
+    def take(self) -> tuple[str, Any]:
+        receiving, waiting = self._receiving, self._waiting
+        if not self._ended:
+            try:
+                while len(waiting) < _AHEAD and receiving.poll():
+                    waiting.append(receiving.recv_bytes())
+                if not waiting:
+                    waiting.append(receiving.recv_bytes())
+            except (EOFError, OSError):
+                self._ended = True
+        if not waiting:
+            self._reader.join(timeout=5)
+            raise ReaderFailed(f"the trace reader exited without finishing (exit code {self._reader.exitcode})")
+        kind, value = pickle.loads(waiting.popleft())
+        if kind == "crash":
+            raise ReaderFailed(f"the trace reader failed:\n{value}")
+        return kind, value
+
+
+def _stretches(inbox: _Inbox, skips: SkipLog) -> Iterator[NodeSnapshot | SnapshotBlock]:
     while True:
-        kind, value = _receive(messages, reader)
+        kind, value = inbox.take()
         if kind == "items":
             yield from value
             continue
@@ -85,17 +110,6 @@ def _stretches(messages: queue.Queue[bytes | None], reader: Any, skips: SkipLog
         if error is not None:
             raise TraceError(error)
         return
-
-
-def _receive(messages: queue.Queue[bytes | None], reader: Any) -> tuple[str, Any]:
-    message = messages.get()
-    if message is None:
-        reader.join(timeout=5)
-        raise ReaderFailed(f"the trace reader exited without finishing (exit code {reader.exitcode})")
-    kind, value = pickle.loads(message)
-    if kind == "crash":
-        raise ReaderFailed(f"the trace reader failed:\n{value}")
-    return kind, value
 
 
 def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] | None) -> None:
