@@ -116,9 +116,32 @@ def test_leaving_early_stops_the_reader(tmp_path: Path) -> None:
     with read_ahead.open_trace_ahead(spec) as trace:
         next(iter(trace.stretches))
         reader = _reader()
-        time.sleep(0.5)  # the reader fills the queue and waits on the pipe
+        time.sleep(0.5)  # the reader runs ahead until the pipe is full, and waits
     assert not reader.is_alive() and not multiprocessing.active_children()
     assert time.monotonic() - started < 20
+
+
+def test_the_replay_takes_in_a_bounded_number_of_messages_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever has arrived is taken in when a message is wanted, up to _AHEAD; in order, then the end."""
+    monkeypatch.setattr(read_ahead, "_AHEAD", 3)
+    context = multiprocessing.get_context("fork")
+    receiving, sending = context.Pipe(duplex=False)
+
+    def send() -> None:
+        for n in range(10):
+            sending.send(("items", [n]))
+
+    sender = context.Process(target=send)
+    sender.start()
+    sending.close()
+    sender.join()  # all ten wait in the pipe
+    inbox = read_ahead._Inbox(receiving, sender)
+    assert inbox.take() == ("items", [0])
+    assert len(inbox._waiting) == 2  # three taken in, one handed on
+    assert [inbox.take() for _ in range(9)] == [("items", [n]) for n in range(1, 10)]
+    with pytest.raises(read_ahead.ReaderFailed, match="exit code 0"):
+        inbox.take()
+    receiving.close()
 
 
 def test_replay_prints_the_same_with_and_without_a_reading_process(tmp_path: Path) -> None:
