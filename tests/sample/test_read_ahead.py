@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import pytest
@@ -122,8 +123,9 @@ def test_leaving_early_stops_the_reader(tmp_path: Path) -> None:
 
 
 def test_the_replay_takes_in_a_bounded_number_of_messages_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever has arrived is taken in when a message is wanted, up to _AHEAD; in order, then the end."""
-    monkeypatch.setattr(read_ahead, "_AHEAD", 3)
+    """Whatever has arrived is taken in when a message is wanted, up to _AHEAD_BYTES; in order, then the end."""
+    size = len(ForkingPickler.dumps(("items", [0])))  # as Connection.send pickles each of these
+    monkeypatch.setattr(read_ahead, "_AHEAD_BYTES", 2 * size + 1)  # room for a third to be taken in
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
 

@@ -23,7 +23,8 @@ from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.replay import Trace, open_trace
 
 _BATCH = 256  # single snapshots sent at once (blocks go one by one)
-_AHEAD = 64  # messages taken in ahead of the detectors: a few seconds of a day-long trace
+_AHEAD_BYTES = 32 << 20  # messages taken in ahead of the detectors, at most: minutes of a day-long trace, and
+# a bound on memory however many GPUs a block holds
 _PIPE_BYTES = 1 << 20  # the pipe's buffer where the system allows it (Linux's usual largest): about ten
 # messages, so that the reader need not wait for this process to take each one
 
@@ -73,31 +74,39 @@ def _widen(receiving: Connection) -> None:
 
 class _Inbox:
     """The reader's messages, taken from the pipe by this thread. Each time one is wanted, whatever else
-    has arrived is taken in too (up to _AHEAD), so the reader runs on while the detectors work. There is
+    has arrived is taken in too (up to _AHEAD_BYTES), so the reader runs on while the detectors work. There is
     no second thread: one would wait for the interpreter at every read, and the reader on it."""
 
     def __init__(self, receiving: Connection, reader: Any):
         self._receiving, self._reader = receiving, reader
         self._waiting: deque[bytes] = deque()
+        self._held = 0  # bytes waiting
         self._ended = False  # the pipe has closed: what is waiting is all there will be
 
     def take(self) -> tuple[str, Any]:
         receiving, waiting = self._receiving, self._waiting
         if not self._ended:
             try:
-                while len(waiting) < _AHEAD and receiving.poll():
-                    waiting.append(receiving.recv_bytes())
+                while self._held < _AHEAD_BYTES and receiving.poll():
+                    self._hold(receiving.recv_bytes())
                 if not waiting:
-                    waiting.append(receiving.recv_bytes())
+                    self._hold(receiving.recv_bytes())
             except (EOFError, OSError):
                 self._ended = True
         if not waiting:
             self._reader.join(timeout=5)
             raise ReaderFailed(f"the trace reader exited without finishing (exit code {self._reader.exitcode})")
-        kind, value = pickle.loads(waiting.popleft())
+        message = waiting.popleft()
+        self._held -= len(message)
+        kind, value = pickle.loads(message)
         if kind == "crash":
             raise ReaderFailed(f"the trace reader failed:\n{value}")
         return kind, value
+
+
+    def _hold(self, message: bytes) -> None:
+        self._waiting.append(message)
+        self._held += len(message)
 
 
 def _stretches(inbox: _Inbox, skips: SkipLog) -> Iterator[NodeSnapshot | SnapshotBlock]:
