@@ -103,7 +103,6 @@ class _Inbox:
             raise ReaderFailed(f"the trace reader failed:\n{value}")
         return kind, value
 
-
     def _hold(self, message: bytes) -> None:
         self._waiting.append(message)
         self._held += len(message)

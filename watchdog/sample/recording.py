@@ -137,6 +137,7 @@ class _Run:
             shared.clear()
         self.times: list[float] = []
         self.columns: list[list[Any] | None] = [None if absent else [] for absent in self.shape]
+        # (slot, the line before's column) for each shared column the run has
         self._last: list[tuple[int, list[Any] | None]] = [(slot, None) for slot in _SHARED_SLOTS
                                                            if columns[slot] is not None]
         self.add(t, columns)
