@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -81,17 +82,23 @@ def test_permission_denied_says_cap_sys_ptrace(tmp_path: Path) -> None:
 
 
 def test_a_hung_py_spy_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    # A py-spy stuck forever, with a child of its own. The child is a script of this test's, so that the
+    # search below finds it and nothing else of the machine's (a `sleep 300` of someone else's once
+    # failed this test).
+    child = tmp_path / "hung-py-spy-child"
+    child.write_text("#!/bin/sh\nsleep 300\n")
     hung = tmp_path / "py-spy"
-    hung.write_text("#!/bin/sh\nsleep 300 &\nwait\n")  # a py-spy stuck forever, with a child of its own
-    hung.chmod(hung.stat().st_mode | stat.S_IXUSR)
+    hung.write_text(f"#!/bin/sh\n{shlex.quote(str(child))} &\nwait\n")
+    for script in (child, hung):
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
     started = time.monotonic()
     (capture,) = StackCapturer([str(hung)], timeout_seconds=0.5).capture([Target(os.getpid())])
     assert capture.result == TIMEOUT and time.monotonic() - started < 3
     # SIGKILL is sent at the timeout; on a loaded machine the killed child may take a moment to be scheduled
-    # and die (a leftover once outlived a fixed 0.2 s wait in a full run): it must be gone within seconds.
+    # and die: it must be gone within seconds.
     deadline = time.monotonic() + 5
     while True:
-        leftovers = [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["cmdline"] == ["sleep", "300"]
+        leftovers = [p for p in psutil.process_iter(["cmdline", "status"]) if str(child) in (p.info["cmdline"] or ())
                      and p.info["status"] != psutil.STATUS_ZOMBIE]
         if not leftovers or time.monotonic() > deadline:
             break
