@@ -137,9 +137,8 @@ class _Run:
             shared.clear()
         self.times: list[float] = []
         self.columns: list[list[Any] | None] = [None if absent else [] for absent in self.shape]
-        # (slot, the line before's column) for each shared column the run has
-        self._last: list[tuple[int, list[Any] | None]] = [(slot, None) for slot in _SHARED_SLOTS
-                                                           if columns[slot] is not None]
+        # the line before's column, by slot, for each shared column the run has
+        self._last: dict[int, list[Any] | None] = {slot: None for slot in _SHARED_SLOTS if columns[slot] is not None}
         self.add(t, columns)
 
     def takes(self, columns: list[Any]) -> bool:
@@ -147,13 +146,12 @@ class _Run:
 
     def add(self, t: float, columns: list[Any]) -> None:
         self.times.append(t)
-        for n, (slot, last) in enumerate(self._last):
+        for slot, last in self._last.items():
             column = columns[slot]
             if column == last:  # as on the line before: its objects again
                 columns[slot] = last
             else:
-                columns[slot] = list(map(self.shared.setdefault, column, column))
-                self._last[n] = (slot, columns[slot])
+                columns[slot] = self._last[slot] = list(map(self.shared.setdefault, column, column))
         for joined, column in zip(self.columns, columns):
             if joined is not None:
                 joined.extend(column)
