@@ -108,6 +108,12 @@ def _text(snapshots: list[NodeSnapshot]) -> str:
     return buf.getvalue()
 
 
+def _cut(lines: int) -> list[int]:
+    """The sizes of the blocks a run of `lines` like lines comes in."""
+    full, rest = divmod(lines, recording._RUN_LINES)
+    return [recording._RUN_LINES] * full + [rest] * bool(rest)
+
+
 def test_lines_of_the_same_gpus_and_columns_come_as_column_blocks() -> None:
     snapshots = list(sim.run(sim.SCENARIOS["odd_rank"]))  # 1,501 snapshots
     # A GPU lost for a few lines: a column more ("health") and a GPU fewer each break the run.
@@ -120,7 +126,7 @@ def test_lines_of_the_same_gpus_and_columns_come_as_column_blocks() -> None:
     blocks = [item for item in items if isinstance(item, SnapshotBlock)]
     # At most _RUN_LINES a block; broken where the columns or the GPUs change.
     sizes = [len(item) if isinstance(item, SnapshotBlock) else 1 for item in items]
-    assert sizes == [recording._RUN_LINES, 1100 - recording._RUN_LINES, 3, 7, 391]
+    assert sizes == [*_cut(1100), 3, 7, *_cut(391)]
     assert blocks[0].layout == tuple(g.index for g in stream[0].gpus)
 
 
@@ -139,9 +145,10 @@ def test_what_came_before_a_malformed_line_is_handed_on_before_its_error() -> No
 
 
 def test_a_block_holds_each_repeated_name_uuid_and_process_list_once() -> None:
-    snapshots = list(sim.run(sim.SCENARIOS["odd_rank"]))[:300]
-    # A rank restarts on GPU 2 at the 100th snapshot: its process list changes and stays changed.
-    restarted = [NodeSnapshot(s.time_seconds, tuple(g._replace(pids=(9999,)) if g.index == 2 and n >= 100 else g
+    snapshots = list(sim.run(sim.SCENARIOS["odd_rank"]))[:recording._RUN_LINES]  # one block's worth
+    # A rank restarts on GPU 2 halfway: its process list changes and stays changed.
+    half = len(snapshots) // 2
+    restarted = [NodeSnapshot(s.time_seconds, tuple(g._replace(pids=(9999,)) if g.index == 2 and n >= half else g
                                                     for g in s.gpus)) for n, s in enumerate(snapshots)]
     items = list(recording.stretches(io.StringIO(_text(restarted)), "rec.jsonl"))
     assert list(each_snapshot(items)) == restarted
@@ -154,4 +161,4 @@ def test_a_block_holds_each_repeated_name_uuid_and_process_list_once() -> None:
         # One object for each distinct value, however many lines repeat it.
         assert len({id(value) for value in column}) == len(set(column)), field
     pids = block.columns[GpuSample._fields.index("pids")]
-    assert pids is not None and pids[2 + 99 * width] != (9999,) and pids[2 + 100 * width] == (9999,)
+    assert pids is not None and pids[2 + (half - 1) * width] != (9999,) and pids[2 + half * width] == (9999,)
