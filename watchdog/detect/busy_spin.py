@@ -218,6 +218,8 @@ def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
     memory, activity = run.column("memory_utilization_ratio"), run.column("sm_activity_ratio")
     if None not in memory and min(memory) > memory_busy:
         return True
+    if None not in activity and min(activity) > sm_busy:
+        return True  # the SMs busy at every sample: training on a GPU with GPM
     if None not in utils and None not in memory:  # each sample at or above the floor: memory or SMs busy
         hot = list(map(floor.__le__, utils))
         if activity.count(None) == len(activity):

@@ -52,6 +52,13 @@ def steady(run: GpuRun, view: GpuView, cfg: UnderuseConfig) -> bool:
     cutoff = times[-1] - window
     leaving = bisect.bisect_left(history, cutoff, key=_TIME)
     gone = sum(map(_FIXED, itertools.islice(history, leaving)))
+    # Cheapest first: each tick's lowest and highest possible means (below) pool the window before the
+    # run (less what leaves, or all of it) with the run so far, so they lie between that part of the
+    # window's own mean and the run's lowest (or highest) sample.
+    if count and min((view.long_sum - gone) / count, min(utils) * unit) > high + margin:
+        return True
+    if count > leaving and max(view.long_sum / (count - leaving), max(utils) * unit) < low - margin:
+        return True
     added = list(itertools.accumulate(map(operator.mul, utils, itertools.repeat(unit))))
     sizes = range(count + 1, count + 1 + len(added))
     # Lowest possible: the oldest samples gone, yet counted as if still there; highest: the reverse.
