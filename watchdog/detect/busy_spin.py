@@ -138,28 +138,35 @@ class _Readings:
         self.activity: deque[float] = deque()  # in window order: summed as the window's own list would be
         self.throttled = 0  # samples with a hardware or thermal slowdown reason
 
-    def _sorted(self, sample: GpuSample) -> tuple[tuple[float | None, list[float]], ...]:
-        """Each of the sample's readings that is kept sorted, with its list."""
-        return ((sample.utilization_ratio, self.utils), (sample.memory_utilization_ratio, self.memory),
-                (sample.power_watts, self.power))
-
+    # The readings kept sorted are utilization, memory-controller utilization and power, each where it
+    # is there; take() and drop() spell them out, as they run for every spinning GPU on every tick.
     def take(self, sample: GpuSample) -> None:
         self.samples.append(sample)
-        for value, kept in self._sorted(sample):
-            if value is not None:
-                bisect.insort(kept, value)
+        util, memory, power = sample.utilization_ratio, sample.memory_utilization_ratio, sample.power_watts
+        if util is not None:
+            bisect.insort(self.utils, util)
+        if memory is not None:
+            bisect.insort(self.memory, memory)
+        if power is not None:
+            bisect.insort(self.power, power)
         if sample.sm_activity_ratio is not None:
             self.activity.append(sample.sm_activity_ratio)
-        self.throttled += _throttled(sample)
+        if _throttled(sample):
+            self.throttled += 1
 
     def drop(self) -> None:
         sample = self.samples.popleft()
-        for value, kept in self._sorted(sample):
-            if value is not None:
-                del kept[bisect.bisect_left(kept, value)]
+        util, memory, power = sample.utilization_ratio, sample.memory_utilization_ratio, sample.power_watts
+        if util is not None:
+            del self.utils[bisect.bisect_left(self.utils, util)]
+        if memory is not None:
+            del self.memory[bisect.bisect_left(self.memory, memory)]
+        if power is not None:
+            del self.power[bisect.bisect_left(self.power, power)]
         if sample.sm_activity_ratio is not None:
             self.activity.popleft()
-        self.throttled -= _throttled(sample)
+        if _throttled(sample):
+            self.throttled -= 1
 
 
 def _throttled(sample: GpuSample) -> bool:
@@ -176,9 +183,12 @@ def _readings(view: GpuView, count: int) -> _Readings:
         readings = view.memo["busy_spin"] = _Readings(start)
     for _ in range(start - readings.start):
         readings.drop()
-    samples = view.samples
-    for _, sample in itertools.islice(samples, len(samples) - (end - readings.end), None):
-        readings.take(sample)
+    samples, new = view.samples, end - readings.end
+    if new == 1:  # the usual tick: one sample more
+        readings.take(samples[-1][1])
+    else:
+        for _, sample in itertools.islice(samples, len(samples) - new, None):
+            readings.take(sample)
     readings.start, readings.end = start, end
     return readings
 

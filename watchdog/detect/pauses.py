@@ -20,21 +20,17 @@ _MAX_MISSED = 2  # a pause may come a few periods after the last one seen (one w
 class PauseMemory:
     def __init__(self) -> None:
         self.pauses: deque[tuple[float, float]] = deque(maxlen=_KEPT)  # (onset, seconds), oldest first
+        self.longest: float | None = None  # the longest pause recorded
+        self.period: float | None = None  # the median interval between recorded pauses; None before two
 
     def record(self, onset: float, seconds: float) -> None:
-        if seconds >= _MIN_SECONDS:
-            self.pauses.append((onset, seconds))
-
-    @property
-    def longest(self) -> float | None:
-        return max((seconds for _, seconds in self.pauses), default=None)
-
-    @property
-    def period(self) -> float | None:
-        """The median interval between recorded pauses; None before two were seen."""
+        if seconds < _MIN_SECONDS:
+            return
+        self.pauses.append((onset, seconds))
+        self.longest = max(seconds for _, seconds in self.pauses)
         onsets = [onset for onset, _ in self.pauses]
         gaps = sorted(b - a for a, b in zip(onsets, onsets[1:]) if b > a)
-        return gaps[len(gaps) // 2] if gaps else None
+        self.period = gaps[len(gaps) // 2] if gaps else None
 
     def expected(self, onset: float, elapsed: float, margin: float) -> bool:
         """Whether a pause that began at `onset` and has lasted `elapsed` is one the job has shown it

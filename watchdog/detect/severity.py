@@ -47,8 +47,6 @@ def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timin
     if stacks is not None and stacks.kind == "hang":
         return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked")
     still, moving = finding.progress is Progress.STILL, finding.progress is Progress.MOVING
-    known = pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio)
-    recovered_pause = pauses.longest
     if sig is Signature.BUSY_SPIN:
         if stacks is not None and stacks.kind in ("waiting", "remote"):
             if elapsed >= d.waiting.critical_after_seconds:
@@ -59,13 +57,14 @@ def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timin
         if still:
             return Judgement(Severity.CRITICAL, f"the ranks have not moved on the host for "
                                                 f"{duration_text(finding.still_seconds)}")
-        if known:
+        if pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio):
             return None
         if moving or (stacks is not None and stacks.kind == "waiting"):
             return Judgement(Severity.WARNING, "the ranks are busy on the host: a checkpoint or evaluation; "
                                                "critical if they stop moving")
         zero = timing if isinstance(timing, ZeroUtilConfig) else d.zero_util
         limit = zero.critical_after_seconds
+        recovered_pause = pauses.longest
         if recovered_pause is not None:
             limit = min(limit, max(zero.critical_min_seconds,
                                    job.recovered_pause_margin_ratio * recovered_pause))
@@ -80,7 +79,7 @@ def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timin
                                             f"{duration_text(finding.still_seconds)}")
     if unbroken >= critical_after:
         return Judgement(Severity.CRITICAL, "longer than a checkpoint or evaluation should take")
-    if known:
+    if pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio):
         return None
     busy = " (its process is busy on the host)" if moving else ""
     return Judgement(Severity.WARNING, f"a checkpoint or evaluation on the odd GPU is plausible{busy}; critical "
