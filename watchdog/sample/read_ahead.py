@@ -25,8 +25,8 @@ from watchdog.sample.replay import Trace, open_trace
 _BATCH = 256  # single snapshots sent at once (blocks go one by one)
 _AHEAD_BYTES = 32 << 20  # messages taken in ahead of the detectors, at most: about half a day of an 8-GPU node
 # at 1 Hz, and a bound on memory however many GPUs a block holds
-_PIPE_BYTES = 1 << 20  # the pipe's buffer where the system allows it (Linux's usual largest): twenty blocks of
-# an 8-GPU nvidia-smi log, or ten of JSON Lines, so that the reader need not wait for this process to take each one
+_PIPE_BYTES = 1 << 20  # the pipe's buffer where the system allows it (Linux's usual largest): ten to fourteen
+# blocks of an 8-GPU node's trace, so that the reader need not wait for this process to take each one
 
 
 class ReaderFailed(RuntimeError):
