@@ -3,8 +3,8 @@ is an error naming the line, not gigabytes of memory), decoded as UTF-8 (bytes t
 malformed line, skipped under --lenient), a leading byte-order mark dropped.
 
 Readers take lines in blocks (`blocks()`): a day of nvidia-smi log is read 96 KiB at a time and split
-with one call, rather than a million readline() calls. Any other iterable of text
-lines (a test's StringIO, an open text file) is grouped into blocks by `line_blocks`.
+with one call, rather than a million readline() calls. Any other iterable of text lines (a test's
+StringIO, an open text file) is grouped into blocks by `line_blocks`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from watchdog.sample.errors import SkipLog, TraceError
 
 MAX_LINE_BYTES = 1 << 20
 # Read at a time: the rows of one read stay in the processor's cache while they are parsed, grouped into
-# a block, and detected on. 96 KiB of an 8-GPU node's nvidia-smi log is about 120 samples, about as many as the
-# detectors check for steadiness at once; in alternating runs of a day's replay (bench/replay_throughput.py),
-# 64 KiB and 128 KiB were 5-10% slower, and 256 KiB a quarter slower.
+# a block, and detected on. 96 KiB of an 8-GPU node's nvidia-smi log is about 120 samples, close to the
+# 128 ticks the detectors check for steadiness at once; in alternating runs of a day's replay
+# (bench/replay_throughput.py), 64 KiB and 128 KiB were 5-10% slower, and 256 KiB a quarter slower.
 _READ_BYTES = 96 << 10
 _BLOCK_LINES = 4096
 
