@@ -1,29 +1,46 @@
-"""Accuracy of the detectors on telemetry alone: the generated corpus (bench/corpus.py) and the real
-nvidia-smi logs in ../shared/realdata, replayed as `stall-watchdog replay` would.
+"""Accuracy of the verdict: the generated corpus (bench/corpus.py, messy by default) and the real
+nvidia-smi logs in ../shared/realdata, replayed as the daemon would decide them, in two modes:
 
-    python bench/accuracy.py [--per-class N] [--jobs N]
+    telemetry  the GPU readings alone, as `stall-watchdog replay` has them from an nvidia-smi log
+    live       the same with the host progress the daemon reads for each GPU's processes (CPU, I/O):
+               ranks computing, writing a checkpoint, or blocked
+
+    python bench/accuracy.py [--per-class N] [--jobs N] [--mode telemetry|live|both]
+    python bench/accuracy.py --perturb [--per-class N] [--strength 0|1|2 ...]
 
 Per class it prints: traces, recall (the hang named as the class expects, at any time in the 15 minutes
-after it starts), latency from the hang's start to the first alert and to critical (p50 / p95 / max),
-false criticals (critical before a hang starts, or in a healthy run) and warnings per healthy hour (all,
-and repeats: every warning of a run after its first). Goals (issue 10): spin critical p95 <= 60 s and max
-<= 90 s; odd GPU named within 60 s; zero-util alerted within 60 s and critical within 10 min; 0 false
-criticals; repeat warnings <= 0.5 per healthy hour.
+after it starts), latency from the hang's start to the first alert (p50 / p95 / max of the hangs that came
+when no pause was due; `held`: how many came when the job's rhythm expected one, and their longest wait
+for an alert) and to critical (p50 / p95 / max),
+episodes per hang (distinct alerted episodes from the hang's start to the end of the trace: mean and
+max; one is the goal) and critical episodes per hang, false criticals (critical before a hang starts, or
+in a healthy run) and warnings per healthy hour (all, and repeats: every warning of a run after its
+first). `--perturb` replays every trace again through each perturbation of bench/perturb.py, alone and
+combined, at each strength, and prints the same figures per perturbation and class group.
+
+Goals (issue 23): live, every zero-util hang critical within 60 s, one critical episode per hang, the odd
+blocked rank critical within 45 s; on telemetry alone every hang alerted within 60 s p95 (a pause the
+job's rhythm expects may wait until it outlasts the job's pauses) and critical within 10 minutes, every
+all-GPU spin critical within 45 s p95 and 60 s max; 0 false criticals; under 0.5 warnings per healthy
+hour.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import perturb  # noqa: E402
 from corpus import HANGS, HEALTHY, Trace, corpus, snapshots  # noqa: E402
 
 from watchdog.config import Config  # noqa: E402
@@ -32,6 +49,9 @@ from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Sign
 
 START = 1.9e9
 EXPECTED_SIGNATURE = {"spin": Signature.BUSY_SPIN, "odd": Signature.WAITING, "zero": Signature.ZERO_UTIL}
+MODES = ("telemetry", "live")
+GROUPS = {"healthy": HEALTHY, "spin": ("hang_spin", "hang_spin_uneven", "hang_spin_startup", "hang_spin_low_range"),
+          "odd": ("hang_odd",), "zero": ("hang_zero",), "real_logs": ("real_logs",)}
 
 
 @dataclass
@@ -42,6 +62,9 @@ class Outcome:
     found: bool = False
     alert_latency: float | None = None
     critical_latency: float | None = None
+    held: bool = False  # the hang came when the job's rhythm expected a pause: it may wait out the job's pauses
+    episodes: int = 0  # distinct episodes alerted from the hang's start on
+    critical_episodes: int = 0
     false_criticals: int = 0
     warnings: int = 0
     repeat_warnings: int = 0
@@ -52,8 +75,8 @@ def alerts(events: list[EpisodeEvent]) -> list[EpisodeEvent]:
     return [e for e in events if e.event in (EventKind.FIRED, EventKind.ESCALATED)]
 
 
-def judge(trace: Trace, events: list[EpisodeEvent]) -> Outcome:
-    hang = START + trace.hang_at if trace.hang_at is not None else None
+def judge(trace: Trace, events: list[EpisodeEvent], start: float = START) -> Outcome:
+    hang = start + trace.hang_at if trace.hang_at is not None else None
     out = Outcome(trace.name, trace.cls, trace.healthy_seconds / 3600)
     before = [e for e in alerts(events) if hang is None or e.at_seconds < hang]
     out.false_criticals = sum(e.severity is Severity.CRITICAL for e in before)
@@ -62,12 +85,14 @@ def judge(trace: Trace, events: list[EpisodeEvent]) -> Outcome:
     if hang is None or trace.expect is None:
         return out
     wanted = EXPECTED_SIGNATURE[trace.expect]
-    after = [e for e in alerts(events) if e.at_seconds >= hang and e.onset_seconds >= hang - 60]
+    after = [e for e in alerts(events) if e.at_seconds >= hang]
+    out.episodes = len({e.key for e in after})
+    out.critical_episodes = len({e.key for e in after if e.severity is Severity.CRITICAL})
     hits = [e for e in after if e.signature is wanted and (trace.expect != "odd" or e.culprit_gpus == trace.culprits)]
     if hits:
         out.found = True
         out.alert_latency = hits[0].at_seconds - hang
-        critical = [e for e in hits if e.severity is Severity.CRITICAL]
+        critical = [e for e in after if e.severity is Severity.CRITICAL]
         out.critical_latency = critical[0].at_seconds - hang if critical else None
     else:
         out.wrong = "; ".join(f"{e.signature.value}/{e.severity.value} culprits={list(e.culprit_gpus)}"
@@ -75,28 +100,50 @@ def judge(trace: Trace, events: list[EpisodeEvent]) -> Outcome:
     return out
 
 
-def replay(stream: list[NodeSnapshot] | object) -> list[EpisodeEvent]:
-    engine = DetectorEngine(Config())
+def replay(stream: Iterable[NodeSnapshot], engine: DetectorEngine | None = None) -> list[EpisodeEvent]:
+    engine = engine or DetectorEngine(Config())
     events: list[EpisodeEvent] = []
-    for snapshot in stream:  # type: ignore[attr-defined]
-        events.extend(e for e in engine.observe(snapshot) if e.event.value != "suspected")
+    for snapshot in stream:
+        events.extend(e for e in engine.observe(snapshot) if e.event is not EventKind.SUSPECTED)
     return events
 
 
-def run_trace(trace: Trace) -> Outcome:
-    return judge(trace, replay(snapshots(trace, START)))
+@dataclass(frozen=True)
+class Job:
+    trace: Trace
+    live: bool = False
+    perturbation: tuple[str, ...] = ()
+    strength: int = 0
 
 
-def real_logs() -> list[Outcome]:
+def run_job(job: Job) -> Outcome:
+    stream: Iterator[NodeSnapshot] = snapshots(job.trace, START, live=job.live)
+    if job.perturbation:
+        stream = perturb.apply(stream, job.perturbation, f"{job.trace.seed}:{job.strength}", job.strength)
+    engine = DetectorEngine(Config())
+    out = judge(job.trace, replay(stream, engine))
+    if job.trace.expect in ("odd", "zero"):  # pauses; no pause is recorded after the hang: memory as it was then
+        out.held = engine.tracker.pauses.expected(START + job.trace.hang_at, 0.0,
+                                                  engine.config.job.recovered_pause_margin_ratio)
+    return out
+
+
+def realdata_root() -> Path:
+    return Path(os.environ.get("STALL_WATCHDOG_REALDATA", Path(__file__).resolve().parents[2] / "shared" / "realdata"))
+
+
+def real_logs(names: tuple[str, ...] = (), strength: int = 0) -> list[Outcome]:
     """The real logs are healthy runs (checkpoints, DDP training): criticals there are false."""
     from watchdog.sample.replay import open_trace
 
-    root = Path(os.environ.get("STALL_WATCHDOG_REALDATA", Path(__file__).resolve().parents[2] / "shared" / "realdata"))
-    folder = root / "telemetry" / "grantwilkins-training_profile"
+    folder = realdata_root() / "telemetry" / "grantwilkins-training_profile"
     outcomes = []
     for path in sorted(folder.glob("*/*.csv")):
         with open_trace(str(path)) as trace:
-            snaps = list(trace.snapshots)
+            snaps: Iterable[NodeSnapshot] = list(trace.snapshots)
+        if names:
+            snaps = list(perturb.apply(snaps, names, path.name, strength))
+        snaps = list(snaps)
         events = replay(snaps)
         hours = (snaps[-1].time_seconds - snaps[0].time_seconds) / 3600 if snaps else 0.0
         crit = sum(e.severity is Severity.CRITICAL for e in alerts(events))
@@ -113,53 +160,100 @@ def _pct(values: list[float], q: float) -> str:
     return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.0f}"
 
 
-def report(outcomes: list[Outcome]) -> None:
+HEAD = (f"{'class':<22}{'traces':>7}{'recall':>8}{'alert p50/p95/max s':>22}{'held':>10}{'crit p50/p95/max s':>21}"
+        f"{'eps/hang':>10}{'crit eps':>9}{'false crit':>11}{'warn/h':>8}{'repeat/h':>9}")
+
+
+def row(label: str, rows: list[Outcome], hang: bool) -> str:
+    hours = sum(o.healthy_hours for o in rows) or 1e-9
+    recall = f"{sum(o.found for o in rows) / len(rows):.0%}" if hang else "-"
+    alert = [o.alert_latency for o in rows if o.alert_latency is not None and not o.held]
+    held = [o.alert_latency for o in rows if o.alert_latency is not None and o.held]
+    crit = [o.critical_latency for o in rows if o.critical_latency is not None]
+    missing_crit = sum(o.critical_latency is None for o in rows) if hang else 0
+    crit_text = (_pct(crit, .5) + "/" + _pct(crit, .95) + "/" + _pct(crit, 1)) if hang else "-"
+    if missing_crit:
+        crit_text += f" ({missing_crit} none)"
+    eps = (f"{statistics.mean(o.episodes for o in rows):.2f}/{max(o.episodes for o in rows)}" if hang else "-")
+    crit_eps = f"{max(o.critical_episodes for o in rows)}" if hang else "-"
+    held_text = f"{len(held)}, <={_pct(held, 1)}" if held else ("0" if hang else "-")
+    return (f"{label:<22}{len(rows):>7}{recall:>8}"
+            f"{(_pct(alert, .5) + '/' + _pct(alert, .95) + '/' + _pct(alert, 1)) if hang else '-':>22}"
+            f"{held_text:>10}{crit_text:>21}{eps:>10}{crit_eps:>9}"
+            f"{sum(o.false_criticals for o in rows):>11}{sum(o.warnings for o in rows) / hours:>8.2f}"
+            f"{sum(o.repeat_warnings for o in rows) / hours:>9.2f}")
+
+
+def report(outcomes: list[Outcome], title: str) -> None:
     by_class: dict[str, list[Outcome]] = defaultdict(list)
     for o in outcomes:
         by_class[o.cls].append(o)
-    head = (f"{'class':<22}{'traces':>7}{'recall':>8}{'alert p50/p95/max s':>22}{'crit p50/p95/max s':>21}"
-            f"{'false crit':>11}{'warn/h':>8}{'repeat/h':>9}")
-    print(head)
-    print("-" * len(head))
+    print(f"\n== {title}")
+    print(HEAD)
+    print("-" * len(HEAD))
     for cls in [*HEALTHY, *HANGS, "real_logs"]:
-        rows = by_class.get(cls)
-        if not rows:
-            continue
-        hours = sum(o.healthy_hours for o in rows) or 1e-9
-        hang = cls in HANGS
-        recall = f"{sum(o.found for o in rows) / len(rows):.0%}" if hang else "-"
-        alert = [o.alert_latency for o in rows if o.alert_latency is not None]
-        crit = [o.critical_latency for o in rows if o.critical_latency is not None]
-        print(f"{cls:<22}{len(rows):>7}{recall:>8}"
-              f"{(_pct(alert, .5) + '/' + _pct(alert, .95) + '/' + _pct(alert, 1)) if hang else '-':>22}"
-              f"{(_pct(crit, .5) + '/' + _pct(crit, .95) + '/' + _pct(crit, 1)) if hang else '-':>21}"
-              f"{sum(o.false_criticals for o in rows):>11}{sum(o.warnings for o in rows) / hours:>8.2f}"
-              f"{sum(o.repeat_warnings for o in rows) / hours:>9.2f}")
+        if by_class.get(cls):
+            print(row(cls, by_class[cls], cls in HANGS))
     healthy_hours = sum(o.healthy_hours for o in outcomes)
-    print("-" * len(head))
+    alert = [o.alert_latency for o in outcomes if o.alert_latency is not None]
+    print("-" * len(HEAD))
     print(f"healthy hours {healthy_hours:.1f}; false criticals {sum(o.false_criticals for o in outcomes)}; "
           f"warnings/h {sum(o.warnings for o in outcomes) / healthy_hours:.2f}; repeat warnings/h "
-          f"{sum(o.repeat_warnings for o in outcomes) / healthy_hours:.2f}")
-    misses = [o for o in outcomes if o.cls in HANGS and not o.found]
-    for o in misses[:12]:
+          f"{sum(o.repeat_warnings for o in outcomes) / healthy_hours:.2f}"
+          + (f"; median first alert {statistics.median(alert):.0f} s" if alert else ""))
+    for o in [o for o in outcomes if o.cls in HANGS and not o.found][:12]:
         print(f"  missed {o.name}: {o.wrong}")
     for o in [o for o in outcomes if o.false_criticals][:12]:
         print(f"  false critical in {o.name}")
+    for o in [o for o in outcomes if o.cls in HANGS and o.episodes > 1][:12]:
+        print(f"  {o.episodes} episodes in {o.name}")
+
+
+def report_groups(results: dict[tuple[str, str], list[Outcome]]) -> None:
+    """One row per perturbation and class group."""
+    head = f"{'perturbation':<24}{'mode':<10}" + HEAD.replace(f"{'class':<22}", f"{'group':<12}", 1)
+    print(head)
+    print("-" * len(head))
+    for (label, mode), outcomes in results.items():
+        for group, classes in GROUPS.items():
+            rows = [o for o in outcomes if o.cls in classes]
+            if rows:
+                print(f"{label:<24}{mode:<10}" + row(group, rows, group not in ("healthy", "real_logs"))
+                      .replace(f"{group:<22}", f"{group:<12}", 1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-class", type=int, default=12, help="traces per class (default 12)")
+    parser.add_argument("--per-class", type=int, default=None, help="traces per class (default 12; 3 with --perturb)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
+    parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="what the daemon sees (default both)")
+    parser.add_argument("--perturb", action="store_true", help="each perturbation alone and combined, per group")
+    parser.add_argument("--strength", type=int, nargs="+", choices=(0, 1, 2), default=[1, 2],
+                        help="perturbation strengths with --perturb (default 1 2)")
     args = parser.parse_args()
-    traces = corpus(args.per_class)
+    modes = MODES if args.mode == "both" else (args.mode,)
+    traces = corpus(args.per_class or (3 if args.perturb else 12))
     with ProcessPoolExecutor(args.jobs) as pool:
-        outcomes = list(pool.map(run_trace, traces, chunksize=2))
-    outcomes += real_logs()
-    report(outcomes)
-    alert = [o.alert_latency for o in outcomes if o.alert_latency is not None]
-    if alert:
-        print(f"all hangs: median first alert {statistics.median(alert):.0f} s")
+        if not args.perturb:
+            for mode in modes:
+                outcomes = list(pool.map(run_job, [Job(t, mode == "live") for t in traces], chunksize=2))
+                if mode == "telemetry":  # the real logs carry no host progress: telemetry alone
+                    outcomes += real_logs()
+                report(outcomes, f"{mode}: the corpus" + (" and the real logs" if mode == "telemetry" else ""))
+            return
+        results: dict[tuple[str, str], list[Outcome]] = {}
+        variants = [((name,), s) for name, s in itertools.product(perturb.PERTURBATIONS, args.strength)]
+        variants += [(perturb.COMBINED, s) for s in args.strength]
+        for names, strength in variants:
+            label = f"{'+'.join(names) if len(names) == 1 else 'combined'}@{strength}"
+            for mode in modes:
+                jobs = [Job(t, mode == "live", names, strength) for t in traces]
+                outcomes = list(pool.map(run_job, jobs, chunksize=2))
+                if mode == "telemetry":
+                    outcomes += real_logs(names, strength)
+                results[(label, mode)] = outcomes
+                print(f"... {label} {mode}", file=sys.stderr, flush=True)
+        report_groups(results)
 
 
 if __name__ == "__main__":

@@ -227,3 +227,30 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
     assert summary["headline"].startswith("HANG (critical): rank 2 (pid")
     assert "the other 3 ranks wait for it in all_reduce" in summary["headline"]
     assert 'class="verdict critical"' in (bundle / "report.html").read_text()
+
+
+def test_a_hang_that_relapses_is_one_page_and_one_bundle(tmp_path: Path) -> None:
+    """Spinning from 300 s, training again at 400 s, spinning again at 480 s: one alert, one bundle that
+    records the relapse, and the episode still critical in /metrics (held for job.relapse_seconds)."""
+    import dataclasses
+
+    scenario = dataclasses.replace(sim.SCENARIOS["spin_hang"], duration_seconds=900, timeline=(
+        *sim.SCENARIOS["spin_hang"].timeline, (400, None, "train"), (480, None, "spin")))
+    receiver = Receiver()
+    try:
+        config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
+                                                                "url": receiver.url}]})
+        source = sim.SimSource(scenario, interval_seconds=1.0, start_offset_seconds=285, clock=stepping_clock())
+        daemon = build(config, source)
+        for _ in range(300):  # to 585 s
+            daemon.tick()
+        daemon.shutdown(timeout=5)
+    finally:
+        receiver.close()
+    assert metric(daemon, 'stall_watchdog_episodes_total{severity="critical",signature="busy_spin"}') == 1
+    assert metric(daemon, 'stall_watchdog_episode_state{gpu="3",signature="busy_spin"}') == 3
+    (bundle,) = (tmp_path / "incidents").iterdir()
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert "relapsed" in summary and summary["event"]["event"] == "relapsed"
+    (path, body), = receiver.requests
+    assert body["alert"]["severity"] == "critical"

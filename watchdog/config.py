@@ -100,13 +100,16 @@ class ZeroUtilConfig(EpisodeTiming):
     for_seconds: SecondsOrZero = Field(45.0, description="Condition must hold this long before firing.")
     window_seconds: Seconds = Field(15.0, description="Trailing window the condition is computed over.")
     utilization_max_ratio: Ratio = Field(
-        0.02, description="90% of window samples at or below this utilization."
+        0.02, description="At least half the window's samples at or below this utilization."
     )
+    blip_max_ratio: Ratio = Field(
+        0.05, description="The other samples at or below this: an idle GPU with a context shows brief 1-4% "
+        "blips now and then, which neither end nor restart a pause.")
     memory_growth_max_bytes: Annotated[int, Field(ge=0)] = Field(
         256 * 2**20, description="Memory growing by more than this over the window is start-up, not a hang."
     )
     critical_after_seconds: Seconds = Field(
-        600.0, description="Telemetry alone (no process seen on the GPUs): a pause is a warning, critical once it "
+        540.0, description="Telemetry alone (no process seen on the GPUs): a pause is a warning, critical once it "
         "lasts this long, or sooner once it outlasts the pauses this job has recovered from "
         "(job.recovered_pause_margin_ratio), but never before critical_min_seconds.")
     critical_min_seconds: Seconds = Field(
@@ -117,10 +120,13 @@ class WaitingConfig(EpisodeTiming):
     """Most of the job's GPUs spin while the others do something else: they wait on those others."""
 
     critical_after_seconds: Seconds = Field(
-        900.0,
-        description="Escalate to critical once the wait outlives what a checkpoint or evaluation "
-        "plausibly takes.",
+        540.0,
+        description="Escalate to critical once the wait on idle GPUs outlives what a checkpoint or evaluation "
+        "plausibly takes (every hang is critical within 10 minutes).",
     )
+    critical_after_busy_seconds: Seconds = Field(
+        900.0, description="The same while an odd GPU has been seen at work on something else during the wait (a "
+        "checkpoint writer's copies read 5-7% util): rank 0 writing a large checkpoint takes longer.")
 
 
 class UnderuseConfig(EpisodeTiming):
@@ -169,6 +175,13 @@ class JobConfig(_Section):
     progress_still_seconds: Seconds = Field(
         30.0, description="Processes that have not moved for this long are still: a pause whose ranks are still "
         "is a hang, not a checkpoint.")
+    busy_pause_quiet_seconds: SecondsOrZero = Field(
+        300.0, description="A pause (zero_util, waiting) whose ranks are busy on the host (writing a checkpoint, "
+        "evaluating) is not alerted before it lasts this long; critical as soon as they stop moving.")
+    relapse_seconds: SecondsOrZero = Field(
+        600.0, description="After a critical stall episode ends on evidence of recovery (work resumed, memory "
+        "released), a stall on the same GPUs within this long is the same episode continuing: one page, one "
+        "bundle. Its resolve is sent once this long has passed without one.")
     recovered_pause_margin_ratio: Annotated[float, Field(ge=1.0)] = Field(
         1.5, description="A pause (zero_util, waiting) no longer than this multiple of the longest pause this job "
         "has already recovered from is not alerted again.")

@@ -207,7 +207,7 @@ class Daemon:
                          gpus=gpu_list(event.gpus))
             self.incidents.handle(event, snapshot, self.history)
             return
-        if event.event is not EventKind.RESOLVED:
+        if event.event not in (EventKind.RESOLVED, EventKind.RELAPSED):
             self.counters.inc("episodes_total", event.signature.value, event.severity.value)
         level = logfmt.INFO if event.event is EventKind.RESOLVED else logfmt.WARNING
         logfmt.event(f"episode_{event.event.value}", level=level,

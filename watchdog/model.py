@@ -188,6 +188,7 @@ class Finding:
     # waiting) and for how long they have not moved.
     progress: Progress = Progress.UNKNOWN
     still_seconds: float = 0.0
+    culprits_busy: bool = False  # waiting: a culprit GPU is not idle (at work on something else)
 
     @property
     def episode_key(self) -> str:
@@ -213,6 +214,7 @@ class EventKind(str, enum.Enum):
     SUSPECTED = "suspected"  # the condition appeared; not alerted, but the ranks' stacks are worth a look
     FIRED = "fired"
     ESCALATED = "escalated"  # same episode, severity raised (waiting -> critical)
+    RELAPSED = "relapsed"  # a critical episode's GPUs stalled again within the hold: the same episode, no new page
     RESOLVED = "resolved"
 
 

@@ -35,6 +35,15 @@ IDLE_HELD = {"utilization_ratio": 0.0, "power_watts": 120.0, "memory_used_bytes"
     ([IDLE_HELD] * 2, False),  # too few samples to judge
     ([{**IDLE_HELD, "utilization_ratio": 0.5}] * 5 + [IDLE_HELD] * 3, False),  # mostly working in the window
     ([{**IDLE_HELD, "utilization_ratio": 0.9}] * 20, False),
+    # An idle GPU with a context blips to 1-4% now and then: still idle, the newest sample a blip or not.
+    ([IDLE_HELD] * 6 + [{**IDLE_HELD, "utilization_ratio": 0.04}] + [IDLE_HELD] * 6, True),
+    ([IDLE_HELD] * 12 + [{**IDLE_HELD, "utilization_ratio": 0.03}], True),
+    ([IDLE_HELD] * 12 + [{**IDLE_HELD, "utilization_ratio": 0.08}], False),  # more than a blip: something runs
+    ([IDLE_HELD, {**IDLE_HELD, "utilization_ratio": 0.04}] * 3 + [{**IDLE_HELD, "utilization_ratio": 0.04}] * 4,
+     False),  # mostly at 4%: a writer's copies, not an idle GPU
+    # An [N/A] reading is judged on the window's others.
+    ([IDLE_HELD] * 12 + [{**IDLE_HELD, "utilization_ratio": None}], True),
+    ([IDLE_HELD] * 12 + [{**IDLE_HELD, "memory_used_bytes": None}], True),
 ])
 def test_zero_util(readings: list[dict], fires: bool) -> None:
     evidence = zero_util.evaluate(window(readings), D.zero_util)
@@ -152,3 +161,23 @@ def test_a_failing_detector_costs_only_itself() -> None:
     assert [e.signature for e in events] == [Signature.GPU_LOST]  # the others still judge
     assert errors and errors[0] == ("detector_throttle", "a bug")
     assert engine.detector_up["detector_throttle"] is False and engine.detector_up["detector_gpu_lost"] is True
+
+
+WORK = {"utilization_ratio": 0.93, "power_watts": 560.0, "memory_used_bytes": 40 * GIB,
+        "memory_utilization_ratio": 0.4}
+SPIN = {"utilization_ratio": 1.0, "power_watts": 150.0, "memory_used_bytes": 40 * GIB, "memory_utilization_ratio": 0.0}
+
+
+@pytest.mark.parametrize(("readings", "back"), [
+    ([WORK] * 30, True),  # real work leaves gaps in utilization
+    ([{**WORK, "utilization_ratio": 1.0}] * 30, True),  # pinned at 100%, with the power of work
+    ([WORK] * 30 + [SPIN] * 12, False),  # pinned at 100% at near-idle power, no memory traffic: a spin
+    ([WORK] * 30 + [IDLE_HELD] * 12, False),  # idle with memory held
+    ([WORK] * 30 + [IDLE_HELD] * 8 + [{**IDLE_HELD, "memory_used_bytes": 0}], True),  # released: the job left
+    ([IDLE_HELD] * 30 + [WORK, IDLE_HELD] * 6, False),  # one busy sample in two: not back at work
+    ([IDLE_HELD] * 30 + [WORK] * 2, False),  # two samples of work: not yet the median of the last seconds
+])
+def test_recovery_evidence(readings: list[dict], back: bool) -> None:
+    from watchdog.detect.recovery import recovered
+
+    assert recovered(window(readings), D.busy_spin) is back

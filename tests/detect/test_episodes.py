@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog.config import Config, EpisodeTiming, WaitingConfig
+from watchdog.config import Config, EpisodeTiming, JobConfig, WaitingConfig
 from watchdog.detect.episodes import EpisodeTracker
 from watchdog.model import EventKind, Finding, Severity, Signature
 
@@ -16,9 +16,14 @@ def spin(since: float) -> Finding:
     return Finding(Signature.BUSY_SPIN, Severity.CRITICAL, (0, 1), since=since)
 
 
-def run(condition: list[bool], timing: dict | None = None, finding=spin) -> list[tuple[int, EventKind]]:  # noqa: ANN001
-    """One tick per second; the condition holds where True. Returns (tick, event kind)."""
-    tracker = EpisodeTracker(timing or TIMING)
+NO_HOLD = Config(job=JobConfig(relapse_seconds=0))
+
+
+def run(condition: list[bool], timing: dict | None = None, finding=spin, config: Config = NO_HOLD,  # noqa: ANN001
+        recovered: list[bool] | None = None) -> list[tuple[int, EventKind]]:
+    """One tick per second; the condition holds where True. Where it does not, the GPUs show recovery
+    (work resumed) unless `recovered` says otherwise for that tick. Returns (tick, event kind)."""
+    tracker = EpisodeTracker(timing or TIMING, config)
     out = []
     start = None
     for tick, holds in enumerate(condition):
@@ -27,7 +32,9 @@ def run(condition: list[bool], timing: dict | None = None, finding=spin) -> list
         if not holds:
             start = None if tracker.episodes == {} else start
         findings = [finding(float(start if start is not None else tick))] if holds else []
-        out += [(tick, e.event) for e in tracker.update(float(tick), findings) if e.event is not EventKind.SUSPECTED]
+        back = recovered[tick] if recovered is not None else True
+        events = tracker.update(float(tick), findings, lambda gpus, back=back: back)
+        out += [(tick, e.event) for e in events if e.event is not EventKind.SUSPECTED]
     return out
 
 
@@ -45,23 +52,76 @@ def test_onset_is_the_first_sample_of_the_evidence() -> None:
     assert event.onset_seconds == 80.0 and event.at_seconds == 110.0
 
 
+def test_a_waiting_verdict_dated_back_by_its_window_fires_only_once_seen_for_a_while() -> None:
+    tracker = EpisodeTracker(TIMING)
+    tracker.update(100.0, [waiting(since=70.0)])
+    # 30 s held by its window at 100 s, but seen on the ticks for 15 s only at 115 s.
+    assert tracker.update(110.0, [waiting(since=70.0)]) == []
+    (event,) = tracker.update(115.0, [waiting(since=70.0)])
+    assert event.event is EventKind.FIRED and event.onset_seconds == 70.0
+
+
 def test_a_short_gap_neither_resolves_nor_restarts() -> None:
     events = run([True] * 40 + [False] * 5 + [True] * 40 + [False] * 20)
     assert events == [(30, EventKind.FIRED), (95, EventKind.RESOLVED)]
 
 
-def test_waiting_escalates_only_on_an_unbroken_wait() -> None:
+def waiting(since: float) -> Finding:
+    return Finding(Signature.WAITING, Severity.WARNING, (0, 1), since=since, culprit_gpus=(1,))
+
+
+def zero(since: float) -> Finding:
+    return Finding(Signature.ZERO_UTIL, Severity.CRITICAL, (0, 1), since=since)
+
+
+def test_a_brief_lapse_neither_ends_a_stall_nor_restarts_its_clock() -> None:
     timing = dict(TIMING)
     timing[Signature.WAITING] = WaitingConfig(for_seconds=10, clear_seconds=10, critical_after_seconds=60)
+    # One tick without the condition (a blip, a dropped sample) every 20 s: the clock runs on.
+    broken = run(([True] * 20 + [False]) * 5, timing, waiting)
+    assert broken == [(10, EventKind.FIRED), (60, EventKind.ESCALATED)]
+    # A hundred ticks without it, the GPUs showing no recovery: still the same stall, whose clock ran on, so
+    # it escalates as soon as the condition is seen again (a restarted clock would wait until tick 190).
+    lapsed = [True] * 30 + [False] * 100 + [True] * 50
+    assert run(lapsed, timing, waiting, recovered=[False] * 180) == [(10, EventKind.FIRED), (130, EventKind.ESCALATED)]
 
-    def waiting(since: float) -> Finding:
-        return Finding(Signature.WAITING, Severity.WARNING, (0, 1), since=since, culprit_gpus=(1,))
 
-    # A one-tick break (progress) restarts the escalation clock but does not resolve the episode.
-    broken = run(([True] * 50 + [False]) * 3, timing, waiting)
-    assert broken == [(10, EventKind.FIRED)]
-    unbroken = run([True] * 100, timing, waiting)
-    assert unbroken == [(10, EventKind.FIRED), (60, EventKind.ESCALATED)]
+def test_a_lapse_with_recovery_evidence_ends_the_episode() -> None:
+    events = run([True] * 60 + [False] * 30, finding=zero, recovered=[False] * 70 + [True] * 20)
+    # Ten ticks absent without evidence, then clear_seconds of recovery from tick 70.
+    assert (80, EventKind.RESOLVED) in events
+
+
+def test_a_critical_stall_that_relapses_within_the_hold_is_one_episode() -> None:
+    config = Config()  # relapse_seconds 600
+    tracker = EpisodeTracker(TIMING, config)
+    events = []
+    for tick in range(1500):
+        holds = tick < 120 or 300 <= tick < 420  # a hang, five minutes of work, the same hang again
+        findings = [spin(0.0 if tick < 120 else 300.0)] if holds else []
+        events += tracker.update(float(tick), findings, lambda gpus: True)
+    alerted = [e for e in events if e.event in (EventKind.FIRED, EventKind.ESCALATED)]
+    resolved = [e for e in events if e.event is EventKind.RESOLVED]
+    relapsed = [e for e in events if e.event is EventKind.RELAPSED]
+    assert len(alerted) == 1 and len(resolved) == 1, [(e.event, e.at_seconds) for e in events]
+    assert resolved[0].key == alerted[0].key == relapsed[0].key and len(relapsed) == 1
+    assert relapsed[0].at_seconds == 300.0 and "for 0 s" in relapsed[0].summary  # the new stall's own clock
+    # Resolved once the hold has passed after the second stall's recovery (420 + 10 s of work + 600).
+    assert resolved[0].at_seconds == 1030.0
+
+
+def test_a_stall_that_changes_signature_is_the_same_episode() -> None:
+    tracker = EpisodeTracker(TIMING, NO_HOLD)
+    keys = set()
+    for tick in range(200):
+        finding = zero(0.0) if tick < 100 else waiting(100.0)
+        keys |= {e.key for e in tracker.update(float(tick), [finding], lambda gpus: False)}
+    assert len(keys) == 1 and list(tracker.episodes) == ["waiting"]
+
+
+def test_a_warning_resolves_on_recovery_without_the_hold() -> None:
+    events = run([True] * 60 + [False] * 30, finding=waiting, config=Config())
+    assert events == [(30, EventKind.FIRED), (70, EventKind.RESOLVED)]
 
 
 @settings(max_examples=300, deadline=None)

@@ -162,12 +162,12 @@ class BundleStore:
         return final
 
     def rewrite_verdict(self, bundle: str, event: EpisodeEvent) -> None:
-        """An escalated episode: the bundle's summary (and page) say the new severity and sentence, so the
-        bundle never disagrees with the metrics and the alert. Replaced atomically."""
+        """An escalated (or relapsed) episode: the bundle's summary (and page) say the new severity and
+        sentence, so the bundle never disagrees with the metrics and the alert. Replaced atomically."""
         folder = Path(bundle)
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         summary.update({"severity": event.severity.value, "headline": event.headline, "verdict": event.summary,
-                        "event": event.to_json(), "escalated": iso_time(event.at_seconds)})
+                        "event": event.to_json(), event.event.value: iso_time(event.at_seconds)})
         temporary = folder / ".summary.json.new"
         temporary.unlink(missing_ok=True)
         self._json(temporary, summary)

@@ -116,6 +116,10 @@ class IncidentHandler:
             if state.bundle is not None:
                 self._submit(self.bundles.rewrite_verdict, state.bundle, event)
             self._alert(event, state)
+        elif event.event is EventKind.RELAPSED:  # the same incident: its bundle says so, no new page
+            if state.bundle is not None:
+                self._submit(self.bundles.rewrite_verdict, state.bundle, event)
+            self._look(key, state, snapshot)
         else:
             self._alert(event, state, resolved=True)
             with self._lock:

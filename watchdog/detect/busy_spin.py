@@ -26,24 +26,22 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Sequence
-from typing import TypeVar
 
 from watchdog.config import BusySpinConfig
 from watchdog.detect.evidence import Evidence, percentile, run_start
-from watchdog.detect.window import GpuRun, GpuView
+from watchdog.detect.window import GpuRun, GpuView, span
 from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
-_T = TypeVar("_T")
 _WEAK = ("power_flat", "power_fell")
 _MIN_SAMPLES = 8  # the flatness of fewer samples means little
+_MAX_SPAN_SECONDS = 40.0  # a spin is critical within a minute at any sampling interval
 
 
 def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     latest = view.latest
     floor = cfg.utilization_min_ratio
-    if latest.utilization_ratio is None or latest.utilization_ratio < floor:
-        return None
+    if latest.utilization_ratio is not None and latest.utilization_ratio < floor:
+        return None  # an [N/A] reading is judged on the window's others
     # Cheap pre-gates on the newest sample before the window pass: busy memory or busy SMs now mean
     # real work now (a single skipped tick is absorbed by the episode's hysteresis).
     memory_now = latest.memory_utilization_ratio
@@ -62,7 +60,7 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     utils, power, mem, activity = readings.utils, readings.power, readings.memory, readings.activity
     # Nearest-rank percentiles of the sorted readings (evidence.percentile), by index: this runs every
     # tick for every spinning GPU.
-    if utils[len(utils) // 2] < floor:
+    if not utils or utils[len(utils) // 2] < floor:
         return None
     clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
     if clock is not None and clock_max and clock < cfg.clock_min_ratio * clock_max:
@@ -193,18 +191,10 @@ def _readings(view: GpuView, count: int) -> _Readings:
     return readings
 
 
-def _present(values: Sequence[_T | None]) -> list[_T]:
-    """The readings that are there (a column may have gaps where a read failed)."""
-    return [v for v in values if v is not None] if None in values else list(values)  # type: ignore[arg-type]
-
-
 def _span(view: GpuView, seconds: float) -> float:
-    """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow."""
-    samples = view.samples
-    if len(samples) < 2:
-        return seconds
-    interval = samples[-1][0] - samples[-2][0]
-    return max(seconds, _MIN_SAMPLES * interval)
+    """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow, but
+    no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window of minutes)."""
+    return max(seconds, min(span(view, seconds, _MIN_SAMPLES), _MAX_SPAN_SECONDS))
 
 
 def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:
@@ -219,10 +209,10 @@ def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:
 
 def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
     """evaluate() finds nothing after any of these samples: each fails its first checks (utilization
-    below the floor, or the memory controller or the SMs busy now)."""
+    below the floor, or the memory controller or the SMs busy now; an [N/A] utilization fails none)."""
     floor = cfg.utilization_min_ratio
     utils = run.column("utilization_ratio")
-    if max(_present(utils), default=0.0) < floor:
+    if None not in utils and max(utils, default=0.0) < floor:
         return True
     memory_busy, sm_busy = 2 * cfg.memory_utilization_max_ratio, 2 * cfg.sm_activity_max_ratio
     memory, activity = run.column("memory_utilization_ratio"), run.column("sm_activity_ratio")
@@ -237,5 +227,5 @@ def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
         if None not in activity:
             return all(map(operator.or_, map(memory_busy.__lt__, itertools.compress(memory, hot)),
                            map(sm_busy.__lt__, itertools.compress(activity, hot))))
-    return all(u is None or u < floor or (m is not None and m > memory_busy) or (a is not None and a > sm_busy)
+    return all((u is not None and u < floor) or (m is not None and m > memory_busy) or (a is not None and a > sm_busy)
                for u, m, a in zip(utils, memory, activity))

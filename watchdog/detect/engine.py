@@ -18,6 +18,7 @@ from watchdog.detect import DETECTORS, STEADY, Detector, Steady, busy_spin
 from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import job_findings, underuse_finding
+from watchdog.detect.recovery import recovered
 from watchdog.detect.window import GpuRun, GpuWindow
 from watchdog.model import (
     EpisodeEvent,
@@ -45,6 +46,7 @@ def _ignore(component: str, error: Exception) -> None:
 
 _INDEX = operator.itemgetter(0)
 _STEP_TOLERANCE_SECONDS = 0.5  # nvidia-smi prints a sample's GPUs milliseconds apart, not always in order
+_ROW_GRACE_STEPS, _ROW_GRACE_SECONDS = 3, 3.0  # a GPU missing from a sample stays in the picture this long
 
 
 class DetectorEngine:
@@ -126,7 +128,18 @@ class DetectorEngine:
             return []
         self._last_evaluation = t
         self.last_findings = self.evaluate(t)
-        return self.tracker.update(t, self.last_findings)
+        return self.tracker.update(t, self.last_findings, self._recovered)
+
+    def _recovered(self, gpus: tuple[int, ...]) -> bool:
+        """Whether every one of these GPUs shows that its stall has ended (detect/recovery.py). A GPU no
+        longer in the samples has left the job."""
+        bs, windows, seen = self.config.detectors.busy_spin, self._windows, self._seen_since()
+        return all(recovered(windows[i], bs) for i in gpus if i in windows and windows[i].now >= seen)
+
+    def _seen_since(self) -> float:
+        """A GPU whose row a sample lacks (nvidia-smi dropped it, a reading failed) is still part of the
+        picture if it was seen this recently: its last samples stand in."""
+        return (self._last_stamp or 0.0) + self._offset - max(_ROW_GRACE_STEPS * self._step, _ROW_GRACE_SECONDS)
 
     def _steady_table(self) -> list[tuple[Steady, Any]] | None:
         """The enabled detectors' steadiness checks; None when one has none (a custom detector)."""
@@ -165,7 +178,7 @@ class DetectorEngine:
         detector down, the same GPUs as the last snapshot, the clock moving forward, and every enabled
         detector steady on every GPU. Else None."""
         layout, last = self._present, self._last_stamp
-        if self._steady is None or not layout or last is None or stop - start < 2:
+        if self._steady is None or not layout or last is None or stop - start < 2 or self.tracker.needs_evidence:
             return None
         if not all(self.detector_up.values()):
             return None
@@ -219,8 +232,9 @@ class DetectorEngine:
         return events
 
     def evaluate(self, now: float) -> list[Finding]:
-        windows = self._windows
+        windows, seen = self._windows, self._seen_since()
         views = {i: windows[i] for i in self._present}
+        views.update((i, w) for i, w in windows.items() if i not in views and w.now >= seen)
         present = list(views.values())
         per_gpu: list[tuple[int, int, Finding]] = []  # (GPU, detector order, finding)
         spin: dict[int, Evidence] = {}

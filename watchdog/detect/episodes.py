@@ -1,18 +1,32 @@
-"""Episodes with hysteresis: ok -> suspect -> stalled -> resolved, and the one severity each carries.
+"""Episodes with hysteresis: ok -> suspect -> stalled -> recovered -> resolved, and the one severity each
+carries.
 
-A condition must hold for `for_seconds` (counted from its first sample) before it fires, and be absent
-for `clear_seconds` before it resolves, so one flapping sample neither fires nor resolves an alert.
-Once past `for_seconds` the severity is judged every tick from all the evidence (detect/severity.py):
-the telemetry, the ranks' host progress, the stacks' verdict noted for this episode, how long it has
+A condition must hold for `for_seconds` (counted from its first sample) before it fires; a waiting one
+must also have been seen on the ticks for 15 s of that (a window that dates it back names culprits that
+may only be slower to show the spin). Once past
+`for_seconds` the severity is judged every tick from all the evidence (detect/severity.py): the
+telemetry, the ranks' host progress, the stacks' verdict noted for this episode, how long the stall has
 lasted and the pauses the job has recovered from. It only ever rises within an episode (fired, then
-escalated). A `waiting` episode's unbroken wait restarts on any tick without the condition (progress),
-even one too short to resolve the episode. A stall episode's first appearance is reported as `suspected`,
-so the stacks can be captured before it fires.
+escalated). A stall episode's first appearance is reported as `suspected`, so the stacks can be captured
+before it fires.
+
+A stall episode (busy_spin, zero_util, waiting) is one stall of one job on its GPUs:
+- Its signature may change while it lasts (a zero_util hang whose GPUs start to spin is still the same
+  stall): a stall finding on GPUs of an open stall episode continues that episode.
+- Once fired, it ends on evidence of recovery only (detect/recovery.py: every one of its GPUs back at
+  work, or released, for `clear_seconds`). A lapse of the condition without that evidence (an
+  utilization blip, a dropped sample, an `[N/A]`) neither ends it nor restarts its clock; a lapse with no
+  evidence either way ends it after `job.relapse_seconds` (at least 2 minutes).
+- A critical one (a page) is then held for `job.relapse_seconds`: a stall on the same GPUs meanwhile is
+  the same episode continuing (no new page; the new stall is described and judged on its own clock), and
+  the resolve is sent once the hold has passed without one. A warning resolves on recovery.
+An episode that never fired (suspect only), and the per-GPU signatures, resolve once their condition has
+been absent for `clear_seconds`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from watchdog.config import Config, EpisodeTiming
@@ -21,20 +35,38 @@ from watchdog.detect.severity import PAUSES, STACK_SIGNATURES, judge
 from watchdog.detect.summary import summarize
 from watchdog.model import EpisodeEvent, EventKind, Finding, Severity, Signature, Verdict
 
+_SEEN_SECONDS = 15.0  # a waiting verdict whose window dates it back fires only once seen this long: culprits
+# named while a GPU's window still holds what it did before (the first ticks of a hang) are not paged
+_LAPSE_MIN_SECONDS = 120.0  # a lapse without evidence either way ends nothing sooner, whatever relapse_seconds
+_BUSY_SHARE = 0.25  # an odd GPU at work on this share of a wait's ticks is busy (a writer), not blocked
+Recovered = Callable[[tuple[int, ...]], bool]  # whether every one of these GPUs shows recovery now
+
 
 @dataclass(slots=True)
 class Episode:
     finding: Finding  # the latest finding of this episode
-    onset: float
-    absent_since: float | None = None
-    wait_since: float = 0.0  # start of the current unbroken stretch of the condition
+    onset: float  # its first sample: with the signature it began with, its identity
+    identity: str  # what its events carry as `key`: the same from suspected to resolved
+    stall_since: float = 0.0  # start of the current stall, the clock its severity is judged on
+    signature_since: float = 0.0  # its current signature held since: for_seconds counts from here
+    seen_at: float = 0.0  # the tick its current signature was first seen
+    busy_ticks: int = 0  # judged ticks of the current stall on which a culprit GPU was at work (waiting)
+    judged_ticks: int = 0
+    absent_since: float | None = None  # the condition lapsed at
+    recovering_since: float | None = None  # every GPU of it has shown recovery since
+    recovered_at: float | None = None  # recovery confirmed: held for a relapse until resolved
     fired_severity: Severity | None = None  # None while only suspect
     reason: str = ""  # why the severity is what it is
     stacks: Verdict | None = None  # the latest stacks' verdict for this episode
+    judged: Finding | None = None  # the latest finding that held for its for_seconds: what events describe
+
+    @property
+    def stall(self) -> bool:
+        return self.finding.signature in STACK_SIGNATURES
 
 
 def event_key(key: str, episode: Episode) -> str:
-    return f"{key}@{episode.onset:.0f}"
+    return episode.identity
 
 
 class EpisodeTracker:
@@ -50,44 +82,81 @@ class EpisodeTracker:
         if config is not None:
             self.config = config
 
+    @property
+    def needs_evidence(self) -> bool:
+        """Whether a fired stall episode is open and not yet recovered: each tick's recovery evidence (and
+        so a tick-by-tick evaluation) decides when it ends."""
+        return any(ep.stall and ep.fired_severity is not None and ep.recovered_at is None
+                   for ep in self.episodes.values())
+
     def note_stacks(self, named: str, verdict: Verdict) -> bool:
         """The stacks' verdict for the open episode an event named (EpisodeEvent.key); weighed in from the
         next update on. False when that episode has ended meanwhile."""
-        for key, episode in self.episodes.items():
-            if event_key(key, episode) == named:
+        for episode in self.episodes.values():
+            if episode.identity == named:
                 episode.stacks = verdict
                 return True
         return False
 
     def _event(self, kind: EventKind, ep: Episode, now: float, severity: Severity) -> EpisodeEvent:
-        f = ep.finding
-        head, text = summarize(f, now - ep.onset, severity, ep.reason, ep.stacks, now - ep.wait_since)
+        f = ep.judged or ep.finding  # a signature seen for a moment at the end does not rename the episode
+        end = now if kind is not EventKind.RESOLVED else (ep.recovered_at or ep.absent_since or now)
+        stall = end - ep.stall_since  # a relapse is described by its own stall, not the episode's first
+        head, text = summarize(f, stall, severity, ep.reason, ep.stacks, stall)
         return EpisodeEvent(event=kind, signature=f.signature, severity=severity, gpus=f.gpus,
                             culprit_gpus=f.culprit_gpus, onset_seconds=ep.onset, at_seconds=now, summary=text,
-                            legs=f.legs, key=event_key(f.episode_key, ep), headline=head)
+                            legs=f.legs, key=ep.identity, headline=head)
 
-    def update(self, now: float, findings: Iterable[Finding]) -> list[EpisodeEvent]:
+    def _continued(self, finding: Finding, present: set[str], now: float) -> Episode | None:
+        """An open stall episode on some of the same GPUs, under another signature: the same stall."""
+        if finding.signature not in STACK_SIGNATURES:
+            return None
+        gpus = set(finding.gpus)
+        for key, ep in self.episodes.items():
+            if key not in present and ep.stall and gpus.intersection(ep.finding.gpus):
+                del self.episodes[key]
+                self.episodes[finding.episode_key] = ep
+                ep.signature_since, ep.seen_at = max(min(finding.since, now), ep.stall_since), now
+                return ep
+        return None
+
+    def update(self, now: float, findings: Iterable[Finding], recovered: Recovered | None = None
+               ) -> list[EpisodeEvent]:
+        """The events of this tick. `recovered` answers for a fired stall episode whose condition lapsed;
+        without it (a replay's steady stretch, where needs_evidence was False) none is asked for."""
         events: list[EpisodeEvent] = []
-        present: set[str] = set()
+        if self.pauses.watched_since is None:
+            self.pauses.watched_since = now
+        findings = list(findings)
+        present = {finding.episode_key for finding in findings}
         for finding in findings:
             key = finding.episode_key
-            present.add(key)
-            ep = self.episodes.get(key)
+            ep = self.episodes.get(key) or self._continued(finding, present, now)
             if ep is None:
                 onset = max(min(finding.since, now), self._resolved_at.get(key, finding.since))
-                ep = self.episodes[key] = Episode(finding, onset=onset, wait_since=onset)
+                ep = self.episodes[key] = Episode(finding, onset, f"{key}@{onset:.0f}", onset, onset, now)
                 if finding.signature in STACK_SIGNATURES:
                     events.append(self._event(EventKind.SUSPECTED, ep, now, finding.severity))
             ep.finding = finding
-            if ep.absent_since is not None:
-                ep.wait_since = now
-                ep.absent_since = None
-            elapsed = now - ep.onset
+            if ep.recovered_at is not None:  # a relapse: the same episode, judged on the new stall's clock
+                ep.stall_since = ep.signature_since = max(min(finding.since, now), ep.recovered_at)
+                ep.busy_ticks = ep.judged_ticks = 0
+                ep.judged = finding
+                assert ep.fired_severity is not None  # only fired critical episodes are held
+                events.append(self._event(EventKind.RELAPSED, ep, now, ep.fired_severity))
+            ep.absent_since = ep.recovering_since = ep.recovered_at = None
+            elapsed = now - ep.stall_since
             timing = self._timing[finding.signature]
-            if elapsed < timing.for_seconds:
+            seen = now - ep.seen_at
+            if now - ep.signature_since < timing.for_seconds or (
+                    finding.signature is Signature.WAITING and seen < min(timing.for_seconds, _SEEN_SECONDS)):
                 continue
-            judgement = judge(finding, ep.onset, elapsed, now - ep.wait_since, timing, self.config, ep.stacks,
-                              self.pauses)
+            # Counted past for_seconds only: at the onset the odd GPU's window still holds the work before it.
+            ep.judged_ticks += 1
+            ep.busy_ticks += finding.culprits_busy
+            ep.judged = finding
+            judgement = judge(finding, ep.stall_since, elapsed, timing, self.config, ep.stacks,
+                              self.pauses, ep.busy_ticks >= _BUSY_SHARE * ep.judged_ticks > 0)
             if judgement is None:
                 continue
             if ep.fired_severity is None:
@@ -101,11 +170,41 @@ class EpisodeTracker:
             ep = self.episodes[key]
             if ep.absent_since is None:
                 ep.absent_since = now
-            if now - ep.absent_since >= self._timing[ep.finding.signature].clear_seconds:
-                del self.episodes[key]
-                self._resolved_at[key] = now
-                if ep.finding.signature in PAUSES:
-                    self.pauses.record(ep.onset, ep.absent_since - ep.onset)
-                if ep.fired_severity is not None:
-                    events.append(self._event(EventKind.RESOLVED, ep, now, ep.fired_severity))
+            if self._ended(ep, now, recovered):
+                events += self._end(key, ep, now)
         return events
+
+    def _ended(self, ep: Episode, now: float, recovered: Recovered | None) -> bool:
+        """Whether an episode whose condition is absent now ends."""
+        absent_since = ep.absent_since
+        assert absent_since is not None
+        clear = self._timing[ep.finding.signature].clear_seconds
+        if not ep.stall or ep.fired_severity is None:
+            return now - absent_since >= clear
+        relapse = self.config.job.relapse_seconds
+        if ep.recovered_at is None:
+            if recovered is not None and recovered(ep.finding.gpus):
+                if ep.recovering_since is None:
+                    ep.recovering_since = now
+                if now - ep.recovering_since >= clear:
+                    ep.recovered_at = now
+                    self._record_pause(ep, absent_since)
+            else:
+                ep.recovering_since = None
+                return now - absent_since >= max(relapse, _LAPSE_MIN_SECONDS)  # no evidence either way: over
+        if ep.recovered_at is None:
+            return False
+        return ep.fired_severity is not Severity.CRITICAL or now - ep.recovered_at >= relapse
+
+    def _record_pause(self, ep: Episode, ended: float) -> None:
+        if ep.finding.signature in PAUSES:
+            self.pauses.record(ep.stall_since, ended - ep.stall_since)
+
+    def _end(self, key: str, ep: Episode, now: float) -> list[EpisodeEvent]:
+        del self.episodes[key]
+        self._resolved_at[key] = now
+        if ep.recovered_at is None and ep.absent_since is not None:
+            self._record_pause(ep, ep.absent_since)
+        if ep.fired_severity is None:
+            return []
+        return [self._event(EventKind.RESOLVED, ep, now, ep.fired_severity)]

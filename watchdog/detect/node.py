@@ -112,11 +112,14 @@ def job_findings(
         culprits = z + rest
         facts = _spin_facts(spin_ev)
         facts.update(_culprit_facts(views, culprits))
-        # Host progress decides only for culprits idle on the GPU: one still at work on its GPU may use no CPU.
-        progress, still = progress_of(views, z) if not rest else (Progress.UNKNOWN, 0.0)
+        # The culprits busy on the host (a checkpoint writer) is a pause; still, it is a hang only for culprits
+        # idle on the GPU: one still at work on its GPU may use no CPU.
+        progress, still = progress_of(views, culprits)
+        if rest and progress is Progress.STILL:
+            progress, still = Progress.UNKNOWN, 0.0
         return [Finding(Signature.WAITING, Severity.WARNING, tuple(job), since=max(e.since for e in spin_ev),
                         culprit_gpus=tuple(sorted(culprits)), legs=_merged_legs(spin_ev), facts=facts,
-                        progress=progress, still_seconds=still)]
+                        progress=progress, still_seconds=still, culprits_busy=bool(rest))]
     return []
 
 

@@ -7,11 +7,14 @@ alerts, the bundle and the report all read it.
                culprit on another node (remote) make it a warning until critical_after_seconds.
     zero_util  every GPU idle with memory held:
                stacks show a hang, or the ranks are still on the host for progress_still_seconds -> critical
-               the ranks move on the host (a checkpoint, an evaluation) -> warning
+               the ranks move on the host (a checkpoint, an evaluation) -> held back for
+               job.busy_pause_quiet_seconds, then a warning
                telemetry alone -> warning; critical once the pause outlasts what the job has recovered
                from (x recovered_pause_margin_ratio, not before critical_min_seconds) or critical_after_seconds
     waiting    the odd rank's stacks show it blocked, or its GPU is idle and its process still -> critical;
-               otherwise a warning until one unbroken wait outlives critical_after_seconds
+               otherwise a warning (held back while the odd rank is busy on the host, for
+               job.busy_pause_quiet_seconds) until the stall outlives critical_after_seconds
+               (critical_after_busy_seconds once an odd GPU was seen at work during it: a writer)
 A zero_util or waiting pause that comes when the job's rhythm says one is due and lasts no longer than
 its recovered pauses (x the margin) is held back (detect/pauses.py): it stays suspect, so the job's every
 checkpoint does not raise a warning again, while a pause at an unexpected time is alerted at once.
@@ -36,10 +39,11 @@ class Judgement:
     reason: str  # why this severity, in one clause a person reads after the verdict
 
 
-def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timing: EpisodeTiming, config: Config,
-          stacks: Verdict | None, pauses: PauseMemory) -> Judgement | None:
+def judge(finding: Finding, onset: float, elapsed: float, timing: EpisodeTiming, config: Config,
+          stacks: Verdict | None, pauses: PauseMemory, culprits_busy: bool = False) -> Judgement | None:
     """The episode's severity now; None to hold it back (a pause of a length the job has recovered from).
-    `timing` is the signature's own section (the tracker's, which a reload replaces)."""
+    `timing` is the signature's own section (the tracker's, which a reload replaces); `culprits_busy`
+    whether a culprit GPU has been seen at work during this stall."""
     sig = finding.signature
     if sig not in STACK_SIGNATURES:
         return Judgement(finding.severity, "")
@@ -59,6 +63,8 @@ def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timin
                                                 f"{duration_text(finding.still_seconds)}")
         if pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio):
             return None
+        if moving and elapsed < job.busy_pause_quiet_seconds:
+            return None
         if moving or (stacks is not None and stacks.kind == "waiting"):
             return Judgement(Severity.WARNING, "the ranks are busy on the host: a checkpoint or evaluation; "
                                                "critical if they stop moving")
@@ -73,13 +79,16 @@ def judge(finding: Finding, onset: float, elapsed: float, unbroken: float, timin
         return Judgement(Severity.WARNING, f"a checkpoint or evaluation is plausible; critical after "
                                            f"{duration_text(limit)}")
     # waiting
-    critical_after = (timing if isinstance(timing, WaitingConfig) else d.waiting).critical_after_seconds
+    waiting = timing if isinstance(timing, WaitingConfig) else d.waiting
+    critical_after = waiting.critical_after_busy_seconds if culprits_busy else waiting.critical_after_seconds
     if still:
         return Judgement(Severity.CRITICAL, f"the odd rank's GPU is idle and its process has not moved for "
                                             f"{duration_text(finding.still_seconds)}")
-    if unbroken >= critical_after:
+    if elapsed >= critical_after:
         return Judgement(Severity.CRITICAL, "longer than a checkpoint or evaluation should take")
     if pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio):
+        return None
+    if moving and elapsed < job.busy_pause_quiet_seconds:
         return None
     busy = " (its process is busy on the host)" if moving else ""
     return Judgement(Severity.WARNING, f"a checkpoint or evaluation on the odd GPU is plausible{busy}; critical "

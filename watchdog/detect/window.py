@@ -303,12 +303,25 @@ class GpuWindow:
         """Part of a running job: holds job-sized memory, runs a kernel, has compute processes, or has
         stopped answering (a lost GPU is part of the picture the others wait on)."""
         s = self.latest
+        used = s.memory_used_bytes
+        if used is None:  # an [N/A]: the newest reading the window holds stands in
+            used = next((x.memory_used_bytes for _, x in reversed(self.samples) if x.memory_used_bytes is not None),
+                        None)
         return bool(
             s.health is not GpuHealth.OK
-            or (s.memory_used_bytes is not None and s.memory_used_bytes >= self.memory_min_bytes)
+            or (used is not None and used >= self.memory_min_bytes)
             or (s.utilization_ratio is not None and s.utilization_ratio > 0.02)
             or s.pids
         )
+
+
+def span(view: GpuView, seconds: float, samples: int) -> float:
+    """The stretch to judge over: `seconds`, or long enough to hold `samples` samples when sampling is slow
+    (nvidia-smi -l 5, -l 10)."""
+    window = view.samples
+    if len(window) < 2:
+        return seconds
+    return max(seconds, samples * (window[-1][0] - window[-2][0]))
 
 
 def _older(entries: deque[tuple[float, Any]], cutoff: float) -> int:

@@ -37,11 +37,11 @@ class ReportData:
 
 def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, object]]:
     """Fired (or escalated) episodes with the time they ended, for shading a replay's timeline."""
-    episodes: dict[tuple[str, float], dict[str, object]] = {}
+    episodes: dict[str, dict[str, object]] = {}
     for e in events:
         if e.event is EventKind.SUSPECTED:
             continue
-        key = (e.signature.value, e.onset_seconds)
+        key = e.key or f"{e.signature.value}@{e.onset_seconds}"
         entry = episodes.setdefault(key, {"signature": e.signature.value, "onset": e.onset_seconds,
                                           "at": e.at_seconds, "end": None, "severity": e.severity.value,
                                           "summary": e.summary})

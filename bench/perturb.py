@@ -1,0 +1,124 @@
+"""Perturbations of a labelled trace that do not change what a person would call it: the mess of real
+nvidia-smi logs (../shared/realdata and the logs users send). Each takes a stream of snapshots, a seeded
+random source and a strength (0 mild, 1 medium, 2 strong) and yields the stream as a messier log would
+have shown it. bench/accuracy.py --perturb replays the corpus and the real logs through each of them,
+alone and combined; bench/corpus.py applies a mild mix by default.
+
+    blips        an idle GPU (0%) reads 1-4% on a few percent of its samples, each GPU on its own
+    drops        whole samples missing (nvidia-smi stalled, the logger was slow)
+    rows         one GPU's row missing from a sample
+    na           a reading is [N/A] (utilization, power or memory)
+    jitter       each sample's time off by a fraction of the interval (per-row timestamps, a busy host)
+    power_noise  +- a few watts on every power reading
+    wander       training utilization wandering between 80% and 99% (a sample of real work, not pinned)
+    slow         sampled every 5 s or 10 s instead (nvidia-smi -l 5, -l 10)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator
+
+from watchdog.model import GpuSample, NodeSnapshot
+
+Perturbation = Callable[[Iterable[NodeSnapshot], random.Random, int], Iterator[NodeSnapshot]]
+
+
+def _per_gpu(stream: Iterable[NodeSnapshot], change: Callable[[GpuSample], GpuSample]) -> Iterator[NodeSnapshot]:
+    for snap in stream:
+        yield NodeSnapshot(snap.time_seconds, tuple(change(g) for g in snap.gpus))
+
+
+def blips(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    rate = (0.03, 0.06, 0.12)[strength]
+
+    def change(g: GpuSample) -> GpuSample:
+        if g.utilization_ratio == 0.0 and rng.random() < rate:
+            return g._replace(utilization_ratio=rng.choice((0.01, 0.02, 0.03, 0.04)))
+        return g
+    return _per_gpu(stream, change)
+
+
+def drops(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    rate = (0.01, 0.05, 0.15)[strength]
+    return (snap for snap in stream if rng.random() >= rate)
+
+
+def rows(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    rate = (0.005, 0.02, 0.06)[strength]
+    for snap in stream:
+        if len(snap.gpus) > 1 and rng.random() < rate:
+            gone = rng.randrange(len(snap.gpus))
+            snap = NodeSnapshot(snap.time_seconds, tuple(g for n, g in enumerate(snap.gpus) if n != gone))
+        yield snap
+
+
+def na(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    rate = (0.003, 0.01, 0.04)[strength]
+    fields = ("utilization_ratio", "power_watts", "memory_used_bytes")
+
+    def change(g: GpuSample) -> GpuSample:
+        if rng.random() < rate:
+            return g._replace(**{rng.choice(fields): None})
+        return g
+    return _per_gpu(stream, change)
+
+
+def jitter(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    share = (0.05, 0.2, 0.4)[strength]
+    last: float | None = None
+    for snap in stream:
+        if last is not None:
+            step = snap.time_seconds - last
+            last = snap.time_seconds
+            snap = NodeSnapshot(snap.time_seconds + rng.uniform(-share, share) * step, snap.gpus)
+        else:
+            last = snap.time_seconds
+        yield snap
+
+
+def power_noise(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    watts = (3.0, 5.0, 8.0)[strength]
+
+    def change(g: GpuSample) -> GpuSample:
+        if g.power_watts is None:
+            return g
+        return g._replace(power_watts=round(max(1.0, g.power_watts + rng.uniform(-watts, watts)), 2))
+    return _per_gpu(stream, change)
+
+
+def wander(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    """Utilization of real work (not pinned at 100%, at 90% or more) redrawn between 80% and 99%."""
+    low = (0.9, 0.85, 0.8)[strength]
+
+    def change(g: GpuSample) -> GpuSample:
+        u = g.utilization_ratio
+        if u is not None and 0.9 <= u < 0.995:
+            return g._replace(utilization_ratio=round(rng.uniform(low, 0.99), 2))
+        return g
+    return _per_gpu(stream, change)
+
+
+def slow(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    every = (5.0, 10.0, 10.0)[strength]
+    due: float | None = None
+    for snap in stream:
+        if due is None or snap.time_seconds >= due:
+            due = snap.time_seconds + every - 1e-6
+            yield snap
+
+
+PERTURBATIONS: dict[str, Perturbation] = {
+    "blips": blips, "drops": drops, "rows": rows, "na": na, "jitter": jitter, "power_noise": power_noise,
+    "wander": wander, "slow": slow,
+}
+COMBINED = ("blips", "drops", "rows", "na", "jitter", "power_noise", "wander")
+
+
+def apply(stream: Iterable[NodeSnapshot], names: Iterable[str], seed: int | str, strength: int
+          ) -> Iterator[NodeSnapshot]:
+    """The stream through each named perturbation in turn, each with its own seeded source."""
+    out: Iterable[NodeSnapshot] = stream
+    for name in names:
+        out = PERTURBATIONS[name](out, random.Random(f"{seed}:{name}"), strength)
+    return iter(out)
