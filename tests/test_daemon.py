@@ -58,17 +58,23 @@ def test_a_failing_component_is_counted_and_the_loop_goes_on(tmp_path: Path) -> 
     assert daemon.ticks == 4
 
 
-def test_spin_hang_fires_writes_a_bundle_and_alerts(tmp_path: Path) -> None:
+def ticked_with_a_webhook(tmp_path: Path, source: sim.SimSource, ticks: int) -> tuple[Daemon, Receiver]:
+    """The daemon over `source` for `ticks` ticks, alerting a local webhook; returns both, shut down."""
     receiver = Receiver()
     try:
         config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
                                                                 "url": receiver.url}]})
-        daemon = build(config, spin_source())
-        for _ in range(60):
+        daemon = build(config, source)
+        for _ in range(ticks):
             daemon.tick()
         daemon.shutdown(timeout=5)
     finally:
         receiver.close()
+    return daemon, receiver
+
+
+def test_spin_hang_fires_writes_a_bundle_and_alerts(tmp_path: Path) -> None:
+    daemon, receiver = ticked_with_a_webhook(tmp_path, spin_source(), 60)
     assert metric(daemon, 'stall_watchdog_episodes_total{severity="critical",signature="busy_spin"}') == 1
     assert metric(daemon, 'stall_watchdog_episode_state{gpu="3",signature="busy_spin"}') == 3
     (bundle,) = (tmp_path / "incidents").iterdir()
@@ -236,17 +242,8 @@ def test_a_hang_that_relapses_is_one_page_and_one_bundle(tmp_path: Path) -> None
 
     scenario = dataclasses.replace(sim.SCENARIOS["spin_hang"], duration_seconds=900, timeline=(
         *sim.SCENARIOS["spin_hang"].timeline, (400, None, "train"), (480, None, "spin")))
-    receiver = Receiver()
-    try:
-        config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
-                                                                "url": receiver.url}]})
-        source = sim.SimSource(scenario, interval_seconds=1.0, start_offset_seconds=285, clock=stepping_clock())
-        daemon = build(config, source)
-        for _ in range(300):  # to 585 s
-            daemon.tick()
-        daemon.shutdown(timeout=5)
-    finally:
-        receiver.close()
+    source = sim.SimSource(scenario, interval_seconds=1.0, start_offset_seconds=285, clock=stepping_clock())
+    daemon, receiver = ticked_with_a_webhook(tmp_path, source, 300)  # to 585 s
     assert metric(daemon, 'stall_watchdog_episodes_total{severity="critical",signature="busy_spin"}') == 1
     assert metric(daemon, 'stall_watchdog_episode_state{gpu="3",signature="busy_spin"}') == 3
     (bundle,) = (tmp_path / "incidents").iterdir()

@@ -90,18 +90,16 @@ def test_all_ranks_blocked_is_critical_within_a_minute_everywhere(tmp_path: Path
 
 
 def test_ranks_writing_a_checkpoint_for_three_minutes_never_page(tmp_path: Path) -> None:
+    """Ranks busy on the host through a pause are a checkpoint: suspect (their stacks looked at), not
+    alerted before job.busy_pause_quiet_seconds (5 min), never critical while they move."""
     receiver = Receiver()
     try:
         with ranks(tmp_path, [str(TARGETS / "checkpoint_writer.py"), str(tmp_path)]) as pids:
             daemon, critical_at = run(tmp_path, pids, 200, receiver)
-            assert episode_state(daemon, "zero_util") == 2  # a warning, held for the whole pause
+            assert episode_state(daemon, "zero_util") == 1  # suspect for the whole pause
     finally:
         receiver.close()
     assert critical_at == []
-    alerts = [body["alert"] for _, body in receiver.requests]
-    assert alerts and {a["severity"] for a in alerts} == {"warning"}, [a["summary"] for a in alerts]
-    assert alerts[0]["summary"].startswith("PAUSE (warning)") and "busy on the host" in alerts[0]["summary"]
-    summary = json.loads((Path(alerts[0]["bundle"]) / "summary.json").read_text())
-    assert summary["severity"] == "warning"
+    assert [body["alert"]["summary"] for _, body in receiver.requests] == []
     host = generate_latest(daemon.registry).decode()
     assert 'stall_watchdog_gpu_host_io_bytes_per_second{gpu="0"' in host

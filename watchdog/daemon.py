@@ -30,7 +30,6 @@ from watchdog.act.incidents import IncidentHandler
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.counters import Counters
 from watchdog.detect.engine import DetectorEngine
-from watchdog.detect.episodes import event_key
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.export.metrics import EpisodeView, Published, RankRow, WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
@@ -176,7 +175,7 @@ class Daemon:
 
     def _unsettled(self) -> list[str]:
         """Open stall episodes not yet critical: their stacks are worth another look now and then."""
-        return [event_key(key, ep) for key, ep in self.engine.tracker.episodes.items()
+        return [ep.identity for ep in self.engine.tracker.episodes.values()
                 if ep.finding.signature in STACK_SIGNATURES and ep.fired_severity is not Severity.CRITICAL]
 
     def _guarded(self, component: str, call: Callable[..., T], *args: Any) -> T | None:

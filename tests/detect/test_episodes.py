@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,11 +56,15 @@ def test_onset_is_the_first_sample_of_the_evidence() -> None:
 
 def test_a_waiting_verdict_dated_back_by_its_window_fires_only_once_seen_for_a_while() -> None:
     tracker = EpisodeTracker(TIMING)
-    tracker.update(100.0, [waiting(since=70.0)])
+    at_work = dataclasses.replace(waiting(since=70.0), culprits_busy=True)
+    tracker.update(100.0, [at_work])
     # 30 s held by its window at 100 s, but seen on the ticks for 15 s only at 115 s.
-    assert tracker.update(110.0, [waiting(since=70.0)]) == []
-    (event,) = tracker.update(115.0, [waiting(since=70.0)])
+    assert tracker.update(110.0, [at_work]) == []
+    (event,) = tracker.update(115.0, [at_work])
     assert event.event is EventKind.FIRED and event.onset_seconds == 70.0
+    # A wait on an idle GPU is no spinner slow to show it: it fires on its window's word.
+    tracker = EpisodeTracker(TIMING)
+    assert [e.event for e in tracker.update(100.0, [waiting(since=70.0)])] == [EventKind.SUSPECTED, EventKind.FIRED]
 
 
 def test_a_short_gap_neither_resolves_nor_restarts() -> None:

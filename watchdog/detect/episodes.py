@@ -1,9 +1,9 @@
 """Episodes with hysteresis: ok -> suspect -> stalled -> recovered -> resolved, and the one severity each
 carries.
 
-A condition must hold for `for_seconds` (counted from its first sample) before it fires; a waiting one
-must also have been seen on the ticks for 15 s of that (a window that dates it back names culprits that
-may only be slower to show the spin). Once past
+A condition must hold for `for_seconds` (counted from its first sample) before it fires; a wait on GPUs
+at work (not idle) must also have been seen on the ticks for 15 s of that (a window that dates it back
+names culprits that may only be slower to show the spin). Once past
 `for_seconds` the severity is judged every tick from all the evidence (detect/severity.py): the
 telemetry, the ranks' host progress, the stacks' verdict noted for this episode, how long the stall has
 lasted and the pauses the job has recovered from. It only ever rises within an episode (fired, then
@@ -35,8 +35,8 @@ from watchdog.detect.severity import PAUSES, STACK_SIGNATURES, judge
 from watchdog.detect.summary import summarize
 from watchdog.model import EpisodeEvent, EventKind, Finding, Severity, Signature, Verdict
 
-_SEEN_SECONDS = 15.0  # a waiting verdict whose window dates it back fires only once seen this long: culprits
-# named while a GPU's window still holds what it did before (the first ticks of a hang) are not paged
+_SEEN_SECONDS = 15.0  # a wait on GPUs at work fires only once seen this long, whatever its window dates it back
+# to: a GPU whose window still holds what it did before the hang may only be slower to show the spin
 _LAPSE_MIN_SECONDS = 120.0  # a lapse without evidence either way ends nothing sooner, whatever relapse_seconds
 _BUSY_SHARE = 0.25  # an odd GPU at work on this share of a wait's ticks is busy (a writer), not blocked
 Recovered = Callable[[tuple[int, ...]], bool]  # whether every one of these GPUs shows recovery now
@@ -63,10 +63,6 @@ class Episode:
     @property
     def stall(self) -> bool:
         return self.finding.signature in STACK_SIGNATURES
-
-
-def event_key(key: str, episode: Episode) -> str:
-    return episode.identity
 
 
 class EpisodeTracker:
@@ -149,7 +145,7 @@ class EpisodeTracker:
             timing = self._timing[finding.signature]
             seen = now - ep.seen_at
             if now - ep.signature_since < timing.for_seconds or (
-                    finding.signature is Signature.WAITING and seen < min(timing.for_seconds, _SEEN_SECONDS)):
+                    finding.culprits_busy and seen < min(timing.for_seconds, _SEEN_SECONDS)):
                 continue
             # Counted past for_seconds only: at the onset the odd GPU's window still holds the work before it.
             ep.judged_ticks += 1
