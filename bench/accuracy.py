@@ -230,6 +230,8 @@ def main() -> None:
     parser.add_argument("--perturb", action="store_true", help="each perturbation alone and combined, per group")
     parser.add_argument("--strength", type=int, nargs="+", choices=(0, 1, 2), default=[1, 2],
                         help="perturbation strengths with --perturb (default 1 2)")
+    parser.add_argument("--only", nargs="+", choices=(*perturb.PERTURBATIONS, "combined"),
+                        help="with --perturb: these perturbations alone (default: each, then combined)")
     args = parser.parse_args()
     modes = MODES if args.mode == "both" else (args.mode,)
     traces = corpus(args.per_class or (3 if args.perturb else 12))
@@ -242,8 +244,9 @@ def main() -> None:
                 report(outcomes, f"{mode}: the corpus" + (" and the real logs" if mode == "telemetry" else ""))
             return
         results: dict[tuple[str, str], list[Outcome]] = {}
-        variants = [((name,), s) for name, s in itertools.product(perturb.PERTURBATIONS, args.strength)]
-        variants += [(perturb.COMBINED, s) for s in args.strength]
+        chosen = args.only or [*perturb.PERTURBATIONS, "combined"]
+        variants = [((name,) if name != "combined" else perturb.COMBINED, s)
+                    for name, s in itertools.product(chosen, args.strength)]
         for names, strength in variants:
             label = f"{'+'.join(names) if len(names) == 1 else 'combined'}@{strength}"
             for mode in modes:

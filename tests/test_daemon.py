@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -58,15 +59,22 @@ def test_a_failing_component_is_counted_and_the_loop_goes_on(tmp_path: Path) -> 
     assert daemon.ticks == 4
 
 
-def ticked_with_a_webhook(tmp_path: Path, source: sim.SimSource, ticks: int) -> tuple[Daemon, Receiver]:
-    """The daemon over `source` for `ticks` ticks, alerting a local webhook; returns both, shut down."""
+def ticked_with_a_webhook(tmp_path: Path, source: sim.SimSource, ticks: int, slow_bundles: bool = False
+                          ) -> tuple[Daemon, Receiver]:
+    """The daemon over `source` for `ticks` ticks, alerting a local webhook; returns both, shut down. With
+    `slow_bundles`, no bundle is written before the last tick (a disk slower than the loop)."""
     receiver = Receiver()
+    written = threading.Event()
     try:
         config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
                                                                 "url": receiver.url}]})
         daemon = build(config, source)
+        if slow_bundles:
+            store, write = daemon.bundles, daemon.bundles.write
+            store.write = lambda incident: (written.wait(30), write(incident))[1]  # type: ignore[method-assign]
         for _ in range(ticks):
             daemon.tick()
+        written.set()
         daemon.shutdown(timeout=5)
     finally:
         receiver.close()
@@ -237,13 +245,14 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
 
 def test_a_hang_that_relapses_is_one_page_and_one_bundle(tmp_path: Path) -> None:
     """Spinning from 300 s, training again at 400 s, spinning again at 480 s: one alert, one bundle that
-    records the relapse, and the episode still critical in /metrics (held for job.relapse_seconds)."""
+    records the relapse (even when the relapse comes before the bundle is written), and the episode still
+    critical in /metrics (held for job.relapse_seconds)."""
     import dataclasses
 
     scenario = dataclasses.replace(sim.SCENARIOS["spin_hang"], duration_seconds=900, timeline=(
         *sim.SCENARIOS["spin_hang"].timeline, (400, None, "train"), (480, None, "spin")))
     source = sim.SimSource(scenario, interval_seconds=1.0, start_offset_seconds=285, clock=stepping_clock())
-    daemon, receiver = ticked_with_a_webhook(tmp_path, source, 300)  # to 585 s
+    daemon, receiver = ticked_with_a_webhook(tmp_path, source, 300, slow_bundles=True)  # to 585 s
     assert metric(daemon, 'stall_watchdog_episodes_total{severity="critical",signature="busy_spin"}') == 1
     assert metric(daemon, 'stall_watchdog_episode_state{gpu="3",signature="busy_spin"}') == 3
     (bundle,) = (tmp_path / "incidents").iterdir()

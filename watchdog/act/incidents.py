@@ -67,6 +67,7 @@ class _Open:
     gpus: tuple[int, ...]
     severity: Severity | None = None  # None while only suspected
     bundle: str | None = None
+    rewrite: EpisodeEvent | None = None  # an escalation or relapse that came before the bundle was written
     job: str = "unknown"
     workload: Workload = Workload()  # the pod or Slurm job the affected ranks share
     looked_at: float | None = None  # monotonic time of the last look at the stacks
@@ -113,12 +114,10 @@ class IncidentHandler:
                 self._alert(event, state)
         elif event.event is EventKind.ESCALATED:
             state.severity = event.severity
-            if state.bundle is not None:
-                self._submit(self.bundles.rewrite_verdict, state.bundle, event)
+            self._rewrite(state, event)
             self._alert(event, state)
         elif event.event is EventKind.RELAPSED:  # the same incident: its bundle says so, no new page
-            if state.bundle is not None:
-                self._submit(self.bundles.rewrite_verdict, state.bundle, event)
+            self._rewrite(state, event)
             self._look(key, state, snapshot)
         else:
             self._alert(event, state, resolved=True)
@@ -126,6 +125,15 @@ class IncidentHandler:
                 gone = self.open.pop(key, None)
                 if gone is not None:
                     self.resolved.append((self.monotonic(), gone))
+
+    def _rewrite(self, state: _Open, event: EpisodeEvent) -> None:
+        """The bundle's verdict rewritten for this event: now, or once the bundle is written."""
+        with self._lock:
+            bundle = state.bundle
+            if bundle is None:
+                state.rewrite = event
+        if bundle is not None:
+            self._submit(self.bundles.rewrite_verdict, bundle, event)
 
     def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None:
         """Look again at the stacks of these open, not yet critical episodes when their last look is old."""
@@ -231,7 +239,11 @@ class IncidentHandler:
                                              if top is not None else "")
         incident.severity = event.severity
         path = self.bundles.write(incident)
-        state.bundle = str(path) if path else None
+        with self._lock:
+            state.bundle = str(path) if path else None
+            later, state.rewrite = state.rewrite, None
+        if later is not None and state.bundle is not None:  # escalated or relapsed while this was written
+            self.bundles.rewrite_verdict(state.bundle, later)
         logfmt.event("incident", signature=event.signature.value, severity=event.severity.value,
                      bundle=state.bundle, verdict=event.headline)
         self._alert(event, state, summary=incident.sentence)
