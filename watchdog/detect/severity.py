@@ -15,9 +15,10 @@ alerts, the bundle and the report all read it.
                otherwise a warning (held back while the odd rank is busy on the host, for
                job.busy_pause_quiet_seconds) until the stall outlives critical_after_seconds
                (critical_after_busy_seconds once an odd GPU was seen at work during it: a writer)
-A zero_util or waiting pause that comes when the job's rhythm says one is due and lasts no longer than
-its recovered pauses (x the margin) is held back (detect/pauses.py): it stays suspect, so the job's every
-checkpoint does not raise a warning again, while a pause at an unexpected time is alerted at once.
+A zero_util or waiting pause that comes no sooner after the job's last one than it has ever paused again
+and lasts no longer than its recovered pauses (x the margin) is held back (detect/pauses.py): it stays
+suspect, so the job's every checkpoint does not raise a warning again, while a pause that comes sooner is
+alerted at once.
 """
 
 from __future__ import annotations
