@@ -10,6 +10,7 @@ traffic of work (a spinning kernel reads 100% too, at near-idle power and no mem
 from __future__ import annotations
 
 from watchdog.config import BusySpinConfig
+from watchdog.detect.evidence import percentile
 from watchdog.detect.window import GpuView, span
 
 WORK_MIN_RATIO = 0.5  # a training step's input-pipeline dips go lower, its median does not
@@ -22,13 +23,16 @@ def recovered(view: GpuView, cfg: BusySpinConfig) -> bool:
         return True
     window = view.recent(span(view, _SECONDS, _MIN_SAMPLES))
     utils = sorted(s.utilization_ratio for _, s in window if s.utilization_ratio is not None)
-    if len(utils) < _MIN_SAMPLES or utils[len(utils) // 2] < WORK_MIN_RATIO:
+    if len(utils) < _MIN_SAMPLES:
         return False
-    if utils[len(utils) // 2] < cfg.utilization_min_ratio:
+    util = percentile(utils, 0.5)
+    if util < WORK_MIN_RATIO:
+        return False
+    if util < cfg.utilization_min_ratio:
         return True
     power = sorted(s.power_watts for _, s in window if s.power_watts is not None)
     busy = view.busy_watts
-    if power and busy is not None and power[len(power) // 2] > cfg.fell_max_ratio * busy:
+    if power and busy is not None and percentile(power, 0.5) > cfg.fell_max_ratio * busy:
         return True
     memory = sorted(s.memory_utilization_ratio for _, s in window if s.memory_utilization_ratio is not None)
-    return bool(memory) and memory[len(memory) // 2] > cfg.memory_utilization_max_ratio
+    return bool(memory) and percentile(memory, 0.5) > cfg.memory_utilization_max_ratio
