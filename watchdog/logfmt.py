@@ -14,11 +14,21 @@ log = logging.getLogger("stall_watchdog")
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 
 
+def _escape(c: str) -> str:
+    if c == "\n":
+        return "\\n"
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
 def _value(value: Any) -> str:
+    """One field's value: quoted when it holds a space, quote or `=`; control characters (CR, ESC, the
+    C1 range, line and paragraph separators) written as escapes, so text a rank chose (a function name,
+    a file name) can neither forge a log line nor move a terminal's cursor."""
     text = str(value)
-    if text == "" or any(c in text for c in ' "=\n\t'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return text
+    if text != "" and text.isprintable() and not any(c in text for c in ' "=\\'):
+        return text
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if c.isprintable() or c == " " else _escape(c) for c in text) + '"'
 
 
 def line(level: str, event: str, **fields: Any) -> str:

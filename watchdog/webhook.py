@@ -64,7 +64,7 @@ def _from_alertmanager(payload: Mapping[str, object]) -> tuple[str, ...]:
     alerts = payload.get("alerts")
     if not isinstance(alerts, list):
         raise PayloadError("alerts: expected a list")
-    found: list[str] = []
+    found: dict[str, None] = {}  # ordered, each once, in linear time
     sources: list[tuple[str, object]] = [("groupLabels", payload.get("groupLabels")),
                                          ("commonLabels", payload.get("commonLabels"))]
     sources += [(f"alerts[{n}].labels", a.get("labels") if isinstance(a, dict) else None) for n, a in enumerate(alerts)]
@@ -74,9 +74,7 @@ def _from_alertmanager(payload: Mapping[str, object]) -> tuple[str, ...]:
         if not isinstance(labels, dict):
             raise PayloadError(f"{where}: expected an object of labels")
         if LABEL in labels:
-            job = _job(labels[LABEL], f"{where}.{LABEL}")
-            if job not in found:
-                found.append(job)
+            found[_job(labels[LABEL], f"{where}.{LABEL}")] = None
     if not found:
         raise PayloadError(f"the Alertmanager webhook names no {LABEL} label: route the job-level alerts "
                            f"with group_by: [{LABEL}]")

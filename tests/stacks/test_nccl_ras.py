@@ -118,9 +118,17 @@ sys.stdout.write(f.read().decode())
 
 def test_address_follows_nccl_ras_addr_and_enable() -> None:
     assert address({}) == ("localhost", 28028)
-    assert address({"NCCL_RAS_ADDR": "10.1.2.3:29000"}) == ("10.1.2.3", 29000)
+    assert address({"NCCL_RAS_ADDR": "127.0.0.2:29000"}) == ("127.0.0.2", 29000)
     assert address({"NCCL_RAS_ADDR": "[::1]:29001"}) == ("::1", 29001)
     assert address({"NCCL_RAS_ENABLE": "0"}) is None
+
+
+def test_a_rank_cannot_point_the_daemon_at_another_host() -> None:
+    """NCCL_RAS_ADDR comes from a rank: an address that is not this node's, a name, a port out of range
+    fall back to the default rather than make root connect there (a port-scan oracle)."""
+    for given in ("10.255.1.2:29000", "example.com:28028", "127.0.0.1:65536", "127.0.0.1:0", "127.0.0.1:²",
+                  "127.0.0.1:99999999999999999999", "[::1]:-1"):
+        assert address({"NCCL_RAS_ADDR": given}) == ("localhost", 28028), given
 
 
 @pytest.mark.parametrize("garbage", ["", "hello\n", "{\"communicators\": 3}", "{not json"])

@@ -8,22 +8,19 @@ files or environment variables and never appear in a log line or an error (recei
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.parse
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
-from watchdog import logfmt
+from watchdog import children, http_client, logfmt, secrets
 from watchdog.config import AlertsConfig, ReceiverConfig
 from watchdog.counters import Counters
 from watchdog.model import Severity, Workload, iso_time
@@ -59,10 +56,18 @@ class Alert:
                 "workload": self.workload.to_json()}
 
     def text(self) -> str:
+        """The Slack-style line. Its parts carry text a rank chose (function and file names, job names):
+        `&`, `<` and `>` are escaped as Slack asks, so none of it becomes a mention (`<!channel>`) or a
+        link, and control characters become spaces."""
         head = "RESOLVED" if self.status == "resolved" else self.severity.value.upper()
         scheduler = f" [{self.workload.describe()}]" if self.workload else ""
         where = f" Bundle: {self.bundle}" if self.bundle else ""
-        return f"[{head}] {self.instance}{scheduler}: {self.summary}.{where}"
+        return _slack_escape(f"[{head}] {self.instance}{scheduler}: {self.summary}.{where}")
+
+
+def _slack_escape(text: str) -> str:
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class DeliveryError(Exception):
@@ -76,77 +81,29 @@ class Receiver(Protocol):
     def send(self, alert: Alert) -> None: ...
 
 
-def _secret(cfg: ReceiverConfig, value: str | None, file: str | None, env: str | None, what: str) -> str | None:
-    if file:
-        try:
-            return Path(file).read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"receiver {cfg.name}: cannot read its {what} file: {exc.strerror or exc}") from None
-    if env:
-        found = os.environ.get(env)
-        if found is None:
-            raise ValueError(f"receiver {cfg.name}: environment variable {env} ({what}) is not set")
-        return found
-    return value
-
-
 def _target(cfg: ReceiverConfig, url: str) -> urllib.parse.SplitResult:
     """The receiver's URL, checked where it enters (the config, a file or the environment). The message
     names the receiver and the key, never the value: a URL may carry a key."""
     where = "url_file" if cfg.url_file else "url_env" if cfg.url_env else "url"
     try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 (raises on a port that is not a number)
-    except ValueError:
-        raise ValueError(f"receiver {cfg.name}: {where}: not a URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"receiver {cfg.name}: {where}: expected an http:// or https:// URL with a host")
-    if any(c.isspace() or not c.isprintable() for c in url):
-        raise ValueError(f"receiver {cfg.name}: {where}: the URL holds spaces or control characters")
-    return parts
-
-
-def _checked_token(cfg: ReceiverConfig, token: str | None) -> str | None:
-    if token is None:
-        return None
-    if not token or any(not (0x21 <= ord(c) <= 0x7E) for c in token):
-        where = "token_file" if cfg.token_file else "token_env"
-        raise ValueError(f"receiver {cfg.name}: {where}: the token must be one line of printable ASCII")
-    return token
+        return http_client.split(url)
+    except ValueError as exc:
+        raise ValueError(f"receiver {cfg.name}: {where}: {exc}") from None
 
 
 def _post(target: urllib.parse.SplitResult, body: object, token: str | None, timeout: float) -> None:
-    """One POST, bounded as a whole by `timeout` (a server that trickles its answer a byte a second is cut
-    off at the deadline). Redirects are not followed: a 3xx is a failure, and the token goes nowhere else."""
-    kind = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
-    connection = kind(target.hostname or "", target.port, timeout=timeout)
-    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+    """One POST through the package's HTTP client (one deadline, no redirects: a 3xx is a failure)."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    deadline = threading.Timer(timeout, _cut, (connection,))
-    deadline.daemon = True
-    deadline.start()
     try:
-        connection.request("POST", path, body=json.dumps(body).encode(), headers=headers)
-        status = connection.getresponse().status
-    except (OSError, http.client.HTTPException) as exc:
-        reason = "no answer in time" if not deadline.is_alive() else type(exc).__name__
-        raise DeliveryError(f"unreachable ({reason})") from None
-    finally:
-        deadline.cancel()
-        connection.close()
-    if 300 <= status < 400:
-        raise DeliveryError(f"HTTP {status}: redirects are not followed")
-    if not 200 <= status < 300:
-        raise DeliveryError(f"HTTP {status}")
-
-
-def _cut(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+        answer = http_client.request("POST", target, json.dumps(body).encode(), headers, timeout, 64 * 1024)
+    except http_client.HttpError as exc:
+        raise DeliveryError(f"unreachable ({exc.reason})") from None
+    if answer.redirect:
+        raise DeliveryError(f"HTTP {answer.status}: redirects are not followed")
+    if not 200 <= answer.status < 300:
+        raise DeliveryError(f"HTTP {answer.status}")
 
 
 class _HttpReceiver:
@@ -155,11 +112,16 @@ class _HttpReceiver:
     def __init__(self, cfg: ReceiverConfig):
         self.name, self.timeout = cfg.name, cfg.timeout_seconds
         self.min_severity: str = cfg.min_severity
-        url = _secret(cfg, cfg.url, cfg.url_file, cfg.url_env, "URL")
+        try:
+            url = secrets.read(cfg.url_file, cfg.url_env, f"receiver {cfg.name}: url") or cfg.url
+            token = secrets.read(cfg.token_file, cfg.token_env, f"receiver {cfg.name}: token")
+            where = "token_file" if cfg.token_file else "token_env"
+            self._token = secrets.one_line_token(token, f"receiver {cfg.name}: {where}") if token else None
+        except secrets.SecretError as exc:
+            raise ValueError(str(exc)) from None
         if not url:
             raise ValueError(f"receiver {cfg.name}: a {cfg.type} receiver needs url, url_file or url_env")
         self._url = _target(cfg, url)
-        self._token = _checked_token(cfg, _secret(cfg, None, cfg.token_file, cfg.token_env, "token"))
 
 
 class WebhookReceiver(_HttpReceiver):
@@ -196,7 +158,8 @@ class AlertmanagerReceiver(_HttpReceiver):
 
 
 class CommandReceiver:
-    """Runs argv (no shell) with the alert JSON on stdin and the bundle path as the last argument."""
+    """Runs argv (no shell) with the alert JSON on stdin and the bundle path as the last argument, in an
+    environment without the daemon's secrets (watchdog/children.py)."""
 
     def __init__(self, cfg: ReceiverConfig):
         self.name, self.timeout = cfg.name, cfg.timeout_seconds
@@ -210,7 +173,7 @@ class CommandReceiver:
         try:
             process = subprocess.Popen([*self.argv, alert.bundle or ""], stdin=subprocess.PIPE,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                                       start_new_session=True)
+                                       start_new_session=True, env=children.environment())
         except OSError as exc:
             raise DeliveryError(f"cannot start: {exc.strerror or exc}") from None
         try:

@@ -7,14 +7,17 @@
     doctor.json       the doctor's findings for the node and the job at the time of the incident
     report.html       all of it on one self-contained page (`stall-watchdog report BUNDLE` rebuilds it)
 
-Written into a hidden folder and renamed into place (a reader never sees half a bundle), folders 0700
-and files 0600 (stacks and environments name paths and settings). A disk budget and a count limit
-remove the oldest bundles first. A full or read-only disk costs that one bundle, not the loop.
+Written into a hidden folder of its own and renamed into place (a reader never sees half a bundle), by the
+package's private-file writer (watchdog/private_files.py: folders 0700, files 0600, never through a link,
+each bundle within `bundles.max_bundle_bytes`, refused before a byte passes it). A disk budget and a count
+limit remove the oldest bundles first. A full or read-only disk, or a bundle over its budget, costs that
+one bundle, not the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -24,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog import logfmt
+from watchdog import logfmt, private_files
 from watchdog.config import BundlesConfig
 from watchdog.counters import Counters
 from watchdog.doctor.checks import DoctorFinding
@@ -80,18 +83,18 @@ class BundleStore:
         self.root = Path(cfg.directory)
 
     def write(self, incident: Incident) -> Path | None:
-        def fill(folder: Path) -> None:
-            self._json(folder / "summary.json", incident.summary())
-            self._telemetry(folder / "telemetry.jsonl", incident)
-            self._pictures(folder, incident.pictures)
+        def fill(folder: Path, budget: private_files.Budget) -> None:
+            private_files.write_json(folder / "summary.json", incident.summary(), budget)
+            self._telemetry(folder / "telemetry.jsonl", incident, budget)
+            self._pictures(folder, incident.pictures, budget)
             if incident.doctor:
-                self._json(folder / "doctor.json", [d.to_json() for d in incident.doctor])
+                private_files.write_json(folder / "doctor.json", [d.to_json() for d in incident.doctor], budget)
             if incident.ranks:
-                self._json(folder / "environment.json", [
+                private_files.write_json(folder / "environment.json", [
                     {"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "cmdline": list(r.cmdline),
                      "container": r.container, "workload": r.workload.to_json(), "env": dict(r.env),
                      "problems": list(r.problems)}
-                    for r in incident.ranks])
+                    for r in incident.ranks], budget)
             if not self._render(folder):
                 incident.partial = True
 
@@ -102,9 +105,9 @@ class BundleStore:
 
     def write_dump(self, name: str, summary: dict[str, object], pictures: Sequence[StackPicture]) -> Path | None:
         """A bundle asked for over POST /v1/dump: the same stacks files, and the answer as summary.json."""
-        def fill(folder: Path) -> None:
-            self._json(folder / "summary.json", summary)
-            self._pictures(folder, pictures)
+        def fill(folder: Path, budget: private_files.Budget) -> None:
+            private_files.write_json(folder / "summary.json", summary, budget)
+            self._pictures(folder, pictures, budget)
             self._render(folder)
 
         path = self._commit(name, fill, "dump")
@@ -112,22 +115,20 @@ class BundleStore:
             self.counters.inc("bundles_total", "written")
         return path
 
-    def _pictures(self, folder: Path, pictures: Sequence[StackPicture]) -> None:
+    def _pictures(self, folder: Path, pictures: Sequence[StackPicture], budget: private_files.Budget) -> None:
         if not pictures:
             return
-        self._json(folder / "stacks.json", [p.to_json() for p in pictures])
-        stacks = folder / "stacks"
-        stacks.mkdir(mode=0o700)
+        private_files.write_json(folder / "stacks.json", [p.to_json() for p in pictures], budget)
+        stacks = private_files.make_dir(folder / "stacks")
         for picture in pictures:
             for capture in picture.captures:
                 if capture.raw is not None:
-                    self._json(stacks / capture_file_name(capture.target), capture.raw)
+                    private_files.write_json(stacks / capture_file_name(capture.target), capture.raw, budget)
         traces = [t for p in pictures for t in p.traces]
         if traces:
-            recorded = folder / "flight_recorder"
-            recorded.mkdir(mode=0o700)
+            recorded = private_files.make_dir(folder / "flight_recorder")
             for trace in traces:
-                self._json(recorded / f"rank-{trace.rank}.json", trace.to_json())
+                private_files.write_json(recorded / f"rank-{trace.rank}.json", trace.to_json(), budget)
 
     def _render(self, folder: Path) -> bool:
         try:
@@ -138,17 +139,17 @@ class BundleStore:
             logfmt.event("report_failed", level=logfmt.WARNING, error=f"{type(exc).__name__}: {exc}")
             return False
 
-    def _commit(self, name: str, fill: Callable[[Path], None], what: str) -> Path | None:
-        """Fill a hidden folder, then rename it into place (a reader never sees half a bundle); rotate."""
+    def _commit(self, name: str, fill: Callable[[Path, private_files.Budget], None], what: str) -> Path | None:
+        """Fill a hidden folder of its own (concurrent writers never share one), then rename it into place
+        (a reader never sees half a bundle); rotate."""
         final = self.root / name
-        temporary = self.root / f".partial-{name}-{os.getpid()}"
+        temporary = self.root / private_files.unique_name(f".partial-{name}")
+        budget = private_files.Budget(min(self.cfg.max_bundle_bytes, self.cfg.max_total_bytes or 1 << 62))
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if temporary.exists():
-                shutil.rmtree(temporary)
-            temporary.mkdir(mode=0o700)
-            self._json(temporary / MARKER, {"written_by": "stall-watchdog", "pid": os.getpid()})
-            fill(temporary)
+            private_files.make_dir(self.root, parents=True)
+            private_files.make_dir(temporary)
+            private_files.write_json(temporary / MARKER, {"written_by": "stall-watchdog", "pid": os.getpid()})
+            fill(temporary, budget)
             if final.exists():
                 final = self.root / f"{name}-{int(time.time() * 1000) % 100000}"
             os.rename(temporary, final)
@@ -168,25 +169,15 @@ class BundleStore:
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         summary.update({"severity": event.severity.value, "headline": event.headline, "verdict": event.summary,
                         "event": event.to_json(), event.event.value: iso_time(event.at_seconds)})
-        temporary = folder / ".summary.json.new"
-        temporary.unlink(missing_ok=True)
-        self._json(temporary, summary)
-        os.replace(temporary, folder / "summary.json")
+        private_files.write_json(folder / "summary.json", summary, replace=True)
         if self.render_report is not None:
             self.render_report(folder)
 
-    def _json(self, path: Path, data: object) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.write("\n")
-
-    def _telemetry(self, path: Path, incident: Incident) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            head = recording.header("bundle", iso_time(incident.event.onset_seconds),
-                                    onset=incident.event.onset_seconds)
-            recording.write(f, head, incident.telemetry)
+    def _telemetry(self, path: Path, incident: Incident, budget: private_files.Budget) -> None:
+        text = io.StringIO()
+        head = recording.header("bundle", iso_time(incident.event.onset_seconds), onset=incident.event.onset_seconds)
+        recording.write(text, head, incident.telemetry)
+        private_files.write_text(path, text.getvalue(), budget)
 
     def _ours(self, path: Path) -> bool:
         """A folder this daemon wrote: the name it gives bundles and its marker inside. Nothing else in a
@@ -205,7 +196,8 @@ class BundleStore:
             found = [p for p in self.root.iterdir() if p.name.startswith(".partial-") and self._ours(p)]
         except OSError:
             return []
-        return [p for p in found if not p.name.endswith(f"-{os.getpid()}")]
+        mine = re.compile(rf"-{os.getpid()}-\d+$")
+        return [p for p in found if not mine.search(p.name)]
 
     def disk_bytes(self) -> int:
         return sum(_size(p) for p in self.bundles() + self.leftovers())

@@ -8,7 +8,10 @@ marked `"ended": true`; with no such episode there is nothing to keep (404).
 The answer is JSON: the bundle written, this node's verdict per job, every rank with its pid, GPUs,
 activity and raw py-spy threads, the Flight Recorder dumps read back and NCCL RAS's view. Requests for
 one job while its dump runs share that dump; a job dumped less than `dump.cooldown_seconds` ago gets that
-answer again (`"shared": true`); at most `dump.max_per_minute` dumps start per minute (then 429).
+answer again (`"shared": true`); at most `dump.max_per_minute` dumps start per minute (then 429). A dump
+that finds nothing to capture (404) gives its place in that budget back and is not kept for reuse, so
+requests that name no local job cannot use up the budget of the real dump or the Slurm epilog; answers
+kept for reuse are dropped once their cooldown has passed.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class DumpService:
         self._running: dict[tuple[str, ...], Future[Answer]] = {}
         self._recent: dict[tuple[str, ...], tuple[float, Answer]] = {}
         self._started: deque[float] = deque()
+        self._started_at: dict[tuple[str, ...], float] = {}
 
     def handle(self, body: bytes) -> Answer:
         try:
@@ -71,6 +75,8 @@ class DumpService:
         key = (f"slurm:{slurm_job}",) if slurm_job else tuple(sorted(jobs)) or ("*",)
         now = self.monotonic()
         with self._lock:
+            cooldown = self.config.dump.cooldown_seconds
+            self._recent = {k: v for k, v in self._recent.items() if now - v[0] < cooldown}
             future = self._running.get(key)
             shared = future is not None
             if future is None:
@@ -86,6 +92,7 @@ class DumpService:
                     return Answer(429, {"error": f"over {self.config.dump.max_per_minute} dumps a minute "
                                         f"(dump.max_per_minute); retry in {wait} s"}, retry_after=wait)
                 self._started.append(now)
+                self._started_at[key] = now
                 future = self.pool.submit(self._dump, jobs, slurm_job)
                 self._running[key] = future
         if not shared:
@@ -112,8 +119,14 @@ class DumpService:
     def _finished(self, key: tuple[str, ...], future: Future[Answer]) -> None:
         with self._lock:
             self._running.pop(key, None)
-            if not future.cancelled() and future.exception() is None:
-                self._recent[key] = (self.monotonic(), future.result())
+            started = self._started_at.pop(key, None)
+            if future.cancelled() or future.exception() is not None:
+                return
+            answer = future.result()
+            if answer.status == 200:
+                self._recent[key] = (self.monotonic(), answer)
+            elif started is not None and started in self._started:
+                self._started.remove(started)  # nothing was captured: the budget is not spent
 
     def _ranks(self) -> list[RankInfo]:
         snapshot = self.snapshot()

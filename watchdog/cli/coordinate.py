@@ -6,28 +6,43 @@ import argparse
 import json
 import signal
 import threading
-from pathlib import Path
 
-from watchdog import logfmt
+from watchdog import http_client, logfmt, secrets
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.coordinate.nodes import NodeClient
-from watchdog.coordinate.service import Coordinator
-from watchdog.export.server import parse_address
+from watchdog.coordinate.service import Coordinator, CoordinatorError
+from watchdog.http_server import Auth, parse_address
 
 
 def cmd_coordinate(args: argparse.Namespace) -> int:
-    token = None
-    if args.node_token_file:
-        try:
-            token = Path(args.node_token_file).read_text().strip()
-        except OSError as exc:
-            error(f"--node-token-file: cannot read: {exc.strerror or exc}")
-            return EXIT_USAGE
-    if not 0 < args.timeout_seconds <= 3600 or not 0 <= args.cooldown_seconds <= 86400:
-        error("--timeout-seconds must be in (0, 3600] and --cooldown-seconds in [0, 86400]")
+    logfmt.setup()
+    try:
+        token = secrets.read(args.node_token_file, None, "--node-token")
+        if token:
+            secrets.one_line_token(token, "--node-token-file")
+        callers = secrets.read(args.token_file, None, "--token")
+        if callers:
+            secrets.one_line_token(callers, "--token-file")
+        password = secrets.read(args.basic_auth_password_file, None, "--basic-auth-password")
+    except secrets.SecretError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    if bool(args.basic_auth_user) != bool(password):
+        error("--basic-auth-user and --basic-auth-password-file go together")
+        return EXIT_USAGE
+    if not 0 < args.timeout_seconds <= 3600 or not 0 <= args.cooldown_seconds <= 86400 \
+            or not 0 < args.max_per_minute <= 10000:
+        error("--timeout-seconds must be in (0, 3600], --cooldown-seconds in [0, 86400] and --max-per-minute "
+              "in [1, 10000]")
+        return EXIT_USAGE
+    try:
+        http_client.split(args.prometheus)
+    except ValueError as exc:
+        error(f"--prometheus: {exc}")
         return EXIT_USAGE
     client = NodeClient(args.node_scheme, token, args.node_ca_file, args.timeout_seconds)
-    coordinator = Coordinator(args.prometheus, args.out, client, args.cooldown_seconds)
+    coordinator = Coordinator(args.prometheus, args.out, client, args.cooldown_seconds,
+                              auth=Auth(args.basic_auth_user, password, callers), max_per_minute=args.max_per_minute)
     if args.job:
         result = coordinator.investigate(args.job)
         if result.problem is not None:
@@ -45,6 +60,9 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     try:
         host, port = parse_address(args.listen)
         server = coordinator.serve(host, port)
+    except CoordinatorError as exc:
+        error(f"--listen {args.listen}: {exc}")
+        return EXIT_USAGE
     except (OSError, ValueError) as exc:
         error(f"--listen {args.listen}: cannot listen: {getattr(exc, 'strerror', None) or exc}")
         return EXIT_USAGE

@@ -203,6 +203,7 @@ def _add_coordinate(verbs: Verbs) -> None:
                     "answers into one job verdict (the odd rank with its node, pid, GPU and activity) and write "
                     "a job bundle with report.html. --job investigates one job once and prints the verdict.",
         epilog="Examples:\n  stall-watchdog coordinate --prometheus http://prometheus:9090 --listen 0.0.0.0:9945 "
+               "--token-file /etc/stall-watchdog/coordinator-token --node-token-file /etc/stall-watchdog/dump-token "
                "--out /var/lib/stall-watchdog/jobs\n"
                "  stall-watchdog coordinate --prometheus http://127.0.0.1:9090 --job run:llm-42 --json\n")
     coord.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (its HTTP API)")
@@ -213,8 +214,15 @@ def _add_coordinate(verbs: Verbs) -> None:
                        help="how to reach the daemons' endpoints (their export.listen_address)")
     coord.add_argument("--node-token-file", metavar="FILE", help="bearer token for POST /v1/dump (dump.token_file)")
     coord.add_argument("--node-ca-file", metavar="FILE", help="CA bundle to trust for --node-scheme https")
+    coord.add_argument("--token-file", metavar="FILE",
+                       help="bearer token callers (Alertmanager's http_config.authorization) must present; "
+                            "off loopback this or --basic-auth-user is required")
+    coord.add_argument("--basic-auth-user", metavar="USER", help="basic auth for callers (with the next option)")
+    coord.add_argument("--basic-auth-password-file", metavar="FILE", help="the basic auth password")
+    coord.add_argument("--max-per-minute", type=int, default=30, metavar="N",
+                       help="investigations started a minute at most (default 30); more are answered 429")
     coord.add_argument("--timeout-seconds", type=float, default=60.0, metavar="S",
-                       help="how long one node may take to answer (default 60)")
+                       help="how long one node may take to answer, the whole exchange (default 60)")
     coord.add_argument("--cooldown-seconds", type=float, default=120.0, metavar="S",
                        help="a job investigated this recently is not investigated again (default 120)")
     coord.add_argument("--job", metavar="TRAINING_JOB", help="investigate this job once, print, and exit")

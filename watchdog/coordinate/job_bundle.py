@@ -1,12 +1,13 @@
 """The job bundle: one folder per job verdict, written whole (hidden, then renamed), files 0600.
 
     job.json          the job verdict: odd ranks, groups across nodes, Flight Recorder, NCCL RAS, nodes
-    nodes/<node>.json each node's /v1/dump answer as it came
+    nodes/<node>.json each node's /v1/dump answer as it came (named by the instance and a digest of it)
     report.html       all of it on one self-contained page
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
@@ -14,6 +15,8 @@ import re
 import shutil
 import time
 from pathlib import Path
+
+from watchdog import private_files
 
 from .job_verdict import JobVerdict
 
@@ -25,14 +28,27 @@ def _slug(text: str) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    private_files.write_text(path, text)
+
+
+def node_file_name(instance: str) -> str:
+    """One file per instance, never two instances in one: `h:1` and `h_1` slug alike, so a short digest
+    of the instance follows the slug."""
+    return f"{_slug(instance)}-{hashlib.sha256(instance.encode()).hexdigest()[:8]}.json"
+
+
+def _ours(path: Path) -> bool:
+    return not path.is_symlink() and path.is_dir() and (path / MARKER).is_file()
 
 
 def rotate(root: Path, keep: int) -> list[Path]:
-    """Remove the oldest job bundles beyond `keep`: only folders this service wrote (its marker inside)."""
-    ours = sorted((p for p in root.iterdir() if "-job-" in p.name and not p.is_symlink() and (p / MARKER).is_file()),
+    """Remove the oldest job bundles beyond `keep`, and half-written ones another process left (killed
+    mid-write): only folders this service wrote (its marker inside)."""
+    mine = re.compile(rf"-{os.getpid()}-\d+$")
+    for left in root.iterdir():
+        if left.name.startswith(".partial-") and not mine.search(left.name) and _ours(left):
+            shutil.rmtree(left, ignore_errors=True)
+    ours = sorted((p for p in root.iterdir() if "-job-" in p.name and not p.name.startswith(".") and _ours(p)),
                   key=lambda p: (p.name[:16], p.stat().st_mtime_ns))
     removed = ours[:max(0, len(ours) - keep)]
     for old in removed:
@@ -42,16 +58,14 @@ def rotate(root: Path, keep: int) -> list[Path]:
 
 def write(root: str | Path, result: JobVerdict, keep: int = 200) -> Path:
     root = Path(root)
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_files.make_dir(root, parents=True)
     name = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-job-{_slug(result.job)}"
-    temporary = root / f".partial-{name}-{os.getpid()}"
-    temporary.mkdir(mode=0o700)
+    temporary = private_files.make_dir(root / private_files.unique_name(f".partial-{name}"))
     _write(temporary / MARKER, json.dumps({"written_by": "stall-watchdog coordinate"}) + "\n")
     _write(temporary / "job.json", json.dumps(result.to_json(), indent=1, default=str) + "\n")
-    nodes = temporary / "nodes"
-    nodes.mkdir(mode=0o700)
+    nodes = private_files.make_dir(temporary / "nodes")
     for answer in result.answers:
-        _write(nodes / f"{_slug(answer.instance)}.json",
+        _write(nodes / node_file_name(answer.instance),
                json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
                            "answer": answer.body}, indent=1, default=str) + "\n")
     _write(temporary / "report.html", render(result))

@@ -3,12 +3,18 @@
     POST /v1/alerts   an Alertmanager webhook (version 4) naming training jobs, or {"training_job": "..."}:
                       answered 202 at once; each job is investigated in the background
     GET  /v1/jobs     the latest job verdict per job (JSON)
-    GET  /healthz     ok
+    GET  /healthz     ok (the only path open without credentials)
 
 Investigating a job: ask Prometheus which instances export its ranks, POST /v1/dump to all of them at
 once, merge the answers into one job verdict, write the job bundle, log one line. A job investigated
 less than `cooldown_seconds` ago (Alertmanager repeats its notifications) or still being investigated
 is not investigated again. Stateless apart from the bundles: any node or a pod can run it.
+
+The coordinator holds the node token, so it is a door to every node's stacks: off loopback it does not
+start without credentials for its callers (a bearer token, basic auth, or both), and with them every path
+but /healthz needs them. A request names at most MAX_JOBS_PER_REQUEST jobs; at most `max_per_minute`
+investigations start a minute (a request that starts none costs nothing of that budget); the latest
+verdicts kept are the newest MAX_JOBS_KEPT.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from watchdog import logfmt
-from watchdog.export.server import HardenedServer, QuietHandler, read_body
+from watchdog.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
 from watchdog.webhook import PayloadError, training_jobs
 
 from . import job_bundle
@@ -28,11 +34,21 @@ from .job_verdict import JobVerdict, merge
 from .nodes import NodeClient, PrometheusError, instances_of
 
 MAX_BODY_BYTES = 4 * 2**20
+MAX_JOBS_PER_REQUEST = 16
+MAX_JOBS_KEPT = 256
+
+
+class CoordinatorError(Exception):
+    """The coordinator cannot serve as configured (the message says what to give)."""
 
 
 class Coordinator:
     def __init__(self, prometheus: str, out: str | Path, client: NodeClient, cooldown_seconds: float = 120.0,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, auth: Auth | None = None,
+                 max_per_minute: int = 30):
+        self.auth = auth or Auth()
+        self.max_per_minute = max_per_minute
+        self._minute: list[float] = []
         self.prometheus = prometheus
         self.out = Path(out)
         self.client = client
@@ -68,7 +84,10 @@ class Coordinator:
                      nodes=len(instances), answered=sum(a.answered for a in answers), bundle=bundle,
                      seconds=round(result.seconds, 2), problem=problem)
         with self._lock:
+            self.latest.pop(job, None)
             self.latest[job] = {**result.to_json(), "bundle": bundle}
+            while len(self.latest) > MAX_JOBS_KEPT:
+                self.latest.pop(next(iter(self.latest)))
         return result
 
     def accept(self, body: bytes) -> tuple[int, dict[str, object]]:
@@ -78,20 +97,32 @@ class Coordinator:
             return 400, {"error": str(exc)}
         if not jobs:
             return 400, {"error": "name a training job: {\"training_job\": \"...\"} or an Alertmanager webhook"}
-        accepted, skipped = [], []
+        if len(jobs) > MAX_JOBS_PER_REQUEST:
+            return 400, {"error": f"the request names {len(jobs)} training jobs; at most {MAX_JOBS_PER_REQUEST} "
+                                  "per request"}
+        accepted, skipped, limited = [], [], []
         now = self.monotonic()
         with self._lock:
+            self._started = {j: t for j, t in self._started.items() if now - t < self.cooldown_seconds}
+            self._minute = [t for t in self._minute if now - t < 60]
             for job in jobs:
                 last = self._started.get(job)
                 if job in self._running or (last is not None and now - last < self.cooldown_seconds):
                     skipped.append(job)
                     continue
+                if len(self._minute) >= self.max_per_minute:
+                    limited.append(job)
+                    continue
+                self._minute.append(now)
                 self._started[job] = now
                 self._running.add(job)
                 accepted.append(job)
         for job in accepted:
             self.pool.submit(self._run, job)
-        return 202, {"accepted": accepted, "skipped": skipped}
+        if limited and not accepted:
+            return 429, {"error": f"over {self.max_per_minute} investigations a minute", "rate_limited": limited,
+                         "skipped": skipped}
+        return 202, {"accepted": accepted, "skipped": skipped, **({"rate_limited": limited} if limited else {})}
 
     def _run(self, job: str) -> None:
         try:
@@ -103,13 +134,25 @@ class Coordinator:
                 self._running.discard(job)
 
     def serve(self, host: str, port: int) -> HardenedServer:
+        if not self.auth.configured and not is_loopback(host):
+            raise CoordinatorError(f"listening on {host} (off loopback) needs credentials for the callers: "
+                                   "--token-file and/or --basic-auth-user with --basic-auth-password-file")
         coordinator = self
 
         class Handler(QuietHandler):
+            def _refused(self) -> bool:
+                if not coordinator.auth.configured or coordinator.auth.allows(self.headers.get("Authorization")):
+                    return False
+                self.reply_json(401, {"error": "credentials required"},
+                                {"WWW-Authenticate": 'Bearer realm="stall-watchdog coordinate"'})
+                return True
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
                     self.reply_json(200, {"ok": True})
+                elif self._refused():
+                    return
                 elif path == "/v1/jobs":
                     with coordinator._lock:
                         self.reply_json(200, dict(coordinator.latest))
@@ -117,6 +160,8 @@ class Coordinator:
                     self.reply_json(404, {"error": "GET /v1/jobs, GET /healthz, POST /v1/alerts"})
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                if self._refused():
+                    return
                 if self.path.split("?", 1)[0] not in ("/v1/alerts", "/v1/job"):
                     self.reply_json(404, {"error": "POST /v1/alerts (an Alertmanager webhook)"})
                     return

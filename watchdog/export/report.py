@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from watchdog import private_files
 from watchdog.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, NodeSnapshot, Workload, iso_time, member_id
 from watchdog.sample import recording
 
@@ -233,10 +234,6 @@ def _epoch(text: str) -> float:
 
 
 def write_for_bundle(folder: Path) -> Path:
-    import os
-
-    path = folder / "report.html"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(render(from_bundle(folder)))
-    return path
+    """Render first, then write (a page that fails to render leaves the old one, never an empty file),
+    replacing report.html atomically and never through a link planted there."""
+    return private_files.write_text(folder / "report.html", render(from_bundle(folder)), replace=True)

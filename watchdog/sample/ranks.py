@@ -119,11 +119,7 @@ class RankInfo:
     workload: Workload = Workload()  # its pod or Slurm job
 
     def _int(self, name: str) -> int | None:
-        value = self.env.get(name)
-        try:
-            return int(value) if value is not None else None
-        except ValueError:
-            return None
+        return number(self.env.get(name))
 
     @property
     def rank(self) -> int | None:
@@ -329,11 +325,21 @@ def _visible_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
     """Without NVML, the GPU a rank uses is a guess: its LOCAL_RANK-th visible device. Returned only
     when CUDA_VISIBLE_DEVICES lists indexes."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
-    local = env.get("LOCAL_RANK")
-    if visible is None or local is None or not local.isdigit():
+    position = number(env.get("LOCAL_RANK"))
+    if visible is None or position is None:
         return ()
     devices = [d.strip() for d in visible.split(",") if d.strip()]
-    position = int(local)
-    if position < len(devices) and devices[position].isdigit():
-        return (int(devices[position]),)
+    if position < len(devices) and (device := number(devices[position])) is not None:
+        return (device,)
     return ()
+
+
+def number(text: str | None) -> int | None:
+    """A rank, size or device index a rank's environment claims: ASCII digits (at most 9), else None.
+    (`str.isdigit` and `int` take other scripts' digits and superscripts: '²', '٣'.)"""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or len(text) > 9 or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)

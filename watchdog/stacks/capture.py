@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -22,9 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from watchdog import children
 from watchdog.config import StacksConfig
 from watchdog.model import StackDump
-from watchdog.stacks.formats import parse_pyspy_json
+from watchdog.stacks.formats import parse_pyspy_json, trim_pyspy_json
 
 OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT, FAILED, NO_PY_SPY = (
     "ok", "permission", "gone", "not_python", "timeout", "failed", "no_py_spy")
@@ -102,7 +104,7 @@ class StackCapturer:
         self.native = native
         self.max_parallel = max_parallel
         self.nonblocking = nonblocking and not native  # --native needs a blocking read
-        self._running: set[subprocess.Popen[str]] = set()
+        self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._aborted = False
 
@@ -118,8 +120,8 @@ class StackCapturer:
             running = list(self._running)
         for process in running:
             _kill_group(process)
-            # The capturing thread is in communicate() on this process and reads its pipes until they
-            # close: here only wait for the death (a second communicate() would race it for the pipes).
+            # The capturing thread reads this process's pipes until they close: here only wait for the
+            # death (a second reader would race it for the pipes).
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=2)
 
@@ -153,24 +155,28 @@ class StackCapturer:
             if self._aborted:
                 return Capture(target, TIMEOUT, "stopping: not captured", 0.0, blocking)
             try:
-                process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                           start_new_session=True)
+                process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           start_new_session=True, env=children.environment())
             except OSError as exc:
                 return Capture(target, NO_PY_SPY, f"cannot start py-spy: {exc}", time.monotonic() - started,
                                blocking)
             self._running.add(process)
         remaining = max(0.1, self.timeout - (time.monotonic() - started))
         try:
-            stdout, stderr = process.communicate(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.communicate(timeout=2)  # reap it and drain its pipes
-            return Capture(target, TIMEOUT, f"py-spy did not finish within {self.timeout:g} s; killed",
-                           time.monotonic() - started, blocking)
+            out, err, over = _read_bounded(process, remaining)
         finally:
             with self._lock:
                 self._running.discard(process)
+        stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        if over is not None:
+            _kill_group(process)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=2)
+            if over == "timeout":
+                return Capture(target, TIMEOUT, f"py-spy did not finish within {self.timeout:g} s; killed",
+                               time.monotonic() - started, blocking)
+            return Capture(target, FAILED, f"py-spy printed over {MAX_OUTPUT_BYTES // 2**20} MiB of stacks; "
+                           "killed and not kept", time.monotonic() - started, blocking)
         if self._aborted:
             return Capture(target, TIMEOUT, "stopping: capture killed", time.monotonic() - started, blocking)
         seconds = time.monotonic() - started
@@ -180,9 +186,9 @@ class StackCapturer:
             message = f"{_ADVICE[kind]} ({detail})" if kind in _ADVICE else detail
             return Capture(target, kind, message, seconds, blocking)
         try:
-            raw = json.loads(stdout)
+            raw = trim_pyspy_json(json.loads(stdout))
             dumps = parse_pyspy_json(raw, "py-spy", target.rank, target.gpus)
-        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             return Capture(target, FAILED, f"py-spy printed something that is not its JSON ({exc})", seconds,
                            blocking)
         dump = next((d for d in dumps if d.pid == target.pid), dumps[0] if dumps else None)
@@ -191,7 +197,47 @@ class StackCapturer:
         return Capture(target, OK, "ok", seconds, blocking, dump, raw)
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
+MAX_OUTPUT_BYTES = 16 * 2**20  # py-spy's JSON for hundreds of threads is a few MiB at most
+MAX_ERROR_BYTES = 64 * 1024
+
+
+def _read_bounded(process: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes, str | None]:
+    """py-spy's stdout and stderr, read as they come until both close: (stdout, stderr, None), or with
+    "timeout" / "too_long" when it ran past `timeout` or printed past the caps (the caller kills it)."""
+    deadline = time.monotonic() + timeout
+    caps: dict[object, int] = {process.stdout: MAX_OUTPUT_BYTES, process.stderr: MAX_ERROR_BYTES}
+    got: dict[object, list[bytes]] = {process.stdout: [], process.stderr: []}
+    sizes: dict[object, int] = dict.fromkeys(got, 0)
+    with selectors.DefaultSelector() as selector:
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"".join(got[process.stdout]), b"".join(got[process.stderr]), "timeout"
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                sizes[key.fileobj] += len(chunk)
+                if sizes[key.fileobj] > caps[key.fileobj]:
+                    if key.fileobj is process.stdout:
+                        return b"", b"".join(got[process.stderr]), "too_long"
+                    continue  # stderr past its cap: the first of it says what went wrong
+                got[key.fileobj].append(chunk)
+    try:
+        process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return b"".join(got[process.stdout]), b"".join(got[process.stderr]), "timeout"
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+    return b"".join(got[process.stdout]), b"".join(got[process.stderr]), None
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL py-spy and whatever it started (it runs in a session of its own)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)

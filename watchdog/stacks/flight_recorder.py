@@ -4,22 +4,22 @@ When a rank runs with TORCH_NCCL_DEBUG_INFO_PIPE_FILE=<stem> (newer PyTorch: TOR
 and TORCH_NCCL_TRACE_BUFFER_SIZE (TORCH_FR_BUFFER_SIZE) > 0, ProcessGroupNCCL opens a named pipe
 `<stem><rank>.pipe`; writing to it makes that rank write its collective history to
 `<TORCH_FR_DUMP_TEMP_FILE or TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>` (default /tmp/nccl_trace_rank_<rank>).
-The pipe and the dump are reached through /proc/<pid>/root, so a rank in a container is found in its own
-filesystem. `collect` waits for the dumps asked for and reads them back (stacks/fr_dumps.py).
+The pipe and the dump are reached inside the rank's own filesystem only (watchdog/rank_files.py: from
+/proc/<pid>/root, no `..`, no symlinks, the type checked on the opened descriptor, reads capped and
+timed), so a rank in a container is found in its own filesystem and a rank cannot point root elsewhere.
+`collect` waits for the dumps asked for and reads them back (stacks/fr_dumps.py).
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from watchdog import rank_files
 from watchdog.sample.ranks import RankInfo
-from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace, read
+from watchdog.stacks.fr_dumps import MAX_DUMP_BYTES, FlightRecorderError, RankTrace, parse
 
 DEFAULT_DUMP_STEM = "/tmp/nccl_trace_rank_"
 PIPE_VARIABLES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
@@ -59,36 +59,18 @@ def trigger(rank: RankInfo, proc_root: str | Path = "/proc") -> FlightRecorder:
         why = "TORCH_NCCL_TRACE_BUFFER_SIZE is not above 0" if size <= 0 else "the rank is unknown"
         return FlightRecorder(rank.pid, rank.rank, "disabled", f"{why}: PyTorch opens no pipe")
     pipe = f"{stem}{rank.rank}.pipe"
-    candidates = _in_root(rank.pid, pipe, proc_root)
     dump_path = f"{_first(env, DUMP_VARIABLES) or DEFAULT_DUMP_STEM}{rank.rank}"
-    for path in candidates:
-        try:
-            if not stat.S_ISFIFO(path.stat().st_mode):
-                return FlightRecorder(rank.pid, rank.rank, "failed", f"{path} is not a named pipe; not written")
-        except OSError:
-            continue
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                return FlightRecorder(rank.pid, rank.rank, "not_listening",
-                                      f"{path} exists but no process reads it (the rank may be gone)")
-            return FlightRecorder(rank.pid, rank.rank, "failed", f"{path}: {exc.strerror or exc}")
-        try:
-            os.write(fd, b"1\n")
-        except OSError as exc:
-            return FlightRecorder(rank.pid, rank.rank, "failed", f"{path}: {exc.strerror or exc}")
-        finally:
-            os.close(fd)
-        return FlightRecorder(rank.pid, rank.rank, "triggered", f"asked rank {rank.rank} to dump to {dump_path}",
-                              dump_path)
-    return FlightRecorder(rank.pid, rank.rank, "no_pipe", f"{pipe} does not exist (the process group may not be "
-                                                           "created yet)")
-
-
-def _in_root(pid: int, path: str, proc_root: str | Path) -> list[Path]:
-    return [Path(proc_root) / str(pid) / "root" / path.lstrip("/"), Path(path)] if path.startswith("/") \
-        else [Path(proc_root) / str(pid) / "cwd" / path, Path(path)]
+    try:
+        rank_files.write_fifo(rank.pid, pipe, b"1\n", proc_root)
+    except rank_files.NoReader as exc:
+        return FlightRecorder(rank.pid, rank.rank, "not_listening", str(exc))
+    except rank_files.RankFileError as exc:
+        if exc.missing:
+            return FlightRecorder(rank.pid, rank.rank, "no_pipe", f"{pipe} does not exist (the process group "
+                                                                   "may not be created yet)")
+        return FlightRecorder(rank.pid, rank.rank, "failed", str(exc))
+    return FlightRecorder(rank.pid, rank.rank, "triggered", f"asked rank {rank.rank} to dump to {dump_path}",
+                          dump_path)
 
 
 def collect(asked: Sequence[FlightRecorder], asked_at: float, timeout_seconds: float = 5.0,
@@ -101,20 +83,21 @@ def collect(asked: Sequence[FlightRecorder], asked_at: float, timeout_seconds: f
     deadline = time.monotonic() + timeout_seconds
     while waiting:
         for pid, recorder in list(waiting.items()):
-            for path in _in_root(pid, recorder.dump_path or "", proc_root):
-                try:
-                    if path.stat().st_mtime < asked_at - 1:
-                        problems[pid] = f"{path}: not rewritten since it was asked for"
-                        continue
-                    traces.append(read(path, node=node))
-                except FileNotFoundError:
-                    problems[pid] = f"rank {recorder.rank}: no dump at {recorder.dump_path} yet"
+            path = recorder.dump_path or ""
+            try:
+                found = rank_files.read(pid, path, MAX_DUMP_BYTES, max(0.1, deadline - time.monotonic()),
+                                        proc_root)
+                if found.mtime < asked_at - 1:
+                    problems[pid] = f"{path}: not rewritten since it was asked for"
                     continue
-                except (OSError, FlightRecorderError) as exc:
-                    problems[pid] = str(exc)  # perhaps still being written: try again until the deadline
-                    continue
-                del waiting[pid]
-                break
+                traces.append(parse(found.data, recorder.rank, path, node))
+            except rank_files.RankFileError as exc:
+                problems[pid] = (f"rank {recorder.rank}: no dump at {path} yet" if exc.missing else str(exc))
+                continue
+            except FlightRecorderError as exc:
+                problems[pid] = str(exc)  # perhaps still being written: try again until the deadline
+                continue
+            del waiting[pid]
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(0.1)

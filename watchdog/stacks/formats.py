@@ -124,16 +124,53 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
     return dumps
 
 
-def _frames(raw: list[dict[str, Any]], key_function: str, key_file: str) -> tuple[Frame, ...]:
-    return tuple(Frame(str(f.get(key_function) or ""), str(f.get(key_file) or ""),
-                       f.get("line") if isinstance(f.get("line"), int) else None) for f in raw)
+MAX_THREADS = 256
+MAX_FRAMES = 128  # per thread: the innermost 96 and the outermost 32 (where the hang is, and whose code)
+MAX_NAME = 256
 
 
-def parse_pyspy_json(data: list[dict[str, Any]], source: str = "", rank: int | None = None,
+def _frames(raw: object, key_function: str, key_file: str) -> tuple[Frame, ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(Frame(_name(f.get(key_function)), _name(f.get(key_file)), _small_int(f.get("line")))
+                 for f in raw if isinstance(f, dict))
+
+
+def _name(value: object) -> str:
+    return value[:MAX_NAME] if isinstance(value, str) else ""
+
+
+def _small_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
+
+
+def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
+    """py-spy's JSON as it is kept (bundles, answers) and read: at most MAX_THREADS threads of at most
+    MAX_FRAMES frames, names cut at MAX_NAME characters, only the fields py-spy writes with their types.
+    Whatever a rank makes py-spy print, what is kept of it is bounded."""
+    if not isinstance(data, list):
+        return []
+    kept = []
+    for thread in data[:MAX_THREADS]:
+        if not isinstance(thread, dict):
+            continue
+        raw_frames = thread.get("frames")
+        frames: list[Any] = raw_frames if isinstance(raw_frames, list) else []
+        if len(frames) > MAX_FRAMES:
+            frames = frames[:MAX_FRAMES - 32] + frames[-32:]
+        kept.append({"pid": _small_int(thread.get("pid")), "thread_id": _small_int(thread.get("thread_id")),
+                     "thread_name": _name(thread.get("thread_name")) or None,
+                     **({"active": bool(thread["active"])} if "active" in thread else {}),
+                     "frames": [{"name": _name(f.get("name")), "filename": _name(f.get("filename")),
+                                 "line": _small_int(f.get("line"))} for f in frames if isinstance(f, dict)]})
+    return kept
+
+
+def parse_pyspy_json(data: object, source: str = "", rank: int | None = None,
                      gpus: tuple[int, ...] = ()) -> list[StackDump]:
     """`py-spy dump --json`: threads, each naming its pid. Threads group into one dump per pid."""
     by_pid: dict[int | None, list[ThreadStack]] = {}
-    for thread in data:
+    for thread in trim_pyspy_json(data):
         state = "active" if thread.get("active") else "idle" if "active" in thread else None
         frames = _frames(thread.get("frames") or [], "name", "filename")
         by_pid.setdefault(thread.get("pid"), []).append(

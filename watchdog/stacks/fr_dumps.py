@@ -12,7 +12,12 @@ under the same sequence number are in a different collective; ranks that enqueue
 it are stuck in it.
 
 Pickles are read with an unpickler that refuses every class: a dump holds only dicts, lists, tuples,
-strings and numbers, and a file in /tmp must never run code in a daemon that may run as root.
+strings and numbers, and a file in /tmp must never run code in a daemon that may run as root. What is
+kept of a dump is bounded too: a pickle may share one list many times through its memo (437 bytes that
+unfold into gigabytes of JSON), so every trace is copied into plain values under a budget (the newest
+`MAX_ENTRIES` entries, `MAX_NODES` values in all, strings cut at `MAX_TEXT` characters, lists at
+`MAX_ITEMS` items and `MAX_DEPTH` levels, integers within 64 bits, floats finite) before it is kept,
+matched or written anywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,8 +34,60 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from watchdog import rank_files
+
 MAX_DUMP_BYTES = 64 * 2**20
-_RANK_SUFFIX = re.compile(r"(\d+)$")
+MAX_ENTRIES = 4096  # PyTorch keeps TORCH_NCCL_TRACE_BUFFER_SIZE entries; 2,000 is the usual setting
+MAX_NODES = 250_000  # plain values kept per trace, entries and groups together
+MAX_TEXT = 256
+MAX_ITEMS = 64
+MAX_DEPTH = 4
+MAX_RANK = 2**31 - 1
+_RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,9})$")
+
+
+class _Budget:
+    def __init__(self, nodes: int = MAX_NODES):
+        self.left = nodes
+
+
+def _plain(value: object, budget: _Budget, depth: int = 0) -> object:
+    """A bounded, JSON-safe copy of a value from a dump (None for what does not fit or is not data)."""
+    budget.left -= 1
+    if budget.left < 0:
+        return None
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -2**63 <= value < 2**63 else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    if isinstance(value, bytes):
+        return value[:MAX_TEXT].decode("utf-8", "replace")
+    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
+        return [_plain(item, budget, depth + 1) for item in value[:MAX_ITEMS] if budget.left > 0]
+    return None
+
+
+def _entries(raw: object, budget: _Budget) -> tuple[dict[str, Any], ...]:
+    """The newest MAX_ENTRIES entries, each reduced to the kept fields (oldest dropped first when over)."""
+    if not isinstance(raw, (list, tuple)):
+        return ()
+    kept: list[dict[str, Any]] = []
+    for entry in reversed(raw[-MAX_ENTRIES:]):
+        if budget.left <= 0:
+            break
+        if isinstance(entry, dict):
+            kept.append({k: _plain(entry[k], budget) for k in _KEPT if k in entry})
+    return tuple(reversed(kept))
+
+
+def _rank_number(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RANK:
+        raise ValueError("rank")
+    return value
 
 
 class FlightRecorderError(Exception):
@@ -62,24 +120,25 @@ class RankTrace:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], node: str | None = None) -> RankTrace:
         try:
-            return cls(int(data["rank"]), str(data.get("version", "")),
-                       tuple(e for e in data.get("entries") or [] if isinstance(e, dict)),
-                       {str(n): _ranks_of(r) for n, r in (data.get("groups") or {}).items()},
-                       {str(k): dict(v) for k, v in (data.get("status") or {}).items() if isinstance(v, dict)},
-                       str(data.get("source", "")), node if node is not None else str(data.get("node", "")))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            budget = _Budget()
+            return cls(_rank_number(data["rank"]), _text(data.get("version", "")),
+                       _entries(data.get("entries"), budget), _groups(data.get("groups"), budget),
+                       _status(data.get("status")), _text(data.get("source", "")),
+                       node if node is not None else _text(data.get("node", "")))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise FlightRecorderError(f"a Flight Recorder trace of the wrong shape ({type(exc).__name__})") from None
 
 
 _KEPT = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
-         "state", "retired", "is_p2p", "time_created_ns", "input_sizes", "output_sizes")
+         "state", "retired", "is_p2p", "time_created_ns", "input_sizes", "output_sizes", "input_dtypes",
+         "output_dtypes")
 
 
 def _loads(data: bytes, source: str) -> dict[str, Any]:
     if data[:1] in (b"{", b" ", b"\n"):
         try:
             loaded = json.loads(data)
-        except (ValueError, RecursionError) as exc:
+        except (ValueError, RecursionError, OverflowError) as exc:
             raise FlightRecorderError(f"{source}: not a Flight Recorder dump (JSON: {exc})") from None
     else:
         try:
@@ -92,10 +151,40 @@ def _loads(data: bytes, source: str) -> dict[str, Any]:
     return loaded
 
 
-def _ranks_of(text: object) -> tuple[int, ...]:
+def _text(value: object) -> str:
+    return value[:MAX_TEXT] if isinstance(value, str) else ""
+
+
+def _ranks_of(text: object, budget: _Budget) -> tuple[int, ...]:
     if isinstance(text, (list, tuple)):
-        return tuple(int(r) for r in text if isinstance(r, int))
-    return tuple(int(r) for r in re.findall(r"-?\d+", str(text)))
+        found = [r for r in text if isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK]
+    elif isinstance(text, str):
+        found = [int(r) for r in re.findall(r"(?<!\d)\d{1,9}(?!\d)", text[:16 * MAX_NODES])]
+    else:
+        return ()
+    found = found[:max(0, budget.left)]
+    budget.left -= len(found) + 1
+    return tuple(found)
+
+
+def _groups(raw: object, budget: _Budget) -> dict[str, tuple[int, ...]]:
+    if not isinstance(raw, dict):
+        return {}
+    groups = {}
+    for name, config in list(raw.items())[:MAX_ENTRIES]:
+        if budget.left <= 0:
+            break
+        ranks = config.get("ranks") if isinstance(config, dict) else config
+        groups[str(name)[:MAX_TEXT]] = _ranks_of(ranks, budget)
+    return groups
+
+
+def _status(raw: object) -> dict[str, dict[str, int]]:
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k)[:MAX_TEXT]: {str(s)[:MAX_TEXT]: v for s, v in list(st.items())[:8]
+                                if isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63}
+            for k, st in list(raw.items())[:MAX_ENTRIES] if isinstance(st, dict)}
 
 
 def parse(data: bytes, rank: int | None = None, source: str = "", node: str = "") -> RankTrace:
@@ -106,24 +195,18 @@ def parse(data: bytes, rank: int | None = None, source: str = "", node: str = ""
         if found is None:
             raise FlightRecorderError(f"{source}: no rank in the file name (PyTorch names dumps <prefix><rank>)")
         rank = int(found.group(1))
-    entries = tuple(e for e in loaded["entries"] if isinstance(e, dict))
-    config: dict[str, Any] = loaded["pg_config"] if isinstance(loaded.get("pg_config"), dict) else {}
-    groups = {str(name): _ranks_of(c.get("ranks")) for name, c in config.items() if isinstance(c, dict)}
-    status_raw: dict[str, Any] = loaded["pg_status"] if isinstance(loaded.get("pg_status"), dict) else {}
-    status = {str(k): {s: int(v) for s, v in st.items() if isinstance(v, int)}
-              for k, st in status_raw.items() if isinstance(st, dict)}
-    return RankTrace(rank, str(loaded.get("version", "")), entries, groups, status, source, node)
+    budget = _Budget()
+    entries = _entries(loaded["entries"], budget)
+    return RankTrace(rank, _text(loaded.get("version", "")), entries, _groups(loaded.get("pg_config"), budget),
+                     _status(loaded.get("pg_status")), source, node)
 
 
 def read(path: str | Path, node: str = "") -> RankTrace:
-    path = Path(path)
+    """A dump a person names (`analyze`): a regular file of at most MAX_DUMP_BYTES."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_DUMP_BYTES + 1)
-    except OSError as exc:
-        raise FlightRecorderError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_DUMP_BYTES:
-        raise FlightRecorderError(f"{path}: over {MAX_DUMP_BYTES // 2**20} MiB; not a Flight Recorder dump")
+        data = rank_files.read_given(path, MAX_DUMP_BYTES)
+    except rank_files.RankFileError as exc:
+        raise FlightRecorderError(str(exc)) from None
     return parse(data, source=str(path), node=node)
 
 

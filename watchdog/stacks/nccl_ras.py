@@ -21,6 +21,7 @@ rank is named as such.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shutil
@@ -32,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 DEFAULT_PORT = 28028
 PROTOCOL = 2
 MAX_REPORT_BYTES = 16 * 2**20
@@ -42,17 +45,39 @@ class RasError(Exception):
 
 
 def address(env: Mapping[str, str]) -> tuple[str, int] | None:
-    """Where a rank's RAS service listens; None when the job switched RAS off (NCCL_RAS_ENABLE=0)."""
+    """Where a rank's RAS service listens; None when the job switched RAS off (NCCL_RAS_ENABLE=0).
+
+    The address comes from a rank's environment, and the daemon runs as root: only an address of this node
+    (loopback, where NCCL listens by default, or an address of one of its own interfaces; no names looked
+    up) and a port in 1-65535 are taken. Anything else falls back to the default, so a rank cannot make
+    root connect to another host and report what answers there."""
     if env.get("NCCL_RAS_ENABLE", "1").strip() == "0":
         return None
     text = env.get("NCCL_RAS_ADDR", "").strip()
     if not text:
         return "localhost", DEFAULT_PORT
     host, _, port = text.rpartition(":")
-    try:
-        return (host.strip("[]") or "localhost"), int(port)
-    except ValueError:
+    host = host.strip("[]") or "localhost"
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) <= 65535) \
+            or not _this_node(host):
         return "localhost", DEFAULT_PORT
+    return host, int(port)
+
+
+def _this_node(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    try:
+        mine = {a.address.split("%", 1)[0] for addresses in psutil.net_if_addrs().values() for a in addresses}
+    except OSError:
+        return False
+    return str(ip) in mine
 
 
 # -- asking --------------------------------------------------------------------------------------------
@@ -178,10 +203,14 @@ _MISSING_COMMA = re.compile(r'("nvml_dev":\s*-?\d+)(\s*\n\s*"status")')
 
 
 def parse(text: str) -> RasStatus:
-    """A RAS report, JSON or text, told apart by its first character."""
-    if text.lstrip().startswith("{"):
-        return _parse_json(text)
-    return _parse_text(text)
+    """A RAS report, JSON or text, told apart by its first character. Whatever the reply holds (it comes
+    from a port on the node, which any process may hold), the result is a status or a RasError."""
+    try:
+        if text.lstrip().startswith("{"):
+            return _parse_json(text)
+        return _parse_text(text)
+    except (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError) as exc:
+        raise RasError(f"a RAS report of the wrong shape ({type(exc).__name__})") from None
 
 
 def _parse_json(text: str) -> RasStatus:
@@ -191,7 +220,7 @@ def _parse_json(text: str) -> RasStatus:
         try:  # NCCL 2.28.9: a missing rank's "nvml_dev" line lacks its comma
             data = json.loads(_MISSING_COMMA.sub(r"\1,\2", text))
         except json.JSONDecodeError as exc:
-            raise RasError(f"RAS JSON line {exc.lineno}: {exc.msg}") from None
+            raise RasError(f"RAS JSON line {exc.lineno}: {exc.msg[:80]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
         raise RasError("RAS JSON without a `communicators` list")
     comms = []
@@ -200,18 +229,33 @@ def _parse_json(text: str) -> RasStatus:
             continue
         ranks = [_json_rank(r, missing=False) for r in comm.get("ranks") or [] if isinstance(r, dict)]
         ranks += [_json_rank(r, missing=True) for r in comm.get("missing_ranks") or [] if isinstance(r, dict)]
-        comms.append(RasCommunicator(str(comm.get("hash", "")), int(comm.get("size") or len(ranks)),
+        size = comm.get("size")
+        comms.append(RasCommunicator(_word(comm.get("hash", "")), _count(size) if size else len(ranks),
                                      tuple(sorted(ranks, key=lambda r: r.rank))))
-    return RasStatus(tuple(comms), str(data.get("nccl_version", "")), format="json")
+    return RasStatus(tuple(comms), _word(data.get("nccl_version", "")), format="json")
+
+
+def _count(value: object) -> int:
+    """A count from a reply: a non-negative integer within 64 bits, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError("count")
+    return value
+
+
+def _word(value: object) -> str:
+    """Text from a reply that reaches a verdict sentence: printable, short, no markup."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, int) else ""
+    return "".join(c for c in text[:64] if c.isalnum() or c in ".-_:")
 
 
 def _json_rank(raw: Mapping[str, Any], missing: bool) -> RasRank:
     status: Mapping[str, Any] = raw["status"] if isinstance(raw.get("status"), dict) else {}
     counts: Mapping[str, Any] = raw["collective_counts"] if isinstance(raw.get("collective_counts"), dict) else {}
     pid, gpu, rank = raw.get("pid"), raw.get("nvml_dev", raw.get("cuda_dev")), raw.get("rank")
-    return RasRank(rank if isinstance(rank, int) else -1, str(raw.get("host", "")),
-                   pid if isinstance(pid, int) and pid >= 0 else None, gpu if isinstance(gpu, int) else None,
-                   {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}, missing,
+    return RasRank(_count(rank) if isinstance(rank, int) else -1, _word(raw.get("host", "")),
+                   _count(pid) if isinstance(pid, int) and pid >= 0 else None,
+                   _count(gpu) if isinstance(gpu, int) else None,
+                   {_word(k): _count(v) for k, v in list(counts.items())[:64] if isinstance(v, int)}, missing,
                    bool(status.get("considered_dead")))
 
 
@@ -246,7 +290,7 @@ def _parse_text(text: str) -> RasStatus:
             section, current = line.strip(), ""
             continue
         if section == "DEAD" and (m := _PROCESS_LINE.match(line)):
-            dead.append(RasRank(-1, m["host"], int(m["pid"]), int(m["gpu"]), dead=True))
+            dead.append(RasRank(-1, _word(m["host"]), int(m["pid"]), int(m["gpu"]), dead=True))
             continue
         if not current:
             continue
@@ -261,7 +305,8 @@ def _parse_text(text: str) -> RasStatus:
         elif (m := _RANK_LINE.match(line)) and op:
             rank = int(m["rank"])
             count = int(m["v"]) if m["v"] else (0 if "not launched" in line else value)
-            known = comms[current].get(rank) or RasRank(rank, m["host"] or "", int(m["pid"]) if m["pid"] else None,
+            known = comms[current].get(rank) or RasRank(rank, _word(m["host"] or ""),
+                                                        int(m["pid"]) if m["pid"] else None,
                                                         int(m["nvml"] or m["gpu"]) if m["gpu"] else None)
             counts = dict(known.counts)
             if count is not None:

@@ -6,14 +6,13 @@ are analysed (`stacks analyze`), without the live parts.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from watchdog import private_files
 from watchdog.config import StacksConfig
 from watchdog.model import StackDump, Verdict, member_id
 from watchdog.sample.ranks import HostActivity, Job, RankDiscovery
@@ -137,24 +136,14 @@ def capture_file_name(target: Target) -> str:
 def write_captures(directory: str | Path, report: StackPicture) -> list[Path]:
     """Raw py-spy JSON per rank plus the analysis, files 0600 (stacks name paths and functions)."""
     folder = Path(directory)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not folder.is_dir() or folder.is_symlink():
-        raise NotADirectoryError(f"{folder}: not a folder")
+    private_files.make_dir(folder, parents=True)
     written = []
     for capture in report.captures:
         if capture.raw is None:
             continue
         target = capture.target
-        written.append(_write_private(folder / capture_file_name(target), {"pid": target.pid, "rank": target.rank,
-                                                      "gpus": list(target.gpus), "threads": capture.raw}))
-    written.append(_write_private(folder / "analysis.json", report.to_json()))
+        written.append(private_files.write_json(folder / capture_file_name(target),
+                                                {"pid": target.pid, "rank": target.rank, "gpus": list(target.gpus),
+                                                 "threads": capture.raw}, replace=True))
+    written.append(private_files.write_json(folder / "analysis.json", report.to_json(), replace=True))
     return written
-
-
-def _write_private(path: Path, data: object) -> Path:
-    # O_NOFOLLOW: a link planted where a file goes is refused, never written through (this may run as root).
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    return path

@@ -1,0 +1,382 @@
+"""The rules every HTTP service of the package follows (the daemon's endpoint, the coordinator).
+
+Hostile clients cost only themselves:
+- a connection waits for its request head in one gate thread (a selector), not in a thread of its own:
+  at most MAX_PENDING wait (the oldest is dropped for a newer one), each for HEAD_SECONDS at most, and
+  the TLS handshake runs there too, non-blocking. Half-open and slow clients never hold a worker, so
+  hundreds of them cannot make a scrape fail;
+- a request whose head is in gets a worker: GETs and POSTs have separate slots (GET_SLOTS, POST_SLOTS),
+  so slow POST bodies cannot take the slots scrapes use; when all are busy the client gets a 503 at once;
+- every request has one deadline (REQUEST_SECONDS) for its head and body, not a limit per read;
+- a body needs one well-formed Content-Length (digits only, one value), and is refused over its limit;
+- `Auth` compares basic and bearer credentials in constant time, the scheme case-insensitively;
+- every failure is one log line, never a traceback, and replies carry a length and no access log.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hmac
+import io
+import ipaddress
+import json
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from watchdog import logfmt
+
+MAX_PENDING = 512
+HEAD_SECONDS = 10.0
+REQUEST_SECONDS = 15.0
+GET_SLOTS = 48
+POST_SLOTS = 16
+MAX_HEAD_BYTES = 16 * 1024
+BACKLOG = 128
+CLIENT_TIMEOUT_SECONDS = 10.0  # one read or write of a worker, within REQUEST_SECONDS
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)  # validated by the config model
+
+
+class Auth:
+    """Who may call: basic auth (a user and password) and/or a bearer token; neither means nobody."""
+
+    def __init__(self, user: str | None = None, password: str | None = None, token: str | None = None):
+        self.basic = base64.b64encode(f"{user}:{password}".encode()).decode() if user and password else None
+        self.bearer = token or None
+
+    @property
+    def configured(self) -> bool:
+        return self.basic is not None or self.bearer is not None
+
+    def allows(self, header: str | None, basic: bool = True, bearer: bool = True) -> bool:
+        scheme, _, value = (header or "").strip().partition(" ")
+        value = value.strip()
+        scheme = scheme.lower()
+        if basic and scheme == "basic" and self.basic is not None:
+            return hmac.compare_digest(value.encode("utf-8", "surrogateescape"), self.basic.encode())
+        if bearer and scheme == "bearer" and self.bearer is not None:
+            return hmac.compare_digest(value.encode("utf-8", "surrogateescape"), self.bearer.encode())
+        return False
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """The handler both HTTP services build on: the head already read by the gate, one deadline per
+    request, replies with a length, no access log (scrapes and webhooks are not events)."""
+
+    timeout = CLIENT_TIMEOUT_SECONDS
+    server: HardenedServer
+
+    def setup(self) -> None:
+        self.connection = self.request
+        self.deadline = time.monotonic() + REQUEST_SECONDS
+        self.connection.settimeout(CLIENT_TIMEOUT_SECONDS)
+        head = self.server.take_head(self.connection)
+        self.rfile = io.BufferedReader(_Prefixed(head, self.connection))
+        self.wfile = _Writer(self.connection)  # type: ignore[assignment]
+
+    def reply(self, status: int, body: bytes, kind: str = "text/plain; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def reply_json(self, status: int, data: object, headers: dict[str, str] | None = None) -> None:
+        self.reply(status, (json.dumps(data, default=str) + "\n").encode(), "application/json", headers)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+class _Prefixed(io.RawIOBase):
+    """The bytes the gate already read, then the socket."""
+
+    def __init__(self, head: bytes, sock: socket.socket):
+        self.head, self.sock = head, sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.head:
+            size = min(len(buffer), len(self.head))
+            buffer[:size] = self.head[:size]
+            self.head = self.head[size:]
+            return size
+        return self.sock.recv_into(buffer)
+
+
+class _Writer:
+    closed = False
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def write(self, data: bytes) -> int:
+        self.sock.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def read_body(handler: QuietHandler, limit: int, what: str) -> bytes | tuple[int, str]:
+    """A request's body, or (status, reason): 411 when chunked, 400 for a malformed or repeated
+    Content-Length, 413 over `limit`, 408 when it does not arrive within the request's deadline. A request
+    with neither Content-Length nor Transfer-Encoding has an empty body (`curl -X POST URL`)."""
+    given = handler.headers.get_all("Content-Length") or []
+    if not given:
+        if handler.headers.get("Transfer-Encoding"):
+            return 411, "Content-Length required"
+        return b""
+    if len(given) > 1 or not given[0].strip().isascii() or not given[0].strip().isdigit():
+        return 400, "Content-Length must be one number"
+    if handler.headers.get("Transfer-Encoding"):
+        return 400, "both Content-Length and Transfer-Encoding"
+    length = int(given[0].strip())
+    if length > limit:
+        return 413, f"body over {what} ({limit} bytes)"
+    chunks, size = [], 0
+    while size < length:
+        left = handler.deadline - time.monotonic()
+        if left <= 0:
+            return 408, f"the body did not arrive within {REQUEST_SECONDS:g} s"
+        handler.connection.settimeout(min(left, CLIENT_TIMEOUT_SECONDS))
+        try:
+            chunk = handler.rfile.read1(min(65536, length - size))
+        except TimeoutError:
+            return 408, f"the body did not arrive within {REQUEST_SECONDS:g} s"
+        if not chunk:
+            return 400, "the body ended before its Content-Length"
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class _Waiting:
+    __slots__ = ("sock", "address", "since", "head", "handshaken")
+
+    def __init__(self, sock: socket.socket, address: Any, handshaken: bool):
+        self.sock, self.address, self.since, self.head, self.handshaken = sock, address, time.monotonic(), b"", \
+            handshaken
+
+
+class _Gate:
+    """Connections wait here, all in one thread, until their request head is in (module docstring)."""
+
+    def __init__(self, server: HardenedServer):
+        self.server = server
+        self.selector = selectors.DefaultSelector()
+        self.waiting: OrderedDict[int, _Waiting] = OrderedDict()
+        self.inbox: list[tuple[socket.socket, Any]] = []
+        self.lock = threading.Lock()
+        self.wake_read, self.wake_write = socket.socketpair()
+        self.wake_read.setblocking(False)
+        self.selector.register(self.wake_read, selectors.EVENT_READ)
+        self.stopped = False
+        self.dropped = 0
+        self.thread = threading.Thread(target=self._run, name="http-gate", daemon=True)
+        self.thread.start()
+
+    def add(self, sock: socket.socket, address: Any) -> None:
+        with self.lock:
+            self.inbox.append((sock, address))
+        self._wake()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._wake()
+        self.thread.join(2)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self.wake_write.send(b"x")
+
+    def _run(self) -> None:
+        while not self.stopped:
+            for key, _ in self.selector.select(timeout=0.5):
+                if key.fileobj is self.wake_read:
+                    with contextlib.suppress(OSError):
+                        self.wake_read.recv(4096)
+                    continue
+                waiting = self.waiting.get(key.fd)
+                if waiting is not None:
+                    self._readable(waiting)
+            self._take_inbox()
+            self._expire()
+        for waiting in list(self.waiting.values()):
+            self._drop(waiting)
+
+    def _take_inbox(self) -> None:
+        with self.lock:
+            arrived, self.inbox = self.inbox, []
+        for sock, address in arrived:
+            try:
+                sock.setblocking(False)
+                if self.server.tls is not None:
+                    sock = self.server.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                waiting = _Waiting(sock, address, self.server.tls is None)
+                self.selector.register(sock, selectors.EVENT_READ)
+            except (OSError, ValueError):
+                self.server.shutdown_request(sock)
+                continue
+            self.waiting[sock.fileno()] = waiting
+            while len(self.waiting) > MAX_PENDING:
+                self.dropped += 1
+                self._drop(next(iter(self.waiting.values())))
+            self._readable(waiting)  # TLS may hold bytes already; a plain socket just reads EAGAIN
+
+    def _readable(self, waiting: _Waiting) -> None:
+        sock = waiting.sock
+        try:
+            if not waiting.handshaken:
+                assert isinstance(sock, ssl.SSLSocket)
+                sock.do_handshake()
+                waiting.handshaken = True
+            while True:
+                chunk = sock.recv(8192)
+                if not chunk:
+                    self._drop(waiting)
+                    return
+                waiting.head += chunk
+                if b"\r\n\r\n" in waiting.head or b"\n\n" in waiting.head:
+                    self._forget(waiting)
+                    self.server.dispatch(sock, waiting.address, waiting.head)
+                    return
+                if len(waiting.head) > MAX_HEAD_BYTES:
+                    self._drop(waiting)
+                    return
+        except (ssl.SSLWantReadError, BlockingIOError):
+            return
+        except ssl.SSLWantWriteError:
+            return
+        except (OSError, ssl.SSLError, AssertionError) as exc:
+            logfmt.event("http_client_failed", level=logfmt.INFO, error=type(exc).__name__)
+            self._drop(waiting)
+
+    def _expire(self) -> None:
+        limit = time.monotonic() - HEAD_SECONDS
+        for waiting in list(self.waiting.values()):
+            if waiting.since > limit:
+                break  # in arrival order: the rest are younger
+            self._drop(waiting)
+
+    def _forget(self, waiting: _Waiting) -> None:
+        self.waiting.pop(waiting.sock.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(waiting.sock)
+
+    def _drop(self, waiting: _Waiting) -> None:
+        self._forget(waiting)
+        self.server.shutdown_request(waiting.sock)
+
+
+class HardenedServer(ThreadingHTTPServer):
+    """A threaded HTTP server that bounds what hostile clients can cost (see the module docstring)."""
+
+    daemon_threads = True
+    request_queue_size = BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 tls: ssl.SSLContext | None):
+        self.family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.tls = tls
+        self.slots = {"GET": threading.BoundedSemaphore(GET_SLOTS), "POST": threading.BoundedSemaphore(POST_SLOTS)}
+        self.refused = 0
+        self._heads: dict[int, bytes] = {}
+        self._heads_lock = threading.Lock()
+        super().__init__(address, handler)
+        self.gate = _Gate(self)
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                time.sleep(0.1)  # out of descriptors: back off instead of spinning on a readable socket
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.gate.add(request, client_address)
+
+    def dispatch(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        """A connection whose request head is in: a worker thread if its kind has a free slot, else 503."""
+        method = head.split(b" ", 1)[0].upper()
+        slots = self.slots["POST" if method not in (b"GET", b"HEAD") else "GET"]
+        if not slots.acquire(blocking=False):
+            self.refused += 1
+            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+                logfmt.event("http_connection_refused", level=logfmt.WARNING, reason="every worker busy",
+                             refused=self.refused)
+            with contextlib.suppress(OSError):
+                sock.setblocking(True)
+                sock.settimeout(1.0)
+                sock.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n")
+            self.shutdown_request(sock)
+            return
+        with self._heads_lock:
+            self._heads[id(sock)] = head
+        try:
+            thread = threading.Thread(target=self._work, args=(sock, address, slots), daemon=True)
+            thread.start()
+        except BaseException:
+            slots.release()
+            with self._heads_lock:
+                self._heads.pop(id(sock), None)
+            self.shutdown_request(sock)
+
+    def take_head(self, sock: socket.socket) -> bytes:
+        with self._heads_lock:
+            return self._heads.pop(id(sock), b"")
+
+    def _work(self, sock: socket.socket, address: Any, slots: threading.BoundedSemaphore) -> None:
+        try:
+            sock.setblocking(True)
+            self.finish_request(sock, address)
+        except (OSError, ssl.SSLError) as exc:
+            logfmt.event("http_client_failed", level=logfmt.INFO, error=type(exc).__name__)
+        except Exception:
+            self.handle_error(sock, address)
+        finally:
+            with self._heads_lock:
+                self._heads.pop(id(sock), None)
+            self.shutdown_request(sock)
+            slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # One line, never a traceback: a client that hangs up mid-response is the client's business.
+        import sys
+
+        logfmt.event("http_client_failed", level=logfmt.INFO, error=type(sys.exc_info()[1]).__name__)
+
+    def server_close(self) -> None:
+        gate = getattr(self, "gate", None)  # absent when listening failed
+        if gate is not None:
+            gate.stop()
+        super().server_close()

@@ -1,0 +1,175 @@
+"""Files a training rank names (its Flight Recorder pipe and dumps), opened by a daemon that runs as root.
+
+A rank's environment is untrusted input: it may name a FIFO where a dump should be, a path with `..`, a
+symlink to a host file, or swap one for the other between two calls. So a path a rank names is:
+- resolved inside that rank's own filesystem only: from `/proc/<pid>/root` (an absolute path) or
+  `/proc/<pid>/cwd` (a relative one), one component at a time with `O_NOFOLLOW`; `..` and every symlink
+  are refused, and there is no fallback to the daemon's own filesystem;
+- opened non-blocking, and its type checked with `fstat` on the descriptor that was opened (never `stat`
+  by path and then `open`): a dump must be a regular file, a pipe must be a FIFO;
+- read with a byte cap and a deadline.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+
+class RankFileError(Exception):
+    """A file a rank names that was not read or written; the message says which and why."""
+
+    def __init__(self, message: str, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class RankFile:
+    data: bytes
+    mtime: float  # the opened file's modification time (wall clock)
+
+
+def _parts(path: str) -> list[str]:
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise RankFileError(f"{path}: '..' is refused in a path a rank names")
+    if not parts:
+        raise RankFileError(f"{path!r}: not a file name")
+    if any("\x00" in p for p in parts):
+        raise RankFileError(f"{path!r}: holds a NUL byte")
+    return parts
+
+
+def _open(pid: int, path: str, flags: int, proc_root: str | Path) -> int:
+    parts = _parts(path)
+    base = os.path.join(str(proc_root), str(pid), "root" if path.startswith("/") else "cwd")
+    try:
+        # The one link followed: /proc/<pid>/root (cwd) is the kernel's handle on the rank's own root.
+        directory = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RankFileError(f"process {pid}: its filesystem cannot be reached ({exc.strerror or exc})",
+                            missing=exc.errno in (errno.ENOENT, errno.ESRCH)) from None
+    try:
+        for part in parts[:-1]:
+            try:
+                inner = os.open(part, _DIR, dir_fd=directory)
+            except OSError as exc:
+                raise _error(path, exc) from None
+            os.close(directory)
+            directory = inner
+        try:
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        except OSError as exc:
+            raise _error(path, exc) from None
+    finally:
+        os.close(directory)
+
+
+def _error(path: str, exc: OSError) -> RankFileError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return RankFileError(f"{path}: a symbolic link (or not a folder) on the way; links are not followed "
+                             "in a path a rank names")
+    return RankFileError(f"{path}: {exc.strerror or exc}", missing=exc.errno == errno.ENOENT)
+
+
+def read(pid: int, path: str, max_bytes: int, timeout_seconds: float = 5.0,
+         proc_root: str | Path = "/proc") -> RankFile:
+    """The whole of a regular file the rank names, at most `max_bytes`, read within `timeout_seconds`."""
+    fd = _open(pid, path, os.O_RDONLY, proc_root)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RankFileError(f"{path}: not a regular file ({_kind(info.st_mode)}); not read")
+        if info.st_size > max_bytes:
+            raise RankFileError(f"{path}: {info.st_size} bytes, over the {max_bytes}-byte cap; not read")
+        deadline = time.monotonic() + timeout_seconds
+        chunks, size = [], 0
+        while True:
+            if time.monotonic() > deadline:
+                raise RankFileError(f"{path}: not read within {timeout_seconds:g} s")
+            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise RankFileError(f"{path}: over the {max_bytes}-byte cap; not read")
+        return RankFile(b"".join(chunks), info.st_mtime)
+    except OSError as exc:
+        raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def write_fifo(pid: int, path: str, data: bytes, proc_root: str | Path = "/proc") -> None:
+    """Write `data` into a named pipe the rank names, without blocking: the pipe is opened `O_PATH`, its type
+    checked on that descriptor, and that very inode reopened for writing. A regular file, a device or a
+    link there is refused and never opened for writing. ENXIO (no reader) raises RankFileError with
+    `missing` False and the errno in the message."""
+    fd = _open(pid, path, os.O_PATH, proc_root)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISFIFO(mode):
+            raise RankFileError(f"{path}: not a named pipe ({_kind(mode)}); not written")
+        try:
+            pipe = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise NoReader(f"{path} exists but no process reads it (the rank may be gone)") from None
+            raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+        try:
+            os.write(pipe, data)
+        except OSError as exc:
+            raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(pipe)
+    finally:
+        os.close(fd)
+
+
+class NoReader(RankFileError):
+    """A pipe with nobody reading it."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_given(path: str | Path, max_bytes: int) -> bytes:
+    """A file a person named (on the command line): a regular file of at most `max_bytes`, opened
+    non-blocking so that a FIFO or a device (`/dev/zero`) is an error, never a wait or an endless read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}",
+                            missing=exc.errno == errno.ENOENT) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RankFileError(f"{path}: not a regular file ({_kind(mode)})")
+        data = b""
+        while len(data) <= max_bytes:
+            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise RankFileError(f"{path}: over {max_bytes // 2**20 or 1} MiB; not read")
+    return data
