@@ -67,28 +67,41 @@ def request(method: str, url: str | urllib.parse.SplitResult, body: bytes | None
     else:
         connection = http.client.HTTPConnection(host, target.port, timeout=timeout)
     path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-    deadline = threading.Timer(timeout, _cut, (connection,))
+    # The socket to cut at the deadline: the connection's while it connects, then kept, because http.client
+    # hands a closing connection's socket to the response and forgets it before the body is read.
+    held = _Held()
+    deadline = threading.Timer(timeout, _cut, (connection, held))
     deadline.daemon = True
     deadline.start()
     try:
+        connection.connect()
+        held.sock = connection.sock
         connection.request(method, path, body=body, headers=headers or {})
         answer = connection.getresponse()
         data = answer.read(max_bytes + 1)
         status = answer.status
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        reason = (f"no answer within {timeout:g} s" if not deadline.is_alive()
+        reason = (f"no answer within {timeout:g} s" if held.fired
                   else getattr(exc, "strerror", None) or type(exc).__name__)
         raise HttpError(host, reason) from None
     finally:
         deadline.cancel()
         connection.close()
+    if held.fired:  # cut mid-body: what arrived is not the answer
+        raise HttpError(host, f"no answer within {timeout:g} s")
     if len(data) > max_bytes:
         raise HttpError(host, f"the answer is over {max_bytes} bytes")
     return Response(status, data)
 
 
-def _cut(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
+class _Held:
+    sock: socket.socket | None = None
+    fired = False
+
+
+def _cut(connection: http.client.HTTPConnection, held: _Held) -> None:
+    held.fired = True
+    sock = held.sock or connection.sock
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)

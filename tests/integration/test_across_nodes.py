@@ -19,6 +19,7 @@ from typing import Any
 from tests.conftest import REPO, gloo_job, need_tool
 from tests.fakes.nccl_ras import FakeRank, FakeRasService
 from tests.integration.test_prometheus import free_port, get_json, stop_all, until
+from watchdog.coordinate.job_bundle import node_file_name
 from watchdog.sample.ranks import RankDiscovery
 
 
@@ -99,7 +100,7 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
     assert result["nccl_ras"]["culprits"] == [2] and result["nccl_ras"]["stuck"]
     bundle = Path(result["bundle"])
     assert (bundle / "report.html").is_file() and sorted(p.name for p in (bundle / "nodes").iterdir()) == sorted([
-        f"127.0.0.1_{ports['a']}.json", f"127.0.0.1_{ports['b']}.json"])
+        node_file_name(f"127.0.0.1:{ports['a']}"), node_file_name(f"127.0.0.1:{ports['b']}")])
     page = (bundle / "report.html").read_text()
     assert "rank 2" in page and "node-b" in page and "2 of 2 answered" in page
     # The bundle is evidence `analyze` reads back to the same verdict.

@@ -179,8 +179,15 @@ def from_bundle(folder: Path) -> ReportData:
     summary = _load_json(folder / "summary.json") or {}
     assert isinstance(summary, dict)
     event = summary.get("event") or {}
-    with (folder / "telemetry.jsonl").open() as f:
-        snapshots = list(recording.read(f, str(folder / "telemetry.jsonl")))
+    snapshots = []
+    if (folder / "telemetry.jsonl").exists():  # a dump bundle (POST /v1/dump) has no telemetry
+        with (folder / "telemetry.jsonl").open() as f:
+            snapshots = list(recording.read(f, str(folder / "telemetry.jsonl")))
+    jobs = summary.get("jobs")
+    if "verdict" not in summary and isinstance(jobs, list) and jobs and isinstance(jobs[0], dict):
+        found = jobs[0]["verdict"] if isinstance(jobs[0].get("verdict"), dict) else {}
+        summary = {**summary, "verdict": found.get("sentence", ""), "headline": found.get("headline", ""),
+                   "severity": found.get("severity") or ""}
     stacks = _load_json(folder / "stacks.json") or []
     report = stacks[0] if isinstance(stacks, list) and stacks else {}
     activity = {m: g.get("activity") for g in report.get("groups", []) for m in g.get("members", [])}
