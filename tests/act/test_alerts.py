@@ -110,7 +110,8 @@ def test_secrets_come_from_files_and_never_reach_the_log(tmp_path: Path, caplog:
 
 def test_a_missing_secret_names_the_receiver(tmp_path: Path) -> None:
     config = alerts_config([{"type": "webhook", "name": "slack", "url_env": "NO_SUCH_VARIABLE_FOR_TEST"}])
-    with pytest.raises(ValueError, match="receiver slack: url_env: environment variable NO_SUCH_VARIABLE_FOR_TEST is not set"):
+    with pytest.raises(ValueError,
+                       match="receiver slack: url_env: environment variable NO_SUCH_VARIABLE_FOR_TEST is not set"):
         build_receivers(config)
 
 

@@ -49,7 +49,7 @@ def test_a_pickle_memo_bomb_is_kept_bounded() -> None:
 
 
 @pytest.mark.parametrize("payload", [
-    {"entries": [{"collective_seq_id": 10**5000 if False else 2**200, "profiling_name": ["x"] * 5}], "pg_config": {}},
+    {"entries": [{"collective_seq_id": 2**200, "profiling_name": ["x"] * 5}], "pg_config": {}},
     {"entries": [{"collective_seq_id": float("nan"), "state": b"bytes", "process_group": [[1], {}]}]},
     {"entries": [{"pg_id": 0, "collective_seq_id": 1}], "pg_config": {"0": {"ranks": "9" * 5000}}},
     {"entries": [{"pg_id": 0, "collective_seq_id": 1}], "pg_status": {"0": {"last_completed_collective": 2**70}}},
@@ -230,7 +230,8 @@ def test_py_spy_gets_none_of_the_daemons_secrets(tmp_path: Path) -> None:
     "{" * 100_000,
     '{"communicators": [{"hash": "a", "size": "abc", "ranks": []}]}',
     '{"communicators": [{"hash": "a", "size": 1e999, "ranks": []}]}',
-    '{"communicators": [{"hash": "a", "ranks": [{"rank": 0, "collective_counts": {"AllReduce": ' + "9" * 5000 + '}}]}]}',
+    '{"communicators": [{"hash": "a", "ranks": [{"rank": 0, "collective_counts": {"AllReduce": '
+    + "9" * 5000 + '}}]}]}',
     "Job summary\n#0-1 (abc) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n"
     "    Rank " + "7" * 5000 + " has launched up to operation 3 -- [process information not found]\n",
 ])

@@ -198,7 +198,7 @@ def test_slow_and_half_open_clients_do_not_starve_a_scrape(tmp_path: Path) -> No
     port = endpoint.server.server_address[1]
     held: list[socket.socket] = []
     try:
-        for n in range(300):  # half-open: a head that never ends
+        for _ in range(300):  # half-open: a head that never ends
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             held.append(s)

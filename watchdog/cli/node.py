@@ -6,13 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
-from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
+from watchdog.act.alerts import build_receivers
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.cli.stacks import describe_pids
 from watchdog.config import Config, load_config
 from watchdog.doctor.checks import ERROR, WARNING, examine
 from watchdog.doctor.facts import gather
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
+from watchdog.export.server import EndpointError, endpoint_secrets
 from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
@@ -79,6 +81,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    load_config(args.file)
+    """The file, then a dry run of what `run` builds from it that can fail before the loop starts: every
+    secret file and variable read and checked as `run` reads it, every receiver built (URLs checked)."""
+    config = load_config(args.file)
+    problems = []
+    try:
+        build_receivers(config.alerts)
+    except ValueError as exc:
+        problems.append(f"alerts: {exc}")
+    try:
+        endpoint_secrets(config.export, config.dump)
+    except EndpointError as exc:
+        problems.append(str(exc))
+    for problem in problems:
+        error(f"{args.file}: {problem}")
+    if problems:
+        return EXIT_USAGE
     print(f"{args.file}: ok")
     return EXIT_OK

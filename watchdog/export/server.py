@@ -41,6 +41,16 @@ def _token(cfg: DumpConfig) -> str | None:
         raise EndpointError(str(exc)) from None
 
 
+def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
+    """The endpoint's credentials, read as the endpoint reads them (check-config runs this too)."""
+    password = None
+    if cfg.basic_auth_user:
+        password = _password(cfg)
+        if password is None:
+            raise EndpointError("export.basic_auth_user is set: give basic_auth_password_file or _env too")
+    return Auth(cfg.basic_auth_user, password, _token(dump))
+
+
 DumpHandler = Callable[[bytes], tuple[int, dict[str, object], "int | None"]]
 
 
@@ -49,12 +59,7 @@ class Endpoint:
                  dump: DumpHandler | None = None, dump_cfg: DumpConfig | None = None):
         self.cfg = cfg
         limits = dump_cfg or DumpConfig()
-        password = None
-        if cfg.basic_auth_user:
-            password = _password(cfg)
-            if password is None:
-                raise EndpointError("export.basic_auth_user is set: give basic_auth_password_file or _env too")
-        auth = Auth(cfg.basic_auth_user, password, _token(limits))
+        auth = endpoint_secrets(cfg, limits)
         host, port = parse_address(cfg.listen_address)
         open_dumps = not auth.configured and is_loopback(host)
         if dump is not None and not auth.configured and not is_loopback(host):

@@ -50,14 +50,18 @@ class HostActivity:
 
 
 # Names that look like they hold a secret: their values never reach a bundle, a log line or a metric.
-SECRET_NAME = re.compile(r"token(?!iz)|secret|passw|credential|api[_-]?key|access[_-]?key|private[_-]?key|"
-                         r"auth[_-]?(token|key|header)", re.IGNORECASE)
+SECRET_NAME = re.compile(r"token(?!iz)|secret|passw|passphrase|credential|api[_-]?key|access[_-]?key|"
+                         r"private[_-]?key|[_-]key$|^key$|^auth$|auth[_-]?(token|key|header)|^p$|^pw$|^pwd$",
+                         re.IGNORECASE)
+# user:password@ in a URL (s3://, https://, redis://...), wherever it appears in an argument
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]*:[^/@\s]*@")
 REDACTED = "<redacted>"
 
 
 def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
     """A command line with the values of secret-looking options hidden: `--hf-token=abc` and
-    `--hf-token abc` become `--hf-token=<redacted>` and `--hf-token <redacted>`; so does `HF_TOKEN=abc`."""
+    `--hf-token abc` become `--hf-token=<redacted>` and `--hf-token <redacted>`; so do `HF_TOKEN=abc`,
+    `--auth u:pw`, `-p pw`, `--wandb-key=...`, `--passphrase=...`, and the `user:password@` of any URL."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -65,6 +69,7 @@ def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
             out.append(REDACTED)
             hide_next = False
             continue
+        arg = _URL_CREDENTIALS.sub(rf"\g<scheme>{REDACTED}@", arg)
         name, sep, _ = arg.partition("=")
         if SECRET_NAME.search(name.lstrip("-")):
             if sep:
