@@ -69,9 +69,11 @@ def test_systemd_notify_reload_and_stop(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             assert b"stall_watchdog_gpu_power_watts" in response.read()  # still running on the old config
 
-        config.write_text(config_text(tmp_path, port, interval=0.25))
+        config.write_text(config_text(tmp_path, port, interval=0.25)
+                          + "stacks: {timeout_seconds: 7}\nalerts: {rate_limit_per_minute: 3}\n")
         process.send_signal(signal.SIGHUP)
-        wait_for_line(lines, process, "event=reloaded")
+        reloaded = wait_for_line(lines, process, "event=reloaded")
+        assert "applied=sample,stacks" in reloaded and "restart_needed_for=alerts" in reloaded, reloaded
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
@@ -84,6 +86,13 @@ def test_systemd_notify_reload_and_stop(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
         server.close()
+
+
+def test_every_section_is_either_reloaded_or_named_for_a_restart() -> None:
+    from watchdog.config import Config
+    from watchdog.daemon import RELOAD
+
+    assert set(RELOAD) == set(Config.model_fields) and set(RELOAD.values()) == {"reload", "restart"}
 
 
 def test_run_without_a_driver_explains(tmp_path: Path) -> None:

@@ -64,9 +64,13 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
     assert len(hook.requests) == 1, [b["alert"]["status"] + " " + b["alert"]["summary"] for _, b in hook.requests]
     (_, body), = hook.requests
     alert = body["alert"]
+    # The kubelet names the pod; the Slurm job here comes from the ranks' environment alone (these test
+    # ranks run in no Slurm cgroup), so it is marked as claimed.
     assert alert["workload"] == {"namespace": "ml", "pod": "trainer-0", "container": "main",
-                                 "slurm_job_id": "9001", "slurm_step": "0", "slurm_user": "alice"}
-    assert "[pod ml/trainer-0 (container main), Slurm job 9001 step 0 (user alice)]" in body["text"]
+                                 "slurm_job_id": "9001", "slurm_step": "0", "slurm_user": "alice",
+                                 "claimed_by_environment": ["slurm_job_id", "slurm_step", "slurm_user"]}
+    assert ("[pod ml/trainer-0 (container main), Slurm job 9001 step 0 (user alice) (as its environment says)]"
+            in body["text"])
     (path, sent), = manager.requests
     labels = sent[0]["labels"]
     assert path == "/api/v2/alerts"

@@ -107,6 +107,19 @@ def pod_directory(config: Config) -> PodDirectory | None:
     return directory
 
 
+# Which configuration section each component reads, and whether a SIGHUP applies it ("reload") or only a
+# restart does ("restart": the source, the listening endpoint with its credentials, the receivers, the
+# bundle store and the kubelet client are built once). `reloaded` logs both lists.
+RELOAD = {
+    "sample": "reload",  # the loop's interval (the source's own interval: restart, under `source`)
+    "job": "reload", "detectors": "reload",  # the engine
+    "stacks": "reload",  # incidents, dumps and the shared py-spy capturer
+    "dump": "reload",  # rate limits and cooldown; dump.enabled, token_file, max_body_bytes are the endpoint's
+    "source": "restart", "export": "restart", "alerts": "restart", "bundles": "restart",
+    "kubernetes": "restart",
+}
+
+
 class Daemon:
     def __init__(self, config: Config, source: Source, incidents: IncidentHandler, counters: Counters,
                  discovery: RankDiscovery, config_path: str | None, notifier: SystemdNotifier,
@@ -290,13 +303,16 @@ class Daemon:
             logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path,
                          problems=f"{type(exc).__name__}")
             return False
-        unchanged_until_restart = [name for name in ("source", "export", "alerts", "bundles", "kubernetes")
-                                   if getattr(new, name) != getattr(self.config, name)]
+        changed = [name for name in RELOAD if getattr(new, name) != getattr(self.config, name)]
         self.config = new
         self.engine.reconfigure(new)
         self.incidents.config = new
+        self.incidents.capturer.reconfigure(new.stacks)
+        if self.dumps is not None:
+            self.dumps.config = new
         logfmt.event("reloaded", config=self.config_path,
-                     restart_needed_for=",".join(unchanged_until_restart) or None)
+                     applied=",".join(n for n in changed if RELOAD[n] == "reload") or None,
+                     restart_needed_for=",".join(n for n in changed if RELOAD[n] == "restart") or None)
         return True
 
     def shutdown(self, timeout: float = 10.0) -> None:

@@ -336,13 +336,24 @@ class Workload:
     slurm_job_id: str | None = None
     slurm_step: str | None = None
     slurm_user: str | None = None
+    # Fields only the process's own environment claims (no cgroup, no kubelet says so): a rank may set
+    # SLURM_JOB_ID or HOSTNAME to anything. Kept in bundles and answers, never a label of its own.
+    claimed: tuple[str, ...] = field(default=(), compare=False)
 
     def labels(self) -> tuple[str, ...]:
         """The values of WORKLOAD_LABELS, '' where unknown (Prometheus drops an empty label)."""
         return tuple(getattr(self, name) or "" for name in WORKLOAD_LABELS)
 
-    def to_json(self) -> dict[str, str]:
+    def label_values(self) -> dict[str, str]:
+        """The labels that are known, by name."""
         return {name: value for name in WORKLOAD_LABELS if (value := getattr(self, name))}
+
+    def to_json(self) -> dict[str, object]:
+        found: dict[str, object] = dict(self.label_values())
+        claimed = [name for name in self.claimed if name in found]
+        if claimed:
+            found["claimed_by_environment"] = claimed
+        return found
 
     def describe(self) -> str:
         """'pod ml/trainer-0 (container main)', 'Slurm job 4242 step 0 (user alice)', or ''."""
@@ -354,10 +365,11 @@ class Workload:
             step = f" step {self.slurm_step}" if self.slurm_step else ""
             user = f" (user {self.slurm_user})" if self.slurm_user else ""
             parts.append(f"Slurm job {self.slurm_job_id}{step}{user}")
-        return ", ".join(parts)
+        said = " (as its environment says)" if self.claimed and parts else ""
+        return ", ".join(parts) + said
 
     def __bool__(self) -> bool:
         return any(self.labels())
 
 
-WORKLOAD_LABELS = tuple(f.name for f in fields(Workload))
+WORKLOAD_LABELS = tuple(f.name for f in fields(Workload) if f.name != "claimed")

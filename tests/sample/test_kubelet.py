@@ -132,7 +132,8 @@ def test_a_real_rank_is_named_by_the_pod_holding_its_gpu(socket_path: Path) -> N
         rank.kill()
         rank.wait()
     assert info.workload == Workload("ml", "trainer-1", "main", "777", "3", None)
-    assert info.workload.describe() == "pod ml/trainer-1 (container main), Slurm job 777 step 3"
+    assert info.workload.describe() == ("pod ml/trainer-1 (container main), Slurm job 777 step 3 "
+                                        "(as its environment says)")
 
 
 def test_the_generated_message_round_trips_through_our_decoder() -> None:

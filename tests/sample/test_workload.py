@@ -56,9 +56,16 @@ def test_slurm_from_the_cgroup_path(cgroup: str, expected: Workload) -> None:
     assert workload.slurm({}, cgroup) == expected
 
 
-def test_the_environment_wins_over_the_cgroup() -> None:
-    found = workload.slurm({"SLURM_JOB_ID": "5", "SLURM_JOB_USER": "bob"}, "0::/slurmstepd.scope/job_6/step_1\n")
-    assert found == Workload(slurm_job_id="5", slurm_step="1", slurm_user="bob")
+def test_the_cgroup_wins_over_what_the_environment_claims() -> None:
+    """A rank may set SLURM_JOB_ID to another job's id: the kernel's cgroup says which job it is in."""
+    lying = workload.slurm({"SLURM_JOB_ID": "5", "SLURM_JOB_USER": "bob"}, "0::/slurmstepd.scope/job_6/step_1\n")
+    assert lying == Workload(slurm_job_id="6", slurm_step="1") and lying.claimed == ()
+    agreeing = workload.slurm({"SLURM_JOB_ID": "6", "SLURM_JOB_USER": "bob"}, "0::/slurmstepd.scope/job_6/step_1\n")
+    assert agreeing == Workload(slurm_job_id="6", slurm_step="1", slurm_user="bob")
+    alone = workload.slurm({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"}, "0::/user.slice/session-3.scope\n")
+    assert alone == Workload(slurm_job_id="5", slurm_step="0") and alone.claimed == ("slurm_job_id", "slurm_step")
+    assert alone.to_json()["claimed_by_environment"] == ["slurm_job_id", "slurm_step"]
+    assert alone.describe() == "Slurm job 5 step 0 (as its environment says)"
 
 
 @pytest.mark.parametrize("cgroup", [

@@ -141,7 +141,7 @@ class AlertmanagerReceiver(_HttpReceiver):
         labels = self._labels.get(alert.key) or {
             "alertname": alert.alertname, "severity": alert.severity.value, "signature": alert.signature,
             "gpu": ",".join(map(str, alert.gpus)), "instance": alert.instance, "job": alert.job,
-            **alert.workload.to_json()}
+            **alert.workload.label_values()}
         if alert.status == "firing":
             labels = {**labels, "severity": alert.severity.value}
             self._labels[alert.key] = labels

@@ -219,8 +219,9 @@ def _runs_in(saved: object) -> str:
     """'pod ml/trainer-0 (container main), Slurm job 42 step 0' from a bundle's workload object."""
     if not isinstance(saved, dict):
         return ""
-    known = {name: str(value) for name, value in saved.items() if name in WORKLOAD_LABELS and value}
-    return Workload(**known).describe()
+    known = {name: str(saved[name]) if saved.get(name) else None for name in WORKLOAD_LABELS}
+    claimed = saved.get("claimed_by_environment")
+    return Workload(**known, claimed=tuple(map(str, claimed)) if isinstance(claimed, list) else ()).describe()
 
 
 def _plain_title(event: dict[str, object]) -> str:

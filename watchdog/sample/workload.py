@@ -2,12 +2,14 @@
 container, or its Slurm job, step and user. An on-call engineer goes from an alert to `kubectl -n NS
 describe pod POD` or `scontrol show job ID` with these.
 
-Slurm: the rank's own environment (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER), else its cgroup path
-(`.../job_<id>/step_<n>/...`, cgroup v1 and v2).
+The kernel and the kubelet are believed before the rank: a rank's environment is its own to set.
+Slurm: the rank's cgroup path (`.../job_<id>/step_<n>/...`, cgroup v1 and v2), which Slurm sets and the
+rank cannot leave; the environment (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER) only where the cgroup
+names no job, and then marked as `claimed`.
 Kubernetes: the kubelet's pod-resources API maps each GPU to the pod and container holding it
 (sample/kubelet.py); without it, the cgroup path (`kubepods...pod<uid>...`) says the process is in a pod,
 and the pod's name is the HOSTNAME Kubernetes gives it (POD_NAME and POD_NAMESPACE where the pod sets
-them from the downward API).
+them from the downward API), marked as `claimed`.
 """
 
 from __future__ import annotations
@@ -27,15 +29,21 @@ _LABEL_MAX = 253  # a Kubernetes name is at most 253 characters; anything longer
 
 
 def slurm(env: Mapping[str, str], cgroup: str) -> Workload:
-    """The Slurm job of a process: its environment first, its cgroup path where the environment is silent
-    (a process that cleared its environment, or one Slurm started without srun's variables)."""
+    """The Slurm job of a process: its cgroup path first (the kernel's word), the environment where the
+    cgroup names no job (then marked `claimed`). The user's name comes from the environment only when it
+    names the job the cgroup names."""
     job, step, user = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID"), env.get("SLURM_JOB_USER")
     found = _SLURM_CGROUP.search(cgroup)
-    if found:
-        job = job or found.group(1)
-        step = step or found.group(2)
-        if user is None and (uid := _SLURM_UID.search(cgroup)):
-            user = f"uid {uid.group(1)}"
+    if not found:
+        claimed = tuple(n for n, v in (("slurm_job_id", job), ("slurm_step", step), ("slurm_user", user)) if v)
+        return Workload(slurm_job_id=_bounded(job), slurm_step=_bounded(step), slurm_user=_bounded(user),
+                        claimed=claimed)
+    agrees = job == found.group(1)
+    job = found.group(1)
+    step = found.group(2) or (step if agrees else None)
+    if not agrees or user is None:
+        uid = _SLURM_UID.search(cgroup)
+        user = f"uid {uid.group(1)}" if uid else None
     return Workload(slurm_job_id=_bounded(job), slurm_step=_bounded(step), slurm_user=_bounded(user))
 
 
@@ -52,22 +60,29 @@ def pod_from_cgroup(env: Mapping[str, str], cgroup: str) -> Workload:
     the pod sets it. The container's name is not known this way."""
     if pod_uid(cgroup) is None:
         return Workload()
-    return Workload(namespace=_bounded(env.get("POD_NAMESPACE")),
-                    pod=_bounded(env.get("POD_NAME") or env.get("HOSTNAME")))
+    found = Workload(namespace=_bounded(env.get("POD_NAMESPACE")),
+                     pod=_bounded(env.get("POD_NAME") or env.get("HOSTNAME")))
+    return Workload(found.namespace, found.pod, claimed=tuple(n for n in ("namespace", "pod") if getattr(found, n)))
 
 
 def merged(first: Workload, then: Workload) -> Workload:
-    """`first`'s fields, with `then`'s where `first` is silent."""
-    return Workload(*(getattr(first, name) or getattr(then, name) for name in WORKLOAD_LABELS))
+    """`first`'s fields, with `then`'s where `first` is silent (a claim goes along with its field)."""
+    values = {name: getattr(first, name) or getattr(then, name) for name in WORKLOAD_LABELS}
+    claimed = tuple(n for n in WORKLOAD_LABELS if values[n] is not None and (
+        (getattr(first, n) and n in first.claimed) or (not getattr(first, n) and n in then.claimed)))
+    return Workload(**values, claimed=claimed)
 
 
 def common(workloads: Iterable[Workload]) -> Workload:
     """What every one of these says alike (the ranks of one incident): a field that differs is None."""
     values: dict[str, set[str | None]] = {name: set() for name in WORKLOAD_LABELS}
+    claimed: set[str] = set()
     for workload in workloads:
+        claimed.update(workload.claimed)
         for name in WORKLOAD_LABELS:
             values[name].add(getattr(workload, name))
-    return Workload(*(next(iter(found)) if len(found) == 1 else None for found in values.values()))
+    alike = {name: next(iter(found)) if len(found) == 1 else None for name, found in values.items()}
+    return Workload(**alike, claimed=tuple(n for n in WORKLOAD_LABELS if n in claimed and alike[n]))
 
 
 def _bounded(value: str | None) -> str | None:

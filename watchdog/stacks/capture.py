@@ -112,6 +112,12 @@ class StackCapturer:
     def from_config(cls, cfg: StacksConfig) -> StackCapturer:
         return cls(cfg.py_spy_command, cfg.timeout_seconds, cfg.native, cfg.max_parallel)
 
+    def reconfigure(self, cfg: StacksConfig) -> None:
+        """A reload: later captures use `cfg` (running ones finish as they started)."""
+        fresh = StackCapturer.from_config(cfg)
+        self.command, self.timeout, self.native = fresh.command, fresh.timeout, fresh.native
+        self.max_parallel, self.nonblocking = fresh.max_parallel, fresh.nonblocking
+
     def abort(self) -> None:
         """Shutting down: kill every py-spy still running (a capture hung on a wedged process would otherwise
         hold the stop up to its timeout) and start no more."""
