@@ -280,7 +280,11 @@ class DumpConfig(_Section):
     enabled: bool = Field(True, description="Serve POST /v1/dump.")
     token_file: str | None = Field(
         None, description="File holding a bearer token that POST /v1/dump requires (besides basic auth, if set). "
-        "Off loopback, dumps are refused unless this or export.basic_auth_user is set.")
+        "Dumps are refused unless this or export.basic_auth_user is set (or open_on_loopback).")
+    open_on_loopback: bool = Field(
+        False, description="Serve POST /v1/dump without credentials when the endpoint listens on loopback. Only "
+        "on a node whose every local user may read every job's stacks: loopback is no trust boundary on a "
+        "shared node.")
     cooldown_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(
         30.0, description="A request for a job dumped less than this ago gets that dump's answer again.")
     max_per_minute: Annotated[int, Field(ge=1, le=600)] = Field(

@@ -135,6 +135,7 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
         "export": {"listen_address": f"127.0.0.1:{_free_port(port)}"},
         "bundles": {"directory": str(workdir / "incidents")},
         "stacks": {"observe_seconds": 1.0},
+        "dump": {"open_on_loopback": True},  # the demo's own ranks, on loopback
     })
     daemon = build(config)
     try:

@@ -191,7 +191,7 @@ def test_a_dump_done_before_its_callback_is_attached_still_answers(job: dict[str
         daemon.shutdown()
     assert status == 404 and "run:elsewhere" in answer["error"]
     # The callback ran: a dump that found nothing gave its place in the rate budget back and was not kept.
-    assert again[0] == 404 and again[1]["shared"] is False and len(daemon.dumps._started) == 0
+    assert again[0] == 404 and "shared" not in again[1] and len(daemon.dumps._started) == 0
 
 
 def test_off_loopback_dumps_need_auth(job: dict[str, Any], tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ def daemon_config(tmp: Path, **sections: Any) -> Config:
         "export": {"listen_address": "127.0.0.1:0"},
         "bundles": {"directory": str(tmp / "incidents"), "capture_stacks": False},
         "alerts": {"backoff_seconds": 0.1, "max_attempts": 2},
+        "dump": {"open_on_loopback": True},  # the tests' own loopback endpoints
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}

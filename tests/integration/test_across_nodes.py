@@ -45,6 +45,8 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
             # rank 2 sits; rank 3 on GPU 0.
             layout = {"a": ("spin_hang", {0: [ranks[0].pid], 1: [ranks[1].pid]}),
                       "b": ("odd_rank", {4: [ranks[2].pid], 0: [ranks[3].pid]})}
+            token = tmp_path / "dump-token"
+            token.write_text("node-token-for-the-test\n")
             for node, (scenario, pids) in layout.items():
                 (tmp_path / f"{node}.yaml").write_text(
                     f"source:\n  kind: sim\n  scenario: {scenario}\n  start_offset_seconds: 292\n"
@@ -52,10 +54,12 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
                     f"export: {{listen_address: '127.0.0.1:{ports[node]}'}}\n"
                     f"bundles: {{directory: '{tmp_path / ('incidents-' + node)}'}}\n"
                     "stacks: {observe_seconds: 0.2, nccl_ras_gap_seconds: 1, flight_recorder_wait_seconds: 30}\n"
-                    f"alerts: {{instance: node-{node}}}\n")
+                    f"alerts: {{instance: node-{node}}}\n"
+                    f"dump: {{token_file: '{token}'}}\n")
                 start([sys.executable, "-m", "watchdog", "run", "--config", str(tmp_path / f"{node}.yaml")], node)
             start([sys.executable, "-m", "watchdog", "coordinate", "--prometheus", f"http://127.0.0.1:{ports['prom']}",
-                   "--listen", f"127.0.0.1:{ports['coord']}", "--out", str(tmp_path / "jobs")], "coord")
+                   "--listen", f"127.0.0.1:{ports['coord']}", "--out", str(tmp_path / "jobs"),
+                   "--node-token-file", str(token)], "coord")
 
             shipped = (REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
             (tmp_path / "am.yml").write_text(shipped.replace("127.0.0.1:9945", f"127.0.0.1:{ports['coord']}"))

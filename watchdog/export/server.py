@@ -4,9 +4,10 @@ root). Optional TLS and basic auth. Served by the package's hardened server (wat
 slow and half-open clients never hold a worker, one deadline per request), so a slow scraper never delays
 a tick and a hostile one cannot starve the scrapes.
 
-A dump runs py-spy against the ranks, so it is never open to the network unauthenticated: off loopback,
-POST /v1/dump needs basic auth (export.basic_auth_user) or the bearer token in dump.token_file, and is
-refused (403, saying so) when neither is configured.
+A dump runs py-spy against the ranks and answers with every rank's stacks, so it needs credentials: basic
+auth (export.basic_auth_user) or the bearer token in dump.token_file. With neither it is refused (403,
+saying so), on loopback too: any local user reaches loopback. `dump.open_on_loopback` opens it on a
+loopback endpoint for single-user nodes and demos.
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ class Endpoint:
         limits = dump_cfg or DumpConfig()
         auth = endpoint_secrets(cfg, limits)
         host, port = parse_address(cfg.listen_address)
-        open_dumps = not auth.configured and is_loopback(host)
-        if dump is not None and not auth.configured and not is_loopback(host):
+        open_dumps = not auth.configured and is_loopback(host) and limits.open_on_loopback
+        if dump is not None and not auth.configured and not open_dumps:
             logfmt.event("dump_refused", level=logfmt.WARNING, listen_address=cfg.listen_address,
-                         reason="POST /v1/dump off loopback needs dump.token_file or export.basic_auth_user")
+                         reason="POST /v1/dump needs dump.token_file or export.basic_auth_user "
+                                "(or dump.open_on_loopback on a loopback endpoint of a single-user node)")
 
         class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -86,8 +88,9 @@ class Endpoint:
                     return
                 if not (open_dumps or auth.allows(self.headers.get("Authorization"))):
                     if not auth.configured:
-                        self.reply_json(403, {"error": "dumps off loopback need dump.token_file or "
-                                                  "export.basic_auth_user; none is configured"})
+                        self.reply_json(403, {"error": "dumps need dump.token_file or export.basic_auth_user "
+                                                  "(or dump.open_on_loopback on a loopback endpoint); none is "
+                                                  "configured"})
                     else:
                         self.reply_json(401, {"error": "POST /v1/dump needs the bearer token or basic auth"},
                                    {"WWW-Authenticate": 'Bearer realm="stall-watchdog"'})
