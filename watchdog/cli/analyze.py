@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from watchdog import rank_files
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.stacks import print_pictures
 from watchdog.coordinate.job_verdict import merge
@@ -24,7 +25,7 @@ from watchdog.coordinate.nodes import NodeAnswer
 from watchdog.model import Severity, StackDump, Verdict
 from watchdog.stacks import fr_dumps, nccl_ras
 from watchdog.stacks.analysis import Analysis, analyze
-from watchdog.stacks.formats import StackFormatError, parse_capture, parse_pyspy_json
+from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, parse_capture, parse_pyspy_json
 from watchdog.stacks.formats import load as load_stacks
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
@@ -44,11 +45,22 @@ class Evidence:
     kinds: list[str] = field(default_factory=list)
 
 
+def _read(path: Path) -> bytes:
+    """Every file `analyze` reads: a regular file of at most MAX_DUMP_BYTES (a FIFO or /dev/zero is an
+    error, never a wait or an endless read)."""
+    try:
+        return rank_files.read_given(path, MAX_DUMP_BYTES)
+    except rank_files.RankFileError as exc:
+        raise StackFormatError(str(exc)) from None
+
+
 def _json(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        return json.loads(_read(path).decode("utf-8", errors="replace"))
     except ValueError as exc:
-        raise StackFormatError(f"{path}: not valid JSON ({exc})") from None
+        raise StackFormatError(f"{path}: not valid JSON ({str(exc)[:120]})") from None
+    except RecursionError:
+        raise StackFormatError(f"{path}: JSON nested too deeply") from None
 
 
 def _job_bundle(folder: Path) -> StackPicture:
@@ -95,19 +107,16 @@ def _folder(folder: Path, found: Evidence) -> None:
 
 
 def _file(path: Path, found: Evidence) -> None:
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096)
-    except OSError as exc:
-        raise StackFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    data = _read(path)
+    head = data[:4096]
     stripped = head.lstrip()
     if fr_dumps.starts_like_dump(head):
-        found.traces.append(fr_dumps.read(path))
+        found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
     elif b'"communicators"' in head or b"Communicators" in head or head.startswith(b"Job summary"):
-        found.ras.append(nccl_ras.parse(path.read_text(encoding="utf-8", errors="replace")))
+        found.ras.append(nccl_ras.parse(data.decode("utf-8", errors="replace")))
         found.kinds.append("ncclras report")
-    elif stripped[:1] == b"{" and b'"odd_ranks"' in path.read_bytes():
+    elif stripped[:1] == b"{" and b'"odd_ranks"' in data:
         found.pictures.append(_job_bundle(path.parent))
         found.kinds.append("job bundle")
     else:

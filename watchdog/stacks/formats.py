@@ -16,20 +16,23 @@ import re
 from pathlib import Path
 from typing import Any
 
+from watchdog import rank_files
 from watchdog.model import Frame, StackDump, ThreadStack, member_id
+
+MAX_DUMP_BYTES = 64 * 2**20  # a saved dump, as a person hands it to `analyze` or `stacks analyze`
 
 
 class StackFormatError(Exception):
     """A dump that cannot be read; the message names the file (and line)."""
 
 
-_PROCESS = re.compile(r"^Process (\d+):")
-_THREAD = re.compile(r'^\s*Thread (0x[0-9A-Fa-f]+|\d+) \(([\w+]+)\)(?:: "(.*)")?\s*$')
-_FRAME = re.compile(r"^\s+(\S.*?) \((.*?)(?::(\d+))?\)\s*$")
+_PROCESS = re.compile(r"^Process (\d{1,10}):")  # bounded digits: a longer number is prose, not a pid
+_THREAD = re.compile(r'^\s*Thread (0x[0-9A-Fa-f]{1,16}|\d{1,19}) \(([\w+]+)\)(?:: "(.*)")?\s*$')
+_FRAME = re.compile(r"^\s+(\S.*?) \((.*?)(?::(\d{1,9}))?\)\s*$")
 _BARE_FRAME = re.compile(r"^\s+([A-Za-z_<][\w.<>]*)\s*$")
 _DIGEST_HOST = re.compile(r"^([A-Za-z][\w.-]*)\s*$")
 _LOCALS = re.compile(r"^\s+(Arguments|Locals):\s*$")
-_GROUP = re.compile(r"^\s*(\d+) (?:processes |ranks |procs )?(?:are )?in:?\s*$")
+_GROUP = re.compile(r"^\s*(\d{1,9}) (?:processes |ranks |procs )?(?:are )?in:?\s*$")
 
 
 def _thread_id(text: str) -> int:
@@ -183,11 +186,17 @@ def parse_fact_json(data: dict[str, Any], source: str = "") -> list[StackDump]:
     """The hang_stacks fact files: {"processes": [{"pid", "threads": [{"thread_id", "name", "state",
     "frames": [{"function", "file", "line"}]}]}]}."""
     dumps = []
-    for number, process in enumerate(data.get("processes") or []):
-        threads = tuple(ThreadStack(t.get("thread_id"), t.get("name"), t.get("state"),
-                                    _frames(t.get("frames") or [], "function", "file"))
-                        for t in process.get("threads") or [])
-        pid = process.get("pid")
+    processes = data.get("processes")
+    for number, process in enumerate(processes[:MAX_THREADS] if isinstance(processes, list) else []):
+        if not isinstance(process, dict):
+            continue
+        raw_threads = process.get("threads")
+        threads = tuple(ThreadStack(_small_int(t.get("thread_id")), _name(t.get("name")) or None,
+                                    t.get("state") if t.get("state") in ("active", "idle") else None,
+                                    _frames(t.get("frames"), "function", "file"))
+                        for t in (raw_threads[:MAX_THREADS] if isinstance(raw_threads, list) else [])
+                        if isinstance(t, dict))
+        pid = _small_int(process.get("pid"))
         member = member_id(pid, None) if pid is not None else f"{Path(source).stem or 'process'}#{number}"
         dumps.append(StackDump(member, threads, pid, source=source))
     return dumps
@@ -195,7 +204,9 @@ def parse_fact_json(data: dict[str, Any], source: str = "") -> list[StackDump]:
 
 def parse_capture(data: dict[str, Any], source: str = "") -> list[StackDump]:
     """A file written by `stall-watchdog stacks dump --out`: py-spy's JSON with the rank it belongs to."""
-    return parse_pyspy_json(data.get("threads") or [], source, data.get("rank"), tuple(data.get("gpus") or ()))
+    gpus = data.get("gpus")
+    return parse_pyspy_json(data.get("threads"), source, _small_int(data.get("rank")),
+                            tuple(g for g in gpus[:64] if _small_int(g) is not None) if isinstance(gpus, list) else ())
 
 
 def _parse_json(data: object, source: str) -> list[StackDump] | None:
@@ -219,15 +230,17 @@ def load(path: str | Path) -> list[StackDump]:
             raise StackFormatError(f"{path}: no dumps in this folder")
         return [dump for file in files for dump in load(file)]
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise StackFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        text = rank_files.read_given(path, MAX_DUMP_BYTES).decode("utf-8", errors="replace")
+    except rank_files.RankFileError as exc:
+        raise StackFormatError(str(exc)) from None
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise StackFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        except ValueError as exc:  # an integer past Python's digit limit
+            raise StackFormatError(f"{path}: not a dump ({str(exc)[:80]})") from None
         except RecursionError:
             raise StackFormatError(f"{path}: JSON nested too deeply to be a dump") from None
         if isinstance(data, dict) and "outliers" in data:
@@ -235,7 +248,7 @@ def load(path: str | Path) -> list[StackDump]:
                                    "rank-*.json / pid-*.json files beside it (or the folder)")
         try:
             parsed = _parse_json(data, str(path))
-        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        except (TypeError, AttributeError, KeyError, ValueError, OverflowError, RecursionError) as exc:
             raise StackFormatError(f"{path}: JSON of the wrong shape for a py-spy dump ({type(exc).__name__}: "
                                    f"{str(exc)[:80]})") from None
         if parsed is None:
