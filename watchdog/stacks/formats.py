@@ -130,6 +130,7 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
 MAX_THREADS = 256
 MAX_FRAMES = 128  # per thread: the innermost 96 and the outermost 32 (where the hang is, and whose code)
 MAX_NAME = 256
+MAX_FRAMES_TOTAL = 4096  # per process: past it, each further thread keeps its innermost 8 frames
 
 
 def _frames(raw: object, key_function: str, key_file: str) -> tuple[Frame, ...]:
@@ -149,11 +150,13 @@ def _small_int(value: object) -> int | None:
 
 def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
     """py-spy's JSON as it is kept (bundles, answers) and read: at most MAX_THREADS threads of at most
-    MAX_FRAMES frames, names cut at MAX_NAME characters, only the fields py-spy writes with their types.
-    Whatever a rank makes py-spy print, what is kept of it is bounded."""
+    MAX_FRAMES frames (MAX_FRAMES_TOTAL in all, then 8 per thread), names cut at MAX_NAME characters,
+    only the fields py-spy writes with their types. Whatever a rank makes py-spy print, what is kept of it
+    is bounded (about 3 MB of JSON at worst, against a few hundred KB for a real training rank)."""
     if not isinstance(data, list):
         return []
     kept = []
+    total = 0
     for thread in data[:MAX_THREADS]:
         if not isinstance(thread, dict):
             continue
@@ -161,6 +164,9 @@ def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
         frames: list[Any] = raw_frames if isinstance(raw_frames, list) else []
         if len(frames) > MAX_FRAMES:
             frames = frames[:MAX_FRAMES - 32] + frames[-32:]
+        if total + len(frames) > MAX_FRAMES_TOTAL:
+            frames = frames[:8]
+        total += len(frames)
         kept.append({"pid": _small_int(thread.get("pid")), "thread_id": _small_int(thread.get("thread_id")),
                      "thread_name": _name(thread.get("thread_name")) or None,
                      **({"active": bool(thread["active"])} if "active" in thread else {}),
