@@ -195,3 +195,17 @@ def test_stacks_errors_are_clear(tmp_path: Path) -> None:
     assert gone.returncode == 1 and "no such process: 999999" in gone.stderr
     nvml = cli("stacks", "dump", "--gpu", "0")
     assert nvml.returncode == 1 and "--gpu needs NVML" in nvml.stderr
+
+
+def test_help_says_100_percent_and_a_bad_flag_shows_its_verbs_usage() -> None:
+    assert "(100% util at idle power)" in cli("--help").stdout
+    bad = cli("stacks", "dump", "--bogus")
+    assert bad.returncode == 2 and "usage: stall-watchdog stacks dump" in bad.stderr and "--bogus" in bad.stderr
+
+
+def test_a_receiver_typo_lists_the_receivers_keys(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("alerts:\n  receivers:\n    - {type: webhook, name: h, url: 'http://x/', tokn_file: /x}\n")
+    done = cli("check-config", str(config))
+    assert done.returncode == 2
+    assert "alerts.receivers.0.tokn_file: unknown key; valid keys here: type, name, url, url_file" in done.stderr

@@ -6,6 +6,8 @@ Unknown keys are rejected and every problem is reported at once with its key pat
 
 from __future__ import annotations
 
+import typing
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
@@ -401,13 +403,29 @@ class ConfigError(Exception):
 
 
 def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the section at `loc`, through lists and optional sections (alerts.receivers.0 is a
+    receiver)."""
     model: type[BaseModel] = Config
     for part in loc:
-        annotation = model.model_fields[str(part)].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        if isinstance(part, int):
+            continue  # an item of the list the previous part named: `model` is already its type
+        field_info = model.model_fields.get(str(part))
+        inner = _section_type(field_info.annotation) if field_info is not None else None
+        if inner is None:
             return []
-        model = annotation
+        model = inner
     return list(model.model_fields)
+
+
+def _section_type(annotation: object) -> type[BaseModel] | None:
+    """The configuration section an annotation holds: itself, or the model inside list[...] or X | None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for inner in typing.get_args(annotation):
+        found = _section_type(inner)
+        if found is not None:
+            return found
+    return None
 
 
 def _excerpt(value: object) -> str:

@@ -7,6 +7,7 @@ configuration error; `doctor` adds 3 (a warning, with --strict) and 4 (an error)
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
@@ -23,9 +24,24 @@ def _positive(value: float | None, name: str, parser: argparse.ArgumentParser) -
         parser.error(f"{name} must be a number of seconds > 0 (at most a week), got {value:g}")
 
 
+def _verb_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the verb (and sub-verb) `argv` names: its usage is the one to show for its flags."""
+    current = parser
+    for token in argv:
+        verbs = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if verbs is None:
+            break
+        if token in verbs.choices:
+            current = verbs.choices[token]
+    return current
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(given)
+    if unknown:
+        _verb_parser(parser, given).error(f"unrecognized arguments: {' '.join(unknown)}")
     for name in ("interval_seconds", "duration_seconds"):
         _positive(getattr(args, name, None), "--" + name.replace("_", "-"), parser)
     interval = getattr(args, "interval_seconds", None)

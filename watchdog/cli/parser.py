@@ -233,7 +233,7 @@ def _add_coordinate(verbs: Verbs) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stall-watchdog",
-        description="Catch stalled multi-GPU training jobs: busy-spin hangs (100%% util at idle power), "
+        description="Catch stalled multi-GPU training jobs: busy-spin hangs (100% util at idle power), "
                     "zero-util hangs, ranks waiting on one odd GPU, chronic under-use.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error.",
     )
