@@ -200,7 +200,7 @@ def test_stacks_errors_are_clear(tmp_path: Path) -> None:
 def test_help_says_100_percent_and_a_bad_flag_shows_its_verbs_usage() -> None:
     text = " ".join(cli("--help").stdout.split())
     assert "(100% util at idle power)" in text and "%%" not in text
-    bad = cli("stacks", "dump", "--bogus")
+    bad = cli("stacks", "dump", "--all", "--bogus")
     assert bad.returncode == 2 and "usage: stall-watchdog stacks dump" in bad.stderr and "--bogus" in bad.stderr
 
 
