@@ -47,6 +47,7 @@ def test_prometheus_down_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr and "Connection refused" in done.stderr
     answer = json.loads(done.stdout)
     assert "Connection refused" in answer["problem"] and answer["nodes"] == []
+    assert answer["verdict"]["kind"] == "unknown" and "no evidence" in answer["verdict"]["sentence"]  # not no_stall
     assert Path(answer["bundle"]).is_dir()
 
 

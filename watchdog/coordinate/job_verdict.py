@@ -98,6 +98,10 @@ def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = ()
     decided = verdict(analysis, spans_other_nodes=bool(silent))
     fr = fr_dumps.analyze(traces) if traces else None
     ras_summary = str(ras.get("summary")) if ras is not None and ras.get("conclusive") else None
+    if not dumps and not traces and ras is None:
+        # Nothing was read: not an all-clear. Unknown is said as unknown.
+        why = problem or ("no node answered" if answers else "no node exports ranks of this job")
+        decided = Verdict("unknown", None, f"Unknown: no evidence was gathered ({why})", "unknown: no evidence")
     decided = with_notes(decided, evidence_notes(fr, ras_summary) + _silent_note(silent))
     where = analysis.group_by_member()
     by_member = {d.member: d for d in dumps}
