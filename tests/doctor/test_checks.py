@@ -183,6 +183,7 @@ def job_findings(tmp_path: Path, ranks: list[RankInfo], gpus: list[FakeGpu] | No
      "P2P reported OK but NCCL_P2P_DISABLE unset on a H20 node with a known P2P issue"),
     ("p2p broken, unset", "p2p_settings", WARNING, "P2P unavailable on 1 GPU pairs but NCCL_P2P_DISABLE is unset"),
     ("p2p disabled needlessly", "p2p_settings", INFO, "NCCL_P2P_DISABLE=1 although P2P is reported OK"),
+    ("p2p not read", "p2p_settings", UNKNOWN, "the P2P matrix was not read"),
     ("non-contiguous", "visible_devices", WARNING, "CUDA_VISIBLE_DEVICES=0,2,4 is not contiguous"),
     ("numa span", "visible_devices", WARNING, "spans NUMA nodes [0, 1]"),
     ("inconsistent", "job_nccl_settings", WARNING, "ranks of one job disagree on NCCL_ALGO"),
@@ -212,6 +213,13 @@ def test_job_checks(tmp_path: Path, case: str, check: str, severity: str, phrase
         return
     elif case == "p2p disabled needlessly":
         ranks = [rank({"NCCL_P2P_DISABLE": "1"})]
+    elif case == "p2p not read":  # NVML does not answer the P2P query on this driver
+        facts = facts_for(tmp_path, FakeNvml(eight(), missing={"nvmlDeviceGetP2PStatus"}))
+        found = examine(facts, ranks)
+        assert finding(found, "p2p").severity == UNKNOWN
+        result = finding(found, check)
+        assert result.severity == severity and phrase in result.evidence, result
+        return
     elif case == "non-contiguous":
         ranks = [rank({"CUDA_VISIBLE_DEVICES": "0,2,4"})]  # fixture: even GPUs on NUMA 0, odd on NUMA 1
     elif case == "numa span":

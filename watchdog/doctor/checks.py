@@ -88,15 +88,23 @@ def check_kernel(f: NodeFacts) -> DoctorFinding:
 def check_p2p(f: NodeFacts) -> DoctorFinding:
     if not f.gpus:
         return DoctorFinding("p2p", UNKNOWN, "no GPU seen")
-    if not f.p2p:
+    read = _p2p_read(f)
+    if not read:
         return DoctorFinding("p2p", UNKNOWN if len(f.gpus) > 1 else OK,
                              "P2P not read" if len(f.gpus) > 1 else "single GPU")
-    broken = {pair: status for pair, status in f.p2p.items() if status != "ok"}
+    broken = {pair: status for pair, status in read.items() if status != "ok"}
     if broken:
         listed = ", ".join(f"{i}-{j}: {s}" for (i, j), s in sorted(broken.items())[:6])
         return DoctorFinding("p2p", WARNING, f"P2P unavailable between {len(broken)} GPU pairs ({listed})",
                              "set NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL) for jobs here, or fix the PCIe/ACS setup")
-    return DoctorFinding("p2p", OK, f"P2P reported OK between all {len(f.p2p)} GPU pairs")
+    unread = len(f.p2p) - len(read)
+    return DoctorFinding("p2p", OK, f"P2P reported OK between all {len(read)} GPU pairs read"
+                         + (f" ({unread} not read)" if unread else ""))
+
+
+def _p2p_read(f: NodeFacts) -> dict[tuple[int, int], str]:
+    """The P2P pairs NVML answered for: an "unknown" pair was not read, and is neither OK nor broken."""
+    return {pair: status for pair, status in f.p2p.items() if status != "unknown"}
 
 
 def check_topology(f: NodeFacts) -> DoctorFinding:
@@ -237,7 +245,8 @@ def check_ib_disable(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFind
 def check_p2p_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
     disabled = any(r.env.get("NCCL_P2P_DISABLE") == "1" for r in ranks)
     level = {r.env["NCCL_P2P_LEVEL"] for r in ranks if "NCCL_P2P_LEVEL" in r.env}
-    broken = [pair for pair, status in f.p2p.items() if status != "ok"]
+    read = _p2p_read(f)
+    broken = [pair for pair, status in read.items() if status != "ok"]
     troubled = sorted({_model_short(g.name) for g in f.gpus if g.name and any(k in g.name for k in KNOWN_P2P_TROUBLE)})
     if broken and not disabled and not level:
         return [DoctorFinding("p2p_settings", WARNING, f"P2P unavailable on {len(broken)} GPU pairs but "
@@ -246,9 +255,12 @@ def check_p2p_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFi
         return [DoctorFinding("p2p_settings", WARNING, f"P2P reported OK but NCCL_P2P_DISABLE unset on a "
                               f"{'/'.join(troubled)} node with a known P2P issue",
                               "if collectives hang at 100% util, set NCCL_P2P_DISABLE=1 (costs 7-10% speed)")]
-    if disabled and f.p2p and not broken:
+    if disabled and read and not broken:
         return [DoctorFinding("p2p_settings", INFO, "NCCL_P2P_DISABLE=1 although P2P is reported OK",
                               "P2P off costs throughput: drop it unless it was set to work around a hang")]
+    if not read and len(f.gpus) > 1:  # the matrix was not read: nothing to agree with
+        return [DoctorFinding("p2p_settings", UNKNOWN, "the P2P matrix was not read, so the NCCL P2P settings "
+                              "cannot be checked against it")]
     return [DoctorFinding("p2p_settings", OK, "NCCL P2P settings agree with the P2P matrix")]
 
 
