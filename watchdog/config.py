@@ -7,7 +7,6 @@ Unknown keys are rejected and every problem is reported at once with its key pat
 from __future__ import annotations
 
 import typing
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
