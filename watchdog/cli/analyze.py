@@ -4,6 +4,7 @@
     incident and dump bundles                          their stacks, Flight Recorder dumps and RAS finding
     Flight Recorder dumps (pickle or JSON) or folders   matched per process group
     ncclras reports (JSON or text; two = stuck test)    the ranks behind
+    NCCL watchdog timeout logs (one or many ranks)      the ranks behind by sequence number, the silent ones
     coordinator job bundles                             the job verdict across nodes, re-derived
 
 The output is `stacks analyze`'s contract: `groups`, `outliers` ("rank N" / "pid N"), `summary`,
@@ -23,13 +24,13 @@ from watchdog.cli.stacks import print_pictures
 from watchdog.coordinate.job_verdict import merge
 from watchdog.coordinate.nodes import NodeAnswer
 from watchdog.model import Severity, StackDump, Verdict
-from watchdog.stacks import fr_dumps, nccl_ras
+from watchdog.stacks import fr_dumps, nccl_ras, nccl_timeouts
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, parse_capture, parse_pyspy_json
 from watchdog.stacks.formats import load as load_stacks
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
-from watchdog.stacks.picture import StackPicture, with_job_evidence
+from watchdog.stacks.picture import StackPicture, with_job_evidence, with_notes
 from watchdog.stacks.verdict import verdict
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"
@@ -43,6 +44,8 @@ class Evidence:
     ras: list[RasStatus] = field(default_factory=list)
     pictures: list[StackPicture] = field(default_factory=list)  # job bundles: already whole
     kinds: list[str] = field(default_factory=list)
+    timeout_logs: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "path: why", said on stderr, never dropped silently
 
 
 def _read(path: Path) -> bytes:
@@ -102,8 +105,21 @@ def _folder(folder: Path, found: Evidence) -> None:
         found.traces.extend(fr_dumps.read(p) for p in sorted(folder.iterdir()) if fr_dumps.looks_like_dump(p))
         found.kinds.append("flight recorder dumps")
     else:
-        found.dumps.extend(load_stacks(folder))
-        found.kinds.append("stacks")
+        _each_file(folder, found)
+
+
+def _each_file(folder: Path, found: Evidence) -> None:
+    """A folder of evidence files of any kinds (py-spy text and JSON, timeout logs, RAS reports): each read
+    on its own; one that is none of them is named in `skipped`, with why."""
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or path.name == "analysis.json" or path.is_dir():
+            if path.is_dir() and not path.name.startswith("."):
+                found.skipped.append(f"{path}: a folder inside a folder (name it on its own)")
+            continue
+        try:
+            _file(path, found)
+        except (StackFormatError, FlightRecorderError, RasError) as exc:
+            found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
 
 
 def _file(path: Path, found: Evidence) -> None:
@@ -113,6 +129,9 @@ def _file(path: Path, found: Evidence) -> None:
     if fr_dumps.starts_like_dump(head):
         found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
+    elif nccl_timeouts.looks_like_timeout_log(data[:1 << 20].decode("utf-8", errors="replace")):
+        found.timeout_logs.append(data.decode("utf-8", errors="replace"))
+        found.kinds.append("nccl timeout log")
     elif b'"communicators"' in head or b"Communicators" in head or head.startswith(b"Job summary"):
         found.ras.append(nccl_ras.parse(data.decode("utf-8", errors="replace")))
         found.kinds.append("ncclras report")
@@ -140,13 +159,20 @@ def gather(paths: list[str]) -> Evidence:
 def picture_of(found: Evidence, name: str) -> StackPicture:
     fr = fr_dumps.analyze(found.traces) if found.traces else None
     ras = nccl_ras.judge(found.ras[0], found.ras[1] if len(found.ras) > 1 else None) if found.ras else None
+    timeouts = nccl_timeouts.parse("\n".join(found.timeout_logs)) if found.timeout_logs else None
     if found.dumps:
         analysis = analyze(found.dumps)
         decided = with_job_evidence(verdict(analysis), fr, ras)
-        return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras)
-    culprits = sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ())})
-    notes = [n for n in (fr.summary if fr else None, ras.summary if ras else None) if n]
-    stuck = bool(fr and fr.culprits) or bool(ras and (ras.stuck or ras.dead or ras.missing))
+        if timeouts is not None:
+            decided = with_notes(decided, [timeouts.summary])
+        return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
+    culprits = sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ()),
+                       *(timeouts.culprits if timeouts else ())})
+    notes = [n for n in (timeouts.summary if timeouts else None, fr.summary if fr else None,
+                         ras.summary if ras else None) if n]
+    # A watchdog timeout is a hang that already happened: the job waited past its collective timeout.
+    stuck = bool(fr and fr.culprits) or bool(ras and (ras.stuck or ras.dead or ras.missing)) or \
+        bool(timeouts and timeouts.events)
     if stuck:
         decided = Verdict("hang", Severity.CRITICAL, ". ".join(notes), notes[0].split(": ", 1)[-1])
     elif ras is not None and ras.behind:
@@ -156,14 +182,16 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     else:
         decided = Verdict("no_stall", None, ". ".join(notes) or "nothing to analyse", "no rank named")
     analysis = Analysis((), tuple(f"rank {r}" for r in culprits), ". ".join(notes), 0)
-    return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras)
+    return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     found = gather(args.paths)
+    for skipped in found.skipped:
+        error(f"skipped {skipped}")
     name = args.paths[0] if len(args.paths) == 1 else f"{len(args.paths)} paths"
     pictures = list(found.pictures)
-    if found.dumps or found.traces or found.ras:
+    if found.dumps or found.traces or found.ras or found.timeout_logs:
         pictures.append(picture_of(found, name))
     if not pictures:
         error("nothing to analyse in " + ", ".join(args.paths))

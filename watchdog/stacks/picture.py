@@ -22,6 +22,7 @@ from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
 from watchdog.stacks.flight_recorder import FlightRecorder, collect, trigger
 from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, RankTrace
 from watchdog.stacks.nccl_ras import RasFinding
+from watchdog.stacks.nccl_timeouts import TimeoutFinding
 from watchdog.stacks.verdict import verdict
 
 
@@ -39,6 +40,7 @@ class StackPicture:
     traces: list[RankTrace] = field(default_factory=list)  # the Flight Recorder dumps read back
     fr: FlightRecorderAnalysis | None = None
     ras: RasFinding | None = None
+    timeouts: TimeoutFinding | None = None  # NCCL watchdog timeout logs (`analyze`)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"job": self.job, "world_size": self.world_size,
@@ -58,6 +60,8 @@ class StackPicture:
             out["flight_recorder_analysis"] = self.fr.to_json()
         if self.ras is not None:
             out["nccl_ras"] = self.ras.to_json()
+        if self.timeouts is not None:
+            out["nccl_timeouts"] = self.timeouts.to_json()
         return out
 
 

@@ -1,0 +1,84 @@
+"""NCCL watchdog timeout logs: the lines PyTorch prints, rebuilt from the facts of real issue threads
+(../shared/realdata/nccl_logs keeps the values, not the logs), and a real TORCH_NCCL_DESYNC_DEBUG report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import realdata
+from watchdog.cli import main
+from watchdog.stacks import nccl_timeouts
+
+
+def log_lines(facts: dict[str, object]) -> str:
+    """The watchdog's two lines per rank, as PyTorch 2.x prints them, with a fact file's values."""
+    lines = []
+    for e in facts["events"]:  # type: ignore[attr-defined]
+        tag = f"[{e['pg']} Rank {e['rank']}]" if e["pg"] else f"[Rank {e['rank']}]"
+        if e["op_type"] and e["seq_num"] is not None:
+            sizes = "".join(f", {name}={e[key]}" for name, key in (("NumelIn", "numel_in"), ("NumelOut", "numel_out"))
+                            if e[key] is not None)
+            limit = f", Timeout(ms)={e['timeout_ms']}" if e["timeout_ms"] else ""
+            ran = f" ran for {e['ran_for_ms']} milliseconds before timing out." if e["ran_for_ms"] else ""
+            lines.append(f"[rank{e['rank']}]:[E ProcessGroupNCCL.cpp:632] {tag} Watchdog caught collective operation "
+                         f"timeout: WorkNCCL(SeqNum={e['seq_num']}, OpType={e['op_type']}{sizes}{limit}){ran}")
+        if e["last_enqueued"] is not None and e["last_completed"] is not None:
+            lines.append(f"{tag} Exception (either an error or timeout) detected by watchdog at work: {e['seq_num']}, "
+                         f"last enqueued NCCL work: {e['last_enqueued']}, last completed NCCL work: "
+                         f"{e['last_completed']}.")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("stem", "phrase"), [
+    ("BasicSR-737-1", "ranks 0, 1, 2 timed out after 600 s, all in ALLREDUCE #808: no rank is behind"),
+    ("LlamaFactory-7396-1", "ranks 0, 2, 3, 4 timed out after 600 s in ALLREDUCE #1580; no timeout line from "
+                            "rank 1: look there first"),
+    ("LlamaFactory-6269-1", "no timeout line from ranks 1, 2"),
+    ("open-r1-620-1", "ranks 1, 2, 3, 4, 5, 6 timed out after 1800 s in BROADCAST #4; no timeout line from rank 0"),
+    ("pytorch-118369-1", "in BROADCAST #880; no timeout line from ranks 0, 1, 5"),
+])
+def test_real_timeouts_name_the_suspects(stem: str, phrase: str) -> None:
+    facts = json.loads(realdata("nccl_logs", f"{stem}.json").read_text())
+    found = nccl_timeouts.parse(log_lines(facts))
+    assert phrase in found.summary, found.summary
+
+
+def test_the_real_desync_report_names_the_lagging_rank() -> None:
+    found = nccl_timeouts.parse(realdata("nccl_logs", "ml-engineering-debug-pytorch-desync-report.txt").read_text())
+    assert found.culprits == (1,) and "rank 1 finished collective #2, but didn't join collective #3" in found.summary
+    assert found.summary.startswith("NCCL timeout log: rank 0 timed out after 8 s")
+
+
+def test_a_rank_behind_by_sequence_number_is_the_suspect() -> None:
+    text = "".join(f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, "
+                   f"NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.\n"
+                   for r, s in ((0, 41), (1, 41), (2, 40), (3, 41)))
+    found = nccl_timeouts.parse(text)
+    assert found.culprits == (2,) and "rank 2 timed out in #40 while others were at #41" in found.summary
+
+
+def test_analyze_reads_a_folder_of_timeout_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    facts = json.loads(realdata("nccl_logs", "open-r1-620-1.json").read_text())
+    lines = log_lines(facts).splitlines()
+    for n, line in enumerate(lines):  # one log file per rank, as a launcher leaves them
+        (tmp_path / f"rank{n}.log").write_text(line + "\n")
+    (tmp_path / "notes.md").write_text("nothing here\n")
+    assert main(["analyze", "--json", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    picture = json.loads(out.splitlines()[0])
+    assert picture["nccl_timeouts"]["silent"] == [0] and picture["verdict"]["kind"] == "hang"
+    assert "notes.md" in err and "skipped" in err
+
+
+def test_analyze_reads_a_folder_of_py_spy_text_dumps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Text dumps pasted from issues, one per file, and a file that is no evidence: read, and named."""
+    real = realdata("hang_stacks", "bigscience-tr11-176B-chronicles-2022-04-30-node48.txt").read_text()
+    (tmp_path / "node48.txt").write_text(real)
+    (tmp_path / "README").write_text("how we collected these\n")
+    assert main(["analyze", "--json", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    picture = json.loads(out.splitlines()[0])
+    assert picture["groups"] and "skipped" in err and "README" in err
