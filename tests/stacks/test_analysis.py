@@ -159,3 +159,20 @@ def test_bloom_node49_pipeline_stages_are_not_blamed() -> None:
 def test_real_single_dumps_are_classified(name: str, activity: str) -> None:
     (dump,) = load(realdata(HANG, name))
     assert classify(dump.main_thread).name == activity
+
+
+def test_one_process_reads_in_the_singular_and_saved_stacks_claim_no_stillness() -> None:
+    from watchdog.stacks.formats import parse_text
+    from watchdog.stacks.verdict import verdict
+
+    one = parse_text('Process 7: python train.py\nThread 7 (idle): "MainThread"\n    get (queue.py:171)\n'
+                     '    train (train.py:9)\n')
+    assert "the process is in" in analyze(one).summary
+    four = parse_text("".join(f'Process {p}: python train.py\nThread {p} (active): "MainThread"\n'
+                              "    all_reduce (torch/distributed/distributed_c10d.py:2050)\n    step (train.py:9)\n"
+                              for p in (1, 2, 3)) +
+                      'Process 4: python train.py\nThread 4 (idle): "MainThread"\n    get (queue.py:171)\n'
+                      "    next (dataloader.py:630)\n")
+    decided = verdict(analyze(four))
+    assert "3 of 4 processes wait in" in decided.sentence and "not measured (saved stacks)" in decided.sentence
+    assert "is moving" not in decided.sentence

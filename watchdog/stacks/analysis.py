@@ -116,7 +116,9 @@ def _sentence(groups: Sequence[Group], outliers: Sequence[str], total: int, noun
     if main:
         count = sum(g.count for g in main)
         lead = main[0]
-        verb = "wait in" if lead.activity.name == COLLECTIVE else "are in"
+        single = count == 1  # "the process is in", "1 of 4 ranks waits in"
+        verb = ("waits in" if single else "wait in") if lead.activity.name == COLLECTIVE else \
+            ("is in" if single else "are in")
         sites = {g.where for g in main}
         more = f" and {len(sites) - 1} other call site{'s' if len(sites) > 2 else ''}" if len(sites) > 1 else ""
         parts.append(f"{_plural(count, total, noun)} {verb} {lead.where}{more}")

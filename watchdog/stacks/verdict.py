@@ -79,10 +79,15 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} in another collective "
                            "than the rest: the two will never match", _headline(analysis, stuck=True))
-        still = f" (no CPU or I/O progress in {observed_seconds:.1f} s)" if host else ""
+        if not host:  # saved stacks: where the odd rank is, not whether it moves
+            return Verdict("hang", Severity.CRITICAL,
+                           f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} not where the others "
+                           "are, and they wait on it; whether it moves was not measured (saved stacks)",
+                           _headline(analysis, stuck=True))
         return Verdict("hang", Severity.CRITICAL,
-                       f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving{still}: "
-                       "the others will wait forever", _headline(analysis, stuck=True))
+                       f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving (no CPU or "
+                       f"I/O progress in {observed_seconds:.1f} s): the others will wait forever",
+                       _headline(analysis, stuck=True))
     collectives = [g for g in groups if g.activity.name == COLLECTIVE]
     if collectives and sum(g.count for g in collectives) == analysis.total:
         kinds = {g.activity.collective for g in collectives}
