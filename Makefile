@@ -7,13 +7,21 @@ BIN = $(VENV)/bin
 
 .PHONY: run test bench clean
 
+# `make test` installs the test extras (a real browser driver, gRPC tools, the Kubernetes schemas...);
+# `make run` only what the demo needs (the package and torch for its CPU ranks).
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(BIN)/.demo-installed
+
+$(BIN)/.demo-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
-run: $(BIN)/.installed
+run: $(BIN)/.demo-installed
 	$(BIN)/stall-watchdog demo $(DEMO_ARGS)
 
 test: $(BIN)/.installed

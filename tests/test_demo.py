@@ -72,3 +72,45 @@ def test_readme_commands_work_on_a_clean_clone(tmp_path: Path) -> None:
     result = subprocess.run(commands[0].split(), cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "culprit: rank 4 in DataLoader.__next__ -> Queue.get" in result.stdout
+
+
+def _demo_ranks(folder: Path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "watchdog.demo_rank" in cmdline and str(folder) in cmdline:
+            found.append(process)
+    return found
+
+
+def _gone(folder: Path, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [p for p in _demo_ranks(folder) if p.status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_the_ranks_die_with_the_demo_when_its_reader_goes_or_it_is_killed(tmp_path: Path) -> None:
+    """`make run | head` and a closed terminal end the demo and its ranks; so does kill -9 of the demo."""
+    for how in ("pipe closed", "kill -9"):
+        folder = tmp_path / how.replace(" ", "-")
+        process = subprocess.Popen([sys.executable, "-m", "watchdog", "demo", "--folder", str(folder), "--port", "0"],
+                                   cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            read_until(process, "metrics:", 150, [])
+            assert len(_demo_ranks(folder)) == 8
+            if how == "pipe closed":
+                assert process.stdout is not None
+                process.stdout.close()  # as `head` does once it has its lines
+                assert process.wait(timeout=60) is not None
+            else:
+                process.kill()
+                process.wait(timeout=10)
+            assert _gone(folder), f"{how}: the demo's ranks outlived it"
+        finally:
+            if process.poll() is None:
+                process.kill()
+            for rank in _demo_ranks(folder):
+                rank.kill()

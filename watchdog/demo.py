@@ -57,6 +57,16 @@ def _ptrace_note() -> str | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the demo's process dies (Linux's PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the demo's own clean-up still stops the ranks
+
+
 def start_ranks(folder: Path) -> list[subprocess.Popen[bytes]]:
     if importlib.util.find_spec("torch") is None:  # not imported here: importing torch is slow and noisy
         raise DemoError("the demo runs a real torch.distributed job on the CPU: install torch "
@@ -70,8 +80,9 @@ def start_ranks(folder: Path) -> list[subprocess.Popen[bytes]]:
                "TORCHELASTIC_RUN_ID": "demo", "ODD_RANK": str(ODD_RANK), "HANG_AFTER_SECONDS": str(HANG_AFTER),
                "OMP_NUM_THREADS": "1"}
         # A session of their own: Ctrl+C reaches the demo, which stops them, instead of eight tracebacks.
+        # And killed by the kernel if the demo dies without stopping them (kill -9): PR_SET_PDEATHSIG.
         ranks.append(subprocess.Popen([sys.executable, "-m", "watchdog.demo_rank", str(folder)], env=env,
-                                      stdout=log, stderr=log, start_new_session=True))
+                                      stdout=log, stderr=log, start_new_session=True, preexec_fn=_die_with_parent))
     deadline = time.monotonic() + 120
     while len(list(folder.glob("rank-*"))) < RANKS:
         if any(r.poll() is not None for r in ranks) or time.monotonic() > deadline:
@@ -118,9 +129,19 @@ def _describe(bundle: Path) -> list[str]:
 
 
 def run(duration: float | None, port: int, folder: Path | None, out: object = sys.stdout) -> int:
-    def say(text: str) -> None:
-        print(text, file=out, flush=True)  # type: ignore[call-overload]
+    listening = [True]
 
+    def say(text: str) -> None:
+        """Narrate; a reader that went away (`| head`, a closed terminal) ends the demo, never its clean-up."""
+        if not listening[0]:
+            return
+        try:
+            print(text, file=out, flush=True)  # type: ignore[call-overload]
+        except (BrokenPipeError, OSError):
+            listening[0] = False
+            stop.set()
+
+    stop = threading.Event()
     logfmt.setup(level=logfmt.ERROR)  # the demo narrates; the daemon's own log lines would drown it
     workdir = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="stall-watchdog-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +167,9 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
         raise DemoError(str(exc)) from None
     endpoint.start()
     loop = threading.Thread(target=daemon.run, name="daemon", daemon=True)
-    stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: stop.set())  # the terminal was closed
     started = time.monotonic()
     loop.start()
     say(f"metrics: {endpoint.url}   (rank 4 gets stuck about {HANG_AFTER:.0f} s from now; the watchdog should "
