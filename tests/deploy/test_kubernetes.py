@@ -1,10 +1,13 @@
 """deploy/kubernetes: the manifests validate against the Kubernetes API schemas (kubernetes-validate,
 offline), and keep their promises: least privilege and no less, probes, limits, the ConfigMap made from
-config.example.yaml and the PrometheusRule from rules.yml."""
+config.example.yaml and the PrometheusRule from rules.yml. The kustomize base renders with the real
+`kubectl kustomize` (offline): namespace first, one image override for both containers, the Prometheus
+Operator objects only when their component is asked for."""
 
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +22,7 @@ from watchdog.config import Config, parse_config
 
 KUBE = REPO / "deploy" / "kubernetes"
 OPERATOR = KUBE / "prometheus-operator"
-PLAIN = sorted(KUBE.glob("*.yaml"))
+PLAIN = sorted(p for p in KUBE.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -154,5 +157,48 @@ def test_the_service_monitor_finds_the_pods_and_keeps_their_workload_labels() ->
     dropped = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
     assert dropped and all(name in dropped[0]["regex"] for name in ("namespace", "pod", "container"))
     assert {"targetLabel": "job", "replacement": "stall-watchdog"} in endpoint["relabelings"]
-    namespaces = {load(p)["metadata"].get("namespace") for p in [*PLAIN, *OPERATOR.glob("*.yaml")]}
+    namespaces = {load(p)["metadata"].get("namespace") for p in [*PLAIN, *OPERATOR.glob("*.yaml")]
+                  if p.name != "kustomization.yaml"}
     assert namespaces == {None, "stall-watchdog"}  # the Namespace itself has none
+
+
+def kustomize(tmp: Path, overlay: str | None = None) -> list[dict[str, Any]]:
+    """`kubectl kustomize` of the base, or of `overlay` (a kustomization.yaml) beside a copy of deploy/."""
+    kubectl = need_tool("kubectl")
+    if overlay is None:
+        target = KUBE
+    else:
+        shutil.copytree(REPO / "deploy", tmp / "deploy")
+        (tmp / "overlay").mkdir()
+        (tmp / "overlay" / "kustomization.yaml").write_text(overlay)
+        target = tmp / "overlay"
+    done = subprocess.run([kubectl, "kustomize", str(target)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_the_kustomize_base_renders_namespace_first_and_validates(tmp_path: Path) -> None:
+    objects = kustomize(tmp_path)
+    assert [o["kind"] for o in objects][0] == "Namespace"
+    assert {o["kind"] for o in objects} == {"Namespace", "ServiceAccount", "ConfigMap", "DaemonSet", "Service"}
+    version = kubernetes_validate.latest_version()
+    for document in objects:
+        kubernetes_validate.validate(document, version, strict=True)
+    spec = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in term["matchExpressions"]
+    assert {"key": "stall-watchdog.io/disabled", "operator": "DoesNotExist"} in term["matchExpressions"]
+    assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+
+
+def test_one_image_override_and_the_optional_prometheus_operator_component(tmp_path: Path) -> None:
+    objects = kustomize(tmp_path, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                                  "resources: [../deploy/kubernetes]\n"
+                                  "components: [../deploy/kubernetes/prometheus-operator]\n"
+                                  "images:\n  - name: ghcr.io/stall-watchdog/stall-watchdog\n"
+                                  "    newName: registry.example/stall-watchdog\n    newTag: '1.2'\n")
+    spec = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    images = {c["image"] for c in spec["containers"] + spec["initContainers"]}
+    assert images == {"registry.example/stall-watchdog:1.2"}
+    assert {"ServiceMonitor", "PrometheusRule"} <= {o["kind"] for o in objects}
