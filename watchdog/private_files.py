@@ -10,6 +10,7 @@ It may run as root in folders other users can write, with contents a training ra
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -84,3 +85,19 @@ def make_dir(path: str | Path, parents: bool = False) -> Path:
 def unique_name(prefix: str) -> str:
     """A name no other writer in this process or another gets: for hidden temporary folders."""
     return f"{prefix}-{os.getpid()}-{next(_serial)}"
+
+
+def rename_free(temporary: Path, root: Path, name: str) -> Path:
+    """Rename a filled folder to `name`, or `name-2`, `name-3`... when another writer took it first (two
+    dumps in one second). A bundle is never empty (its marker), so a rename never replaces one."""
+    for attempt in range(1, 1000):
+        final = root / (name if attempt == 1 else f"{name}-{attempt}")
+        if final.exists():
+            continue
+        try:
+            os.rename(temporary, final)
+            return final
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    raise FileExistsError(f"{name}: a thousand bundles of that name")

@@ -7,6 +7,8 @@ symlink to a host file, or swap one for the other between two calls. So a path a
   are refused, and there is no fallback to the daemon's own filesystem;
 - opened non-blocking, and its type checked with `fstat` on the descriptor that was opened (never `stat`
   by path and then `open`): a dump must be a regular file, a pipe must be a FIFO;
+- owned by the rank's own user (the owner of /proc/<pid>): root never reads or writes for a rank a file
+  that rank could not reach itself (another user's dump on a shared node, a root-owned file);
 - read with a byte cap and a deadline.
 """
 
@@ -80,14 +82,28 @@ def _error(path: str, exc: OSError) -> RankFileError:
     return RankFileError(f"{path}: {exc.strerror or exc}", missing=exc.errno == errno.ENOENT)
 
 
+def _owner(pid: int, proc_root: str | Path) -> int:
+    try:
+        return os.stat(os.path.join(str(proc_root), str(pid))).st_uid
+    except OSError as exc:
+        raise RankFileError(f"process {pid}: gone ({exc.strerror or exc})", missing=True) from None
+
+
+def _check_owner(path: str, info: os.stat_result, owner: int) -> None:
+    if info.st_uid != owner:
+        raise RankFileError(f"{path}: owned by uid {info.st_uid}, not by the rank's user (uid {owner}); not used")
+
+
 def read(pid: int, path: str, max_bytes: int, timeout_seconds: float = 5.0,
          proc_root: str | Path = "/proc") -> RankFile:
     """The whole of a regular file the rank names, at most `max_bytes`, read within `timeout_seconds`."""
+    owner = _owner(pid, proc_root)
     fd = _open(pid, path, os.O_RDONLY, proc_root)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise RankFileError(f"{path}: not a regular file ({_kind(info.st_mode)}); not read")
+        _check_owner(path, info, owner)
         if info.st_size > max_bytes:
             raise RankFileError(f"{path}: {info.st_size} bytes, over the {max_bytes}-byte cap; not read")
         deadline = time.monotonic() + timeout_seconds
@@ -114,11 +130,13 @@ def write_fifo(pid: int, path: str, data: bytes, proc_root: str | Path = "/proc"
     checked on that descriptor, and that very inode reopened for writing. A regular file, a device or a
     link there is refused and never opened for writing. ENXIO (no reader) raises RankFileError with
     `missing` False and the errno in the message."""
+    owner = _owner(pid, proc_root)
     fd = _open(pid, path, os.O_PATH, proc_root)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISFIFO(mode):
-            raise RankFileError(f"{path}: not a named pipe ({_kind(mode)}); not written")
+        info = os.fstat(fd)
+        if not stat.S_ISFIFO(info.st_mode):
+            raise RankFileError(f"{path}: not a named pipe ({_kind(info.st_mode)}); not written")
+        _check_owner(path, info, owner)
         try:
             pipe = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:

@@ -232,12 +232,17 @@ def test_py_spy_gets_none_of_the_daemons_secrets(tmp_path: Path) -> None:
     '{"communicators": [{"hash": "a", "size": 1e999, "ranks": []}]}',
     '{"communicators": [{"hash": "a", "ranks": [{"rank": 0, "collective_counts": {"AllReduce": '
     + "9" * 5000 + '}}]}]}',
-    "Job summary\n#0-1 (abc) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n"
-    "    Rank " + "7" * 5000 + " has launched up to operation 3 -- [process information not found]\n",
 ])
 def test_hostile_ras_replies_are_errors(reply: str) -> None:
     with pytest.raises(nccl_ras.RasError):
         nccl_ras.parse(reply)
+
+
+def test_a_ras_text_line_with_a_number_past_any_rank_is_prose() -> None:
+    status = nccl_ras.parse("Job summary\n#0-1 (abc) MISMATCH\n  Communicator ranks have different AllReduce "
+                            "operation counts\n    Rank " + "7" * 5000 + " has launched up to operation 3 -- "
+                            "[process information not found]\n")
+    assert all(not c.ranks for c in status.communicators)
 
 
 def test_ras_text_cannot_carry_markup_into_the_verdict() -> None:
@@ -265,3 +270,57 @@ def test_a_dump_file_that_never_ends_is_refused() -> None:
     with pytest.raises(fr_dumps.FlightRecorderError, match="not a regular file"):
         fr_dumps.read("/dev/zero")
     assert stat.S_ISCHR(os.stat("/dev/zero").st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a rank of another user needs root to start")
+def test_root_never_reads_for_a_rank_a_file_that_is_not_its_own(tmp_path: Path) -> None:
+    """A rank running as nobody names a root-owned 0600 file as its dump: not read."""
+    import subprocess
+
+    secret = tmp_path / "dump0"
+    secret.write_bytes(pickle.dumps({"entries": [{"profiling_name": "SECRET-OF-ROOT"}]}, 2))
+    secret.chmod(0o600)
+    tmp_path.chmod(0o755)
+    rank_process = subprocess.Popen(["sleep", "30"], user=65534)
+    try:
+        time.sleep(0.2)
+        with pytest.raises(rank_files.RankFileError, match="not by the rank's user"):
+            rank_files.read(rank_process.pid, str(secret), 1 << 20)
+        assert rank_files.read(os.getpid(), str(secret), 1 << 20).data  # its owner's rank reads it
+    finally:
+        rank_process.kill()
+        rank_process.wait()
+
+
+def test_a_nine_byte_pickle_cannot_make_the_daemon_allocate() -> None:
+    """LONG_BINPUT 4294967295: the C unpickler would size its memo table for it (about 64 GiB)."""
+    import resource
+    import struct
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(fr_dumps.FlightRecorderError):
+        fr_dumps.parse(b"\x80\x02N" + b"r" + struct.pack("<I", 2**32 - 1) + b".", 0, "bomb")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB
+
+
+def test_keys_that_cannot_be_text_are_dropped_not_fatal() -> None:
+    data = pickle.dumps({"entries": [], "pg_status": {10**5000: {}, "0": {10**5000: 1, "x": 2}},
+                         "pg_config": {10**5000: {"ranks": [1]}, ((1,) * 1000,): {}}}, 2)
+    trace = fr_dumps.parse(data, 0, "keys")
+    assert trace.status == {"0": {"x": 2}} and trace.groups == {}
+
+
+def test_ras_replies_built_to_backtrack_are_read_in_linear_time() -> None:
+    replies = ["#0-0 (abc) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n  Rank 1 -- GPU "
+               + "1" * 200_000 + "\n",
+               '{"a": "nvml_dev":1' + "\n" * 200_000,
+               '{"communicators": [{"hash": "a", "ranks": ['
+               + ",".join(f'{{"rank": {r}, "collective_counts": {{"op{r}": 1, "AllReduce": {r % 2}}}}}'
+                          for r in range(4000)) + "]}]}"]
+    for reply in replies:
+        started = time.monotonic()
+        try:
+            nccl_ras.behind(nccl_ras.parse(reply))
+        except nccl_ras.RasError:
+            pass
+        assert time.monotonic() - started < 2, reply[:40]

@@ -264,3 +264,34 @@ def test_two_content_lengths_are_refused(tmp_path: Path) -> None:
     finally:
         endpoint.stop()
     assert answer.split(b" ")[1] in (b"400", b"404"), answer
+
+
+def test_a_deeply_nested_node_answer_cannot_blow_up_the_job_bundle(tmp_path: Path) -> None:
+    """Indented, this answer would be hundreds of times its size on disk: it is written compact, and an
+    answer past the bundle's budget is left out with a note."""
+    nested = json.loads('{"node": "n1", "jobs": ' + "[" * 900 + "0," * 100_000 + "0" + "]" * 900 + "}")
+    huge = {"node": "n2", "jobs": [], "pad": "x" * (job_bundle.MAX_BUNDLE_BYTES + 10)}
+    result = merge("run:x", [NodeAnswer("10.0.0.1:9944", 200, nested), NodeAnswer("10.0.0.2:9944", 200, huge)])
+    bundle = job_bundle.write(tmp_path, result)
+    total = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    assert total < 2 * 2**20, total
+    left_out = json.loads((bundle / "nodes" / job_bundle.node_file_name("10.0.0.2:9944")).read_text())
+    assert "omitted" in left_out
+
+
+def test_concurrent_job_bundles_are_all_written(tmp_path: Path) -> None:
+    failures: list[str] = []
+
+    def write_many() -> None:
+        for _ in range(40):
+            try:
+                job_bundle.write(tmp_path, merge("run:x", []), keep=20)
+            except OSError as exc:
+                failures.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=write_many) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []

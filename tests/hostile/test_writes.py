@@ -96,6 +96,9 @@ def test_check_config_reads_the_secrets_run_would_refuse(tmp_path: Path) -> None
     ["--data", "s3://AKIA:SeCrEt@bucket/x"], ["--auth", "user:SeCrEt"], ["-p", "SeCrEt"],
     ["--wandb-key=SeCrEt"], ["--passphrase=SeCrEt"], ["--db", "postgres://u:SeCrEt@h/db"],
     ["--hf-token", "SeCrEt"], ["HF_TOKEN=SeCrEt"], ["--cache", "redis://:SeCrEt@h:6379/0"],
+    ["--mysql-pwd=SeCrEt"], ["--bearer=SeCrEt"], ["--jwt=SeCrEt"], ["--signature=SeCrEt"],
+    ["--cookie=session=SeCrEt"], ["-H", "Authorization: Bearer SeCrEt"], ["--header", "Cookie: a=SeCrEt"],
+    ["--token:SeCrEt"], ["-pSeCrEt"], ["--db", "admin:SeCrEt@db.example:5432"],
 ])
 def test_secret_arguments_are_redacted(argv: list[str]) -> None:
     kept = redact_arguments(["train.py", *argv, "--lr", "0.1"])

@@ -17,7 +17,6 @@ one bundle, not the loop.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import os
@@ -151,7 +150,7 @@ class BundleStore:
             private_files.make_dir(temporary)
             private_files.write_json(temporary / MARKER, {"written_by": "stall-watchdog", "pid": os.getpid()})
             fill(temporary, budget)
-            final = _rename_free(temporary, self.root, name)
+            final = private_files.rename_free(temporary, self.root, name)
         except OSError as exc:
             shutil.rmtree(temporary, ignore_errors=True)
             self.counters.inc("bundles_total", "failed")
@@ -217,22 +216,6 @@ class BundleStore:
             bundles = [b for b in bundles if b != old]
             total -= sizes[old]
             logfmt.event("bundle_removed", bundle=str(old), reason="disk budget or count")
-
-
-def _rename_free(temporary: Path, root: Path, name: str) -> Path:
-    """Rename a filled folder to `name`, or `name-2`, `name-3`... when another writer took it first (two
-    dumps in one second). A bundle is never empty (its marker), so a rename never replaces one."""
-    for attempt in range(1, 1000):
-        final = root / (name if attempt == 1 else f"{name}-{attempt}")
-        if final.exists():
-            continue
-        try:
-            os.rename(temporary, final)
-            return final
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-    raise FileExistsError(f"{name}: a thousand bundles of that name")
 
 
 def _size(path: Path) -> int:

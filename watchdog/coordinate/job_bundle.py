@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import json
@@ -19,6 +20,7 @@ from pathlib import Path
 from watchdog import private_files
 
 from .job_verdict import JobVerdict
+from .nodes import NodeAnswer
 
 MARKER = ".stall-watchdog-job-bundle"
 
@@ -27,8 +29,30 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "job"
 
 
-def _write(path: Path, text: str) -> None:
-    private_files.write_text(path, text)
+MAX_BUNDLE_BYTES = 64 * 2**20  # one job bundle: a node's answer that would pass it is left out, and said so
+
+
+def _write(path: Path, text: str, budget: private_files.Budget | None = None) -> None:
+    private_files.write_text(path, text, budget)
+
+
+def _node_answer(answer: NodeAnswer, budget: private_files.Budget) -> str:
+    """A node's answer as it came, compact (indenting a deeply nested answer multiplies it hundreds of
+    times), or a note saying it was left out when it would pass the bundle's budget."""
+    text = json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
+                       "answer": answer.body}, separators=(",", ":"), default=str) + "\n"
+    left = budget.limit - budget.spent
+    if len(text) > left:
+        return json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
+                           "omitted": f"the answer ({len(text)} bytes) would pass the job bundle's budget"}) + "\n"
+    return text
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:  # removed by a rotation running beside this one
+        return 0
 
 
 def node_file_name(instance: str) -> str:
@@ -49,7 +73,7 @@ def rotate(root: Path, keep: int) -> list[Path]:
         if left.name.startswith(".partial-") and not mine.search(left.name) and _ours(left):
             shutil.rmtree(left, ignore_errors=True)
     ours = sorted((p for p in root.iterdir() if "-job-" in p.name and not p.name.startswith(".") and _ours(p)),
-                  key=lambda p: (p.name[:16], p.stat().st_mtime_ns))
+                  key=lambda p: (p.name[:16], _mtime(p)))
     removed = ours[:max(0, len(ours) - keep)]
     for old in removed:
         shutil.rmtree(old, ignore_errors=True)
@@ -62,18 +86,15 @@ def write(root: str | Path, result: JobVerdict, keep: int = 200) -> Path:
     name = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-job-{_slug(result.job)}"
     temporary = private_files.make_dir(root / private_files.unique_name(f".partial-{name}"))
     _write(temporary / MARKER, json.dumps({"written_by": "stall-watchdog coordinate"}) + "\n")
-    _write(temporary / "job.json", json.dumps(result.to_json(), indent=1, default=str) + "\n")
+    budget = private_files.Budget(MAX_BUNDLE_BYTES)
+    _write(temporary / "job.json", json.dumps(result.to_json(), indent=1, default=str) + "\n", budget)
+    _write(temporary / "report.html", render(result), budget)
     nodes = private_files.make_dir(temporary / "nodes")
     for answer in result.answers:
-        _write(nodes / node_file_name(answer.instance),
-               json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
-                           "answer": answer.body}, indent=1, default=str) + "\n")
-    _write(temporary / "report.html", render(result))
-    final = root / name
-    if final.exists():
-        final = root / f"{name}-{int(time.time() * 1000) % 100000}"
-    os.rename(temporary, final)
-    rotate(root, keep)
+        _write(nodes / node_file_name(answer.instance), _node_answer(answer, budget), budget)
+    final = private_files.rename_free(temporary, root, name)
+    with contextlib.suppress(OSError):  # the bundle is in place; the next write rotates again
+        rotate(root, keep)
     return final
 
 

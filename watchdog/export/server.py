@@ -64,7 +64,9 @@ class Endpoint:
         host, port = parse_address(cfg.listen_address)
         open_dumps = not auth.configured and is_loopback(host) and limits.open_on_loopback
         if dump is not None and not auth.configured and not open_dumps:
-            logfmt.event("dump_refused", level=logfmt.WARNING, listen_address=cfg.listen_address,
+            # Off loopback that is a door left shut by mistake (a warning); on loopback, the safe default.
+            logfmt.event("dump_refused", level=logfmt.INFO if is_loopback(host) else logfmt.WARNING,
+                         listen_address=cfg.listen_address,
                          reason="POST /v1/dump needs dump.token_file or export.basic_auth_user "
                                 "(or dump.open_on_loopback on a loopback endpoint of a single-user node)")
 

@@ -50,11 +50,16 @@ class HostActivity:
 
 
 # Names that look like they hold a secret: their values never reach a bundle, a log line or a metric.
-SECRET_NAME = re.compile(r"token(?!iz)|secret|passw|passphrase|credential|api[_-]?key|access[_-]?key|"
-                         r"private[_-]?key|[_-]key$|^key$|^auth$|auth[_-]?(token|key|header)|^p$|^pw$|^pwd$",
-                         re.IGNORECASE)
-# user:password@ in a URL (s3://, https://, redis://...), wherever it appears in an argument
+SECRET_NAME = re.compile(r"token(?!iz)|secret|passw|passphrase|pwd|credential|api[_-]?key|access[_-]?key|"
+                         r"private[_-]?key|[_-]key$|^key$|^auth$|auth[_-]?(token|key|header)|bearer|jwt|signature|"
+                         r"cookie|^p$|^pw$", re.IGNORECASE)
+# user:password@ in a URL (s3://, https://, redis://...) or before a host (user:pw@host), anywhere in an argument
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]*:[^/@\s]*@")
+_HOST_CREDENTIALS = re.compile(r"^(?P<user>[\w.-]+):[^\s/@:]+@(?=[\w.-]+)")
+# A header argument (-H/--header) whose value carries a credential
+_HEADER_OPTIONS = ("-H", "--header")
+_SECRET_HEADER = re.compile(r"^\s*(authorization|proxy-authorization|cookie|x-api-key|x-auth-token)\s*:",
+                            re.IGNORECASE)
 REDACTED = "<redacted>"
 
 
@@ -63,17 +68,32 @@ def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
     `--hf-token abc` become `--hf-token=<redacted>` and `--hf-token <redacted>`; so do `HF_TOKEN=abc`,
     `--auth u:pw`, `-p pw`, `--wandb-key=...`, `--passphrase=...`, and the `user:password@` of any URL."""
     out: list[str] = []
-    hide_next = False
+    hide_next = header_next = False
     for arg in argv:
         if hide_next:
             out.append(REDACTED)
             hide_next = False
             continue
+        if header_next:
+            header_next = False
+            found = _SECRET_HEADER.match(arg)
+            out.append(f"{found.group(1)}: {REDACTED}" if found else arg)
+            continue
         arg = _URL_CREDENTIALS.sub(rf"\g<scheme>{REDACTED}@", arg)
+        arg = _HOST_CREDENTIALS.sub(rf"\g<user>:{REDACTED}@", arg)
+        if arg in _HEADER_OPTIONS:
+            header_next = True
+            out.append(arg)
+            continue
+        if len(arg) > 3 and arg[:2] == "-p" and arg[2] not in "-=" and not arg[2:].isdigit():  # -ppassword (MySQL)
+            out.append(f"-p{REDACTED}")
+            continue
         name, sep, _ = arg.partition("=")
+        if not sep and arg.startswith("--") and ":" in arg:  # --token:abc
+            name, sep, _ = arg.partition(":")
         if SECRET_NAME.search(name.lstrip("-")):
             if sep:
-                out.append(f"{name}={REDACTED}")
+                out.append(f"{name}{sep}{REDACTED}")
                 continue
             hide_next = arg.startswith("-")
         out.append(arg)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ from typing import Any
 
 from watchdog import rank_files
 
-MAX_DUMP_BYTES = 64 * 2**20
+MAX_DUMP_BYTES = 16 * 2**20  # 2,000 entries with their stack frames are a few MB
 MAX_ENTRIES = 4096  # PyTorch keeps TORCH_NCCL_TRACE_BUFFER_SIZE entries; 2,000 is the usual setting
 MAX_NODES = 250_000  # plain values kept per trace, entries and groups together
 MAX_TEXT = 256
@@ -94,7 +95,10 @@ class FlightRecorderError(Exception):
     """A file that is not a readable Flight Recorder dump (the message names it and says why)."""
 
 
-class _DataOnly(pickle.Unpickler):
+class _DataOnly(pickle._Unpickler):
+    """Python's own unpickler, not the C one: its memo is a dict, so `LONG_BINPUT 4294967295` in a 9-byte
+    pickle costs one entry, not a 64 GiB table. Slower, and a dump is a few MB."""
+
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only data")
 
@@ -155,15 +159,31 @@ def _text(value: object) -> str:
     return value[:MAX_TEXT] if isinstance(value, str) else ""
 
 
+def _key(value: object) -> str | None:
+    """A dict key from a dump as text: a string (cut) or a 64-bit integer; anything else is no key (a
+    5,000-digit integer or a tuple of a million items is never turned into a string)."""
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    if isinstance(value, int) and -2**63 <= value < 2**63:
+        return str(value)
+    return None
+
+
 def _ranks_of(text: object, budget: _Budget) -> tuple[int, ...]:
+    """A group's ranks; what is looked at is charged to the budget, not only what is kept (a list or string
+    shared by every group through the memo is paid for each time)."""
+    room = max(0, budget.left)
     if isinstance(text, (list, tuple)):
-        found = [r for r in text if isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK]
+        looked = text[:room]
+        found = [r for r in looked if isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK]
+        budget.left -= len(looked) + 1
     elif isinstance(text, str):
-        found = [int(r) for r in re.findall(r"(?<!\d)\d{1,9}(?!\d)", text[:16 * MAX_NODES])]
+        chars = text[:8 * room]
+        found = [int(r) for r in re.findall(r"(?<!\d)\d{1,9}(?!\d)", chars)][:room]
+        budget.left -= len(chars) // 8 + 1
     else:
+        budget.left -= 1
         return ()
-    found = found[:max(0, budget.left)]
-    budget.left -= len(found) + 1
     return tuple(found)
 
 
@@ -171,24 +191,42 @@ def _groups(raw: object, budget: _Budget) -> dict[str, tuple[int, ...]]:
     if not isinstance(raw, dict):
         return {}
     groups = {}
-    for name, config in list(raw.items())[:MAX_ENTRIES]:
+    for name, config in itertools.islice(raw.items(), MAX_ENTRIES):
         if budget.left <= 0:
             break
+        key = _key(name)
+        if key is None:
+            continue
         ranks = config.get("ranks") if isinstance(config, dict) else config
-        groups[str(name)[:MAX_TEXT]] = _ranks_of(ranks, budget)
+        groups[key] = _ranks_of(ranks, budget)
     return groups
 
 
 def _status(raw: object) -> dict[str, dict[str, int]]:
     if not isinstance(raw, dict):
         return {}
-    return {str(k)[:MAX_TEXT]: {str(s)[:MAX_TEXT]: v for s, v in list(st.items())[:8]
-                                if isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63}
-            for k, st in list(raw.items())[:MAX_ENTRIES] if isinstance(st, dict)}
+    status: dict[str, dict[str, int]] = {}
+    for k, st in itertools.islice(raw.items(), MAX_ENTRIES):
+        key = _key(k)
+        if key is None or not isinstance(st, dict):
+            continue
+        status[key] = {name: v for s, v in itertools.islice(st.items(), 8)
+                       if (name := _key(s)) is not None and isinstance(v, int) and not isinstance(v, bool)
+                       and -2**63 <= v < 2**63}
+    return status
 
 
 def parse(data: bytes, rank: int | None = None, source: str = "", node: str = "") -> RankTrace:
-    """One dump. `rank` defaults to the digits the file name ends with (PyTorch appends the rank)."""
+    """One dump. `rank` defaults to the digits the file name ends with (PyTorch appends the rank). Whatever
+    the file holds, the answer is a trace or a FlightRecorderError."""
+    try:
+        return _parse(data, rank, source, node)
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+        raise FlightRecorderError(f"{source}: a Flight Recorder dump of the wrong shape ({type(exc).__name__})") \
+            from None
+
+
+def _parse(data: bytes, rank: int | None, source: str, node: str) -> RankTrace:
     loaded = _loads(data, source)
     if rank is None:
         found = _RANK_SUFFIX.search(Path(source).name)

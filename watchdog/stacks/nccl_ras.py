@@ -154,6 +154,8 @@ class _Lines:
 
     def line(self) -> str:
         while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_LINE:
+                raise RasError(f"the RAS service sent a line over {MAX_LINE} bytes; not NCCL's protocol")
             chunk = self._recv()
             if not chunk:
                 raise RasError("the RAS service closed the connection")
@@ -199,7 +201,8 @@ class RasStatus:
     format: str = "json"
 
 
-_MISSING_COMMA = re.compile(r'("nvml_dev":\s*-?\d+)(\s*\n\s*"status")')
+MAX_OPS = 32
+_MISSING_COMMA = re.compile(r'("nvml_dev":[ \t]{0,8}-?\d{1,12})([ \t\r]{0,64}\n[ \t]{0,64}"status")')
 
 
 def parse(text: str) -> RasStatus:
@@ -259,14 +262,20 @@ def _json_rank(raw: Mapping[str, Any], missing: bool) -> RasRank:
                    bool(status.get("considered_dead")))
 
 
-_COMM_HEAD = re.compile(r"^#\d+-\d+ \((?P<hash>[0-9a-f]+)\) (?P<kind>\w+)")
-_OP_HEAD = re.compile(r"^\s+Communicator ranks have different (?:(?P<op>\w+) )?operation counts")
-_COUNT_GROUP = re.compile(r"^\s+(?P<n>\d+) ranks have (?:launched up to operation (?P<v>\d+)|not launched any)")
-_RANK_LINE = re.compile(r"^\s+Rank (?P<rank>\d+)(?: has (?:launched up to operation (?P<v>\d+)|not launched any "
-                        r"operations))? -- (?:GPU (?P<gpu>\d+)\S*(?: \(NVML (?P<nvml>\d+)\))? managed by process "
-                        r"(?P<pid>\d+) on node (?P<host>\S+)|\[process information not found\])")
-_PROCESS_LINE = re.compile(r"^\s+Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpu>\d+)")
-_MISSING_RANK = re.compile(r"^\s+The missing rank: (?P<rank>\d+)")
+# Every repetition bounded, and lines cut at MAX_LINE before matching: no reply makes a pattern backtrack
+# for long (an unbounded `\d+\S*` over a line of digits is quadratic).
+MAX_LINE = 4096
+_COMM_HEAD = re.compile(r"^#\d{1,12}-\d{1,12} \((?P<hash>[0-9a-f]{1,64})\) (?P<kind>\w{1,32})")
+_OP_HEAD = re.compile(r"^\s{1,32}Communicator ranks have different (?:(?P<op>\w{1,40}) )?operation counts")
+_COUNT_GROUP = re.compile(r"^\s{1,32}(?P<n>\d{1,9}) ranks have (?:launched up to operation (?P<v>\d{1,18})|"
+                          r"not launched any)")
+_RANK_LINE = re.compile(r"^\s{1,32}Rank (?P<rank>\d{1,9})(?: has (?:launched up to operation (?P<v>\d{1,18})|not "
+                        r"launched any operations))? -- (?:GPU (?P<gpu>\d{1,6})\S{0,64}(?: \(NVML "
+                        r"(?P<nvml>\d{1,6})\))? managed by process (?P<pid>\d{1,9}) on node (?P<host>\S{1,255})|"
+                        r"\[process information not found\])")
+_PROCESS_LINE = re.compile(r"^\s{1,32}Process (?P<pid>\d{1,9}) on node (?P<host>\S{1,255}) managing GPUs? "
+                           r"(?P<gpu>\d{1,6})")
+_MISSING_RANK = re.compile(r"^\s{1,32}The missing rank: (?P<rank>\d{1,9})")
 
 
 def _parse_text(text: str) -> RasStatus:
@@ -281,6 +290,7 @@ def _parse_text(text: str) -> RasStatus:
     section = current = op = ""
     value: int | None = None
     for line in text.splitlines():
+        line = line[:MAX_LINE]
         head = _COMM_HEAD.match(line)
         if head:
             current, section, op, value = head["hash"], head["kind"], "", None
@@ -382,7 +392,7 @@ def behind(status: RasStatus) -> list[Behind]:
     for comm in status.communicators:
         present = [r for r in comm.ranks if not r.missing]
         ops = {op for r in present for op in r.counts}
-        for op in sorted(ops):
+        for op in sorted(ops)[:MAX_OPS]:  # NCCL has a handful of operations; a reply may claim thousands
             counts = Counter(r.counts[op] for r in present if op in r.counts)
             listed_top, listed_ahead = comm.tops.get(op, (-1, 0))
             top = max(max(counts, default=-1), listed_top)
