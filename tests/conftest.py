@@ -40,7 +40,15 @@ def run_engine(snapshots: Iterable[NodeSnapshot], config: Config | None = None) 
 
 
 TARGETS = REPO / "tests" / "targets"
-SERVER_PACKAGES = "apt-get install prometheus prometheus-alertmanager (Debian packages; .ci/run installs them)"
+# The Debian package that brings each tool the tests use (.ci/run installs them).
+PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "alertmanager": "prometheus-alertmanager",
+            "prometheus-alertmanager": "prometheus-alertmanager", "amtool": "prometheus-alertmanager",
+            "systemd-analyze": "systemd", "openssl": "openssl", "setpriv": "util-linux", "chromium": "chromium",
+            "kubectl": "kubectl"}
+
+
+def _hint(name: str) -> str:
+    return f"apt-get install {PACKAGES.get(name, name)} (a Debian package; .ci/run installs it)"
 
 
 def need_tool(name: str) -> str:
@@ -52,8 +60,8 @@ def need_tool(name: str) -> str:
     if found:
         return found
     if os.environ.get("CI"):
-        pytest.fail(f"{name} is missing in CI: {SERVER_PACKAGES}")
-    pytest.skip(f"{name} not installed: {SERVER_PACKAGES}")
+        pytest.fail(f"{name} is missing in CI: {_hint(name)}")
+    pytest.skip(f"{name} not installed: {_hint(name)}")
 
 
 def wait_for(paths: list[Path], timeout: float = 90.0,
