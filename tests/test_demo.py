@@ -59,8 +59,8 @@ def test_demo_names_the_stuck_rank_serves_metrics_and_cleans_up_on_ctrl_c(tmp_pa
 
 
 def test_readme_commands_work_on_a_clean_clone(tmp_path: Path) -> None:
-    """The README's two commands, as written, in its first block. The second, `make test`, is what CI runs (.ci/run calls it);
-    the first is run here on a fresh clone, from creating the venv to the demo's verdict."""
+    """The README's two commands, as written in its first block. The second, `make test`, is what CI runs
+    (.ci/run calls it); the first is run here on a fresh clone, from creating the venv to the demo's verdict."""
     readme = (REPO / "README.md").read_text()
     block = readme.split("```sh", 1)[1].split("```", 1)[0]  # the README's first block: its two commands
     commands = [c for line in block.strip().splitlines() if (c := line.split("#", 1)[0].strip())]
