@@ -2,6 +2,8 @@
 
     configmap.yaml                          config.example.yaml, with the few keys a pod needs changed
     prometheus-operator/prometheusrule.yaml deploy/prometheus/rules.yml, as a PrometheusRule
+    grafana/dashboard.yaml                  deploy/grafana/stall-watchdog.json, as a ConfigMap for Grafana's
+                                            dashboard sidecar (label grafana_dashboard: "1")
 
     python deploy/kubernetes/render.py          # rewrite both
     python deploy/kubernetes/render.py --check  # exit 1 if either is out of date (the tests run this)
@@ -54,9 +56,21 @@ def prometheus_rule() -> str:
             + yaml.safe_dump(rule, sort_keys=False, width=120, allow_unicode=True))
 
 
+def grafana_dashboard() -> str:
+    """The dashboard as the ConfigMap Grafana's sidecar loads (kube-prometheus-stack and the Grafana chart
+    watch for the label `grafana_dashboard: "1"` in every namespace by default)."""
+    text = (REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text()
+    body = "".join(f"    {line}\n" for line in text.splitlines())
+    return (HEADER.format(source="deploy/grafana/stall-watchdog.json")
+            + "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: stall-watchdog-dashboard\n"
+            + "  namespace: stall-watchdog\n  labels:\n    app.kubernetes.io/name: stall-watchdog\n"
+            + '    grafana_dashboard: "1"\ndata:\n  stall-watchdog.json: |\n' + body)
+
+
 OUTPUTS = {
     HERE / "configmap.yaml": configmap,
     HERE / "prometheus-operator" / "prometheusrule.yaml": prometheus_rule,
+    HERE / "grafana" / "dashboard.yaml": grafana_dashboard,
 }
 
 

@@ -62,4 +62,6 @@ def test_dashboard_is_grafana_json_with_queries() -> None:
     dashboard = json.loads((DEPLOY / "grafana" / "stall-watchdog.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert len(queries) == len(dashboard["panels"]) >= 10
-    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "instance"}
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "instance", "gpu"}
+    per_gpu = [q for q in queries if "stall_watchdog_gpu_" in q]
+    assert per_gpu and all('gpu=~"$gpu"' in q for q in per_gpu)  # the GPU picker filters every GPU panel

@@ -7,6 +7,7 @@ Operator objects only when their component is asked for."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 import sys
@@ -195,10 +196,16 @@ def test_the_kustomize_base_renders_namespace_first_and_validates(tmp_path: Path
 def test_one_image_override_and_the_optional_prometheus_operator_component(tmp_path: Path) -> None:
     objects = kustomize(tmp_path, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
                                   "resources: [../deploy/kubernetes]\n"
-                                  "components: [../deploy/kubernetes/prometheus-operator]\n"
+                                  "components: [../deploy/kubernetes/prometheus-operator,\n"
+                                  "             ../deploy/kubernetes/grafana]\n"
                                   "images:\n  - name: ghcr.io/stall-watchdog/stall-watchdog\n"
                                   "    newName: registry.example/stall-watchdog\n    newTag: '1.2'\n")
     spec = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     images = {c["image"] for c in spec["containers"] + spec["initContainers"]}
     assert images == {"registry.example/stall-watchdog:1.2"}
     assert {"ServiceMonitor", "PrometheusRule"} <= {o["kind"] for o in objects}
+    [dashboard] = [o for o in objects if o["metadata"]["name"] == "stall-watchdog-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["stall-watchdog.json"]) == json.loads(
+        (REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())
+    kubernetes_validate.validate(dashboard, kubernetes_validate.latest_version(), strict=True)

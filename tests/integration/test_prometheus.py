@@ -181,11 +181,15 @@ def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> Non
     empty = []
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            expr = target["expr"].replace("$instance", ".*")
+            expr = target["expr"].replace("$instance", ".*").replace("$gpu", ".*")
             if not query(prom, expr):
                 empty.append(f"{panel['title']}: {expr}")
     assert not empty, "panels with no data:\n" + "\n".join(empty)
-    culprits = query(prom, dashboard["panels"][5]["targets"][0]["expr"].replace("$instance", ".*"))
+    culprits = query(prom, dashboard["panels"][5]["targets"][0]["expr"].replace("$instance", ".*")
+                     .replace("$gpu", ".*"))
+    one_gpu = query(prom, dashboard["panels"][0]["targets"][0]["expr"].replace("$instance", ".*")
+                    .replace("$gpu", "4"))
+    assert one_gpu and {s["metric"]["gpu"] for s in one_gpu} == {"4"}  # type: ignore[index]
     assert [c["metric"]["rank"] for c in culprits] == ["4"]  # type: ignore[index]
     assert culprits[0]["metric"]["training_job"] == "run:llm-42"  # type: ignore[index]
     job_view = query(prom, 'stall_watchdog:job_culprit_nodes:count{training_job="run:llm-42"}')
