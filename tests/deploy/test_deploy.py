@@ -48,7 +48,8 @@ def test_prometheus_rules_check_and_unit_tests_pass() -> None:
 def test_rules_cover_every_failure_the_watchdog_reports() -> None:
     rules = (DEPLOY / "prometheus" / "rules.yml").read_text()
     for alert in ("BusySpinHang", "ZeroUtilHang", "WaitingOnRank", "WaitingTooLong", "Underuse", "GpuLost",
-                  "JobCollectiveHang", "JobCulpritNode", "StallWatchdogDown", "StaleSamples"):
+                  "JobCollectiveHang", "JobCulpritNode", "StallWatchdogDown", "StaleSamples", "AlertsFailing",
+                  "BundlesFailing"):
         assert re.search(rf"alert: \w*{alert}\b", rules), alert
 
 
