@@ -14,6 +14,7 @@ import errno
 import itertools
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -85,6 +86,12 @@ def make_dir(path: str | Path, parents: bool = False) -> Path:
 def unique_name(prefix: str) -> str:
     """A name no other writer in this process or another gets: for hidden temporary folders."""
     return f"{prefix}-{os.getpid()}-{next(_serial)}"
+
+
+def made_here(name: str) -> bool:
+    """Whether `name` came from unique_name in this process (a temporary folder still being filled), not
+    from another one (a daemon killed mid-write, whose leftovers may be cleaned)."""
+    return re.search(rf"-{os.getpid()}-\d+$", name) is not None
 
 
 def rename_free(temporary: Path, root: Path, name: str) -> Path:

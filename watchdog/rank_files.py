@@ -106,19 +106,7 @@ def read(pid: int, path: str, max_bytes: int, timeout_seconds: float = 5.0,
         _check_owner(path, info, owner)
         if info.st_size > max_bytes:
             raise RankFileError(f"{path}: {info.st_size} bytes, over the {max_bytes}-byte cap; not read")
-        deadline = time.monotonic() + timeout_seconds
-        chunks, size = [], 0
-        while True:
-            if time.monotonic() > deadline:
-                raise RankFileError(f"{path}: not read within {timeout_seconds:g} s")
-            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise RankFileError(f"{path}: over the {max_bytes}-byte cap; not read")
-        return RankFile(b"".join(chunks), info.st_mtime)
+        return RankFile(_read_capped(fd, path, max_bytes, timeout_seconds), info.st_mtime)
     except OSError as exc:
         raise RankFileError(f"{path}: {exc.strerror or exc}") from None
     finally:
@@ -166,9 +154,10 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
-def read_given(path: str | Path, max_bytes: int) -> bytes:
-    """A file a person named (on the command line): a regular file of at most `max_bytes`, opened
-    non-blocking so that a FIFO or a device (`/dev/zero`) is an error, never a wait or an endless read."""
+def read_given(path: str | Path, max_bytes: int, timeout_seconds: float = 30.0) -> bytes:
+    """A file a person or the configuration names (`analyze`, a secret file): a regular file of at most
+    `max_bytes`, opened non-blocking so that a FIFO or a device (`/dev/zero`) is an error, never a wait or
+    an endless read. Links are followed: the path is the caller's own, not a rank's."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -178,16 +167,26 @@ def read_given(path: str | Path, max_bytes: int) -> bytes:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise RankFileError(f"{path}: not a regular file ({_kind(mode)})")
-        data = b""
-        while len(data) <= max_bytes:
-            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - len(data)))
-            if not chunk:
-                break
-            data += chunk
+        return _read_capped(fd, str(path), max_bytes, timeout_seconds)
     except OSError as exc:
         raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if len(data) > max_bytes:
-        raise RankFileError(f"{path}: over {max_bytes // 2**20 or 1} MiB; not read")
-    return data
+
+
+def _read_capped(fd: int, path: str, max_bytes: int, timeout_seconds: float) -> bytes:
+    """The rest of an open regular file: at most `max_bytes` (one byte more is an error), within
+    `timeout_seconds` (checked between chunks)."""
+    deadline = time.monotonic() + timeout_seconds
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise RankFileError(f"{path}: not read within {timeout_seconds:g} s")
+        chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise RankFileError(f"{path}: over the {max_bytes}-byte cap; not read")

@@ -9,7 +9,8 @@ surrounding whitespace is stripped, an empty secret is an error, and no message 
 from __future__ import annotations
 
 import os
-import stat
+
+from watchdog import rank_files
 
 MAX_SECRET_BYTES = 64 * 1024
 
@@ -21,19 +22,9 @@ class SecretError(ValueError):
 def read_file(path: str, what: str) -> str:
     """The stripped text of a secret file. `what` names it in errors (e.g. "dump.token_file")."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SecretError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SecretError(f"{what}: {path} is not a regular file")
-        data = os.read(fd, MAX_SECRET_BYTES + 1)
-    except OSError as exc:
-        raise SecretError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_SECRET_BYTES:
-        raise SecretError(f"{what}: {path} is over {MAX_SECRET_BYTES // 1024} KiB; not a secret")
+        data = rank_files.read_given(path, MAX_SECRET_BYTES, timeout_seconds=5.0)
+    except rank_files.RankFileError as exc:
+        raise SecretError(f"{what}: {exc}") from None
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError:

@@ -194,8 +194,7 @@ class BundleStore:
             found = [p for p in self.root.iterdir() if p.name.startswith(".partial-") and self._ours(p)]
         except OSError:
             return []
-        mine = re.compile(rf"-{os.getpid()}-\d+$")
-        return [p for p in found if not mine.search(p.name)]
+        return [p for p in found if not private_files.made_here(p.name)]
 
     def disk_bytes(self) -> int:
         return sum(_size(p) for p in self.bundles() + self.leftovers())

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import html
 import json
-import os
 import re
 import shutil
 import time
@@ -68,9 +67,8 @@ def _ours(path: Path) -> bool:
 def rotate(root: Path, keep: int) -> list[Path]:
     """Remove the oldest job bundles beyond `keep`, and half-written ones another process left (killed
     mid-write): only folders this service wrote (its marker inside)."""
-    mine = re.compile(rf"-{os.getpid()}-\d+$")
     for left in root.iterdir():
-        if left.name.startswith(".partial-") and not mine.search(left.name) and _ours(left):
+        if left.name.startswith(".partial-") and not private_files.made_here(left.name) and _ours(left):
             shutil.rmtree(left, ignore_errors=True)
     ours = sorted((p for p in root.iterdir() if "-job-" in p.name and not p.name.startswith(".") and _ours(p)),
                   key=lambda p: (p.name[:16], _mtime(p)))
