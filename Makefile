@@ -5,7 +5,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: run test bench clean
+.PHONY: run test bench docs clean
 
 # `make test` installs the test extras (a real browser driver, gRPC tools, the Kubernetes schemas...);
 # `make run` only what the demo needs (the package and torch for its CPU ranks).
@@ -25,10 +25,15 @@ run: $(BIN)/.demo-installed
 	$(BIN)/stall-watchdog demo $(DEMO_ARGS)
 
 test: $(BIN)/.installed
-	$(BIN)/ruff check watchdog tests bench deploy
+	$(BIN)/ruff check watchdog tests bench deploy tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
+
+# Regenerate what is made from a fact kept elsewhere: config.example.yaml, the README's configuration
+# reference and metric list, and the Kubernetes files made from them (tools/docs.py says which).
+docs: $(BIN)/.demo-installed
+	$(BIN)/python tools/docs.py
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/replay_throughput.py

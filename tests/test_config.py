@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,14 +13,14 @@ from watchdog.config import Config, ConfigError, example_yaml, load_config, pars
 
 def test_example_file_is_generated_from_the_defaults() -> None:
     checked_in = (REPO / "config.example.yaml").read_text()
-    assert checked_in == example_yaml(), "regenerate it: python -m watchdog.config > config.example.yaml"
+    assert checked_in == example_yaml(), "regenerate it: make docs"
     assert load_config(REPO / "config.example.yaml") == Config()
 
 
 def test_readme_reference_is_generated_from_the_model() -> None:
     from watchdog.config import reference_markdown
 
-    assert reference_markdown() in (REPO / "README.md").read_text(), "regenerate the README's configuration reference"
+    assert reference_markdown() in (REPO / "README.md").read_text(), "regenerate it: make docs"
 
 
 def test_every_leaf_key_is_documented_in_the_example() -> None:
@@ -77,3 +80,21 @@ def test_overrides_apply_and_defaults_stay() -> None:
     config = parse_config({"detectors": {"waiting": {"critical_after_seconds": 60}}})
     assert config.detectors.waiting.critical_after_seconds == 60
     assert config.detectors.busy_spin == Config().detectors.busy_spin
+
+
+def test_the_old_names_of_the_node_label_still_read(caplog: pytest.LogCaptureFixture) -> None:
+    """alerts.instance became alerts.node (Prometheus's `instance` is the scrape address): an old config
+    still starts, and says what to write instead."""
+    caplog.set_level(logging.WARNING, logger="stall_watchdog")
+    config = parse_config({"alerts": {"instance_env": "NODE_NAME"}})
+    assert config.alerts.node_env == "NODE_NAME" and config.alerts.node is None
+    assert "key=alerts.instance_env use=alerts.node_env" in caplog.text
+    with pytest.raises(ConfigError, match="give node or node_env, not both"):
+        parse_config({"alerts": {"instance": "a", "node_env": "NODE_NAME"}})
+
+
+def test_every_generated_file_is_up_to_date() -> None:
+    """`make docs` (tools/docs.py) regenerates what is made from a fact kept elsewhere; --check says what is stale."""
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "docs.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -227,7 +227,8 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
     assert alert["severity"] == "critical", alert["summary"]
     assert "Stacks: 3 of 4 ranks wait in all_reduce" in alert["summary"]
     assert "rank 2" in alert["summary"] and "FakeLoader.__next__" in alert["summary"]
-    assert alert["job"].startswith("run:test-")
+    assert alert["training_job"].startswith("run:test-") and alert["labels"]["training_job"] == alert["training_job"]
+    assert alert["culprit"].startswith("GPU 4 (rank 2, pid ")
     bundle = Path(alert["bundle"])
     assert (bundle / "stacks.json").exists() and (bundle / "environment.json").exists()
     assert len(list((bundle / "stacks").iterdir())) == 4

@@ -15,6 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from watchdog import logfmt
+from watchdog.model import RUNBOOK_URL
+
 # Every duration is finite and at most a week: `.inf` or `1e10` would be accepted and then overflow a timer.
 Seconds = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
 SecondsOrZero = Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)]
@@ -355,15 +358,31 @@ class AlertsConfig(_Section):
     backoff_seconds: Seconds = Field(2.0, description="First retry delay; doubles each attempt.")
     rate_limit_per_minute: Annotated[int, Field(ge=1)] = Field(
         20, description="At most this many alerts per receiver per minute; the rest are counted as dropped.")
-    instance: str | None = Field(None, description="The `instance` label on alerts; default: this host's name.")
-    instance_env: str | None = Field(
-        None, description="Take the `instance` label from this environment variable instead (Kubernetes: NODE_NAME, "
+    node: str | None = Field(None, description="The `node` label on alerts (the shipped rules give it the same "
+                             "value, from the episode_alert_info series); default: this host's name.")
+    node_env: str | None = Field(
+        None, description="Take the `node` label from this environment variable instead (Kubernetes: NODE_NAME, "
         "set from spec.nodeName, since a pod's host name is the pod's).")
+    runbook_url: str = Field(RUNBOOK_URL, description="Where the runbook lives; each alert links to its section "
+                             "(`#stallwatchdogbusyspin`, ...). Point it, and the rules' runbook_url, at your copy.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        """`instance` and `instance_env` are the old names of `node` and `node_env` (Prometheus's `instance`
+        is the scrape address, not the host): still read, with a warning."""
+        if isinstance(data, dict):
+            for old, new in (("instance", "node"), ("instance_env", "node_env")):
+                if old in data and new not in data:
+                    data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+                    logfmt.event("config_key_renamed", level=logfmt.WARNING, key=f"alerts.{old}",
+                                 use=f"alerts.{new}")
+        return data
 
     @model_validator(mode="after")
-    def _one_instance(self) -> AlertsConfig:
-        if self.instance is not None and self.instance_env is not None:
-            raise ValueError("give instance or instance_env, not both")
+    def _one_node(self) -> AlertsConfig:
+        if self.node is not None and self.node_env is not None:
+            raise ValueError("give node or node_env, not both")
         return self
 
 

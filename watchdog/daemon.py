@@ -31,7 +31,7 @@ from watchdog.config import Config, ConfigError, load_config
 from watchdog.counters import Counters
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.severity import STACK_SIGNATURES
-from watchdog.export.metrics import EpisodeView, Published, RankRow, WatchdogCollector, new_counters
+from watchdog.export.metrics import AlertRow, EpisodeView, Published, RankRow, WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
 from watchdog.export.systemd import SystemdNotifier
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, Workload, gpu_list
@@ -87,7 +87,7 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                     monotonic, wall, HostProgress(monotonic), verdicts)
     # The incidents' capturer serves the dumps too: py-spy is found once, and one abort stops every capture.
     daemon.dumps = DumpService(config, counters, incidents.capturer, discovery, bundles,
-                               lambda: daemon.published.snapshot, incidents.instance, monotonic,
+                               lambda: daemon.published.snapshot, incidents.node, monotonic,
                                last_look=incidents.last_look)
     return daemon
 
@@ -239,7 +239,9 @@ class Daemon:
         disk = self.published.bundle_disk_bytes
         if self.ticks % 30 == 0 or disk is None:
             disk = self.bundles.disk_bytes()
-        self.published = Published(snapshot or self.published.snapshot, episodes, ranks, up, last, tick_seconds, disk)
+        alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
+        self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last,
+                                   tick_seconds, disk)
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
         """gpu, pid, rank, job and workload for rank_info. A pid is described once (psutil and /proc), then

@@ -24,8 +24,8 @@ HEADER = "# Made by deploy/kubernetes/render.py from {source}: edit that, then r
 POD_CONFIG = (
     ("  listen_address: 127.0.0.1:9944",
      "  listen_address: 0.0.0.0:9944  # Kubernetes: the pod's own address, for Prometheus to scrape"),
-    ("  instance_env: null",
-     "  instance_env: NODE_NAME  # Kubernetes: the DaemonSet sets it to the node's name"),
+    ("  node_env: null",
+     "  node_env: NODE_NAME  # Kubernetes: the DaemonSet sets it to the node's name"),
 )
 
 

@@ -7,16 +7,17 @@ import json
 import logging
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.daemon import Receiver
-from watchdog.act.alerts import Alert, AlertDispatcher, build_receivers
+from watchdog.act.alerts import Alert, AlertDispatcher, AlertmanagerReceiver, build_receivers
 from watchdog.config import parse_config
 from watchdog.counters import Counters
 from watchdog.export.metrics import new_counters
-from watchdog.model import Severity
+from watchdog.model import AlertIdentity, Severity, Signature
 
 
 def alerts_config(receivers: list[dict[str, object]], **extra: object):  # type: ignore[no-untyped-def]
@@ -25,9 +26,10 @@ def alerts_config(receivers: list[dict[str, object]], **extra: object):  # type:
 
 
 def alert(key: str = "busy_spin@1", status: str = "firing", severity: str = "critical") -> Alert:
-    return Alert(key=key, status=status, signature="busy_spin", severity=Severity(severity), gpus=(0, 1),
-                 culprit_gpus=(), summary="Busy-spin hang on GPUs 0-1", onset=1.9e9, at=1.9e9 + 40,
-                 instance="node-a", job="run:llm", bundle="/var/lib/stall-watchdog/incidents/x")
+    return Alert(key=key, status=status, identity=AlertIdentity(Signature.BUSY_SPIN, "node-a", "run:llm"),
+                 severity=Severity(severity), gpus=(0, 1), culprit_gpus=(), summary="Busy-spin hang on GPUs 0-1",
+                 onset=1.9e9, at=1.9e9 + 40, bundle="/var/lib/stall-watchdog/incidents/x",
+                 runbook_url="https://runbooks.example/stall#stallwatchdogbusyspin")
 
 
 def deliver(config, *alerts: Alert) -> Counters:  # type: ignore[no-untyped-def]
@@ -48,11 +50,50 @@ def test_alertmanager_fires_then_resolves_with_the_same_labels() -> None:
         server.close()
     (path1, (fired,)), (path2, (resolved,)) = server.requests
     assert path1 == path2 == "/api/v2/alerts"
+    # the labels the shipped rules give the same incident (tests/deploy checks the rules' side)
     assert fired["labels"] == resolved["labels"] == {
-        "alertname": "StallWatchdogBusySpin", "severity": "critical", "signature": "busy_spin", "gpu": "0,1",
-        "instance": "node-a", "job": "run:llm"}
-    assert "endsAt" not in fired and resolved["endsAt"].startswith("2030-")
+        "alertname": "StallWatchdogBusySpin", "severity": "critical", "signature": "busy_spin", "node": "node-a",
+        "training_job": "run:llm"}
+    # a firing alert ends by itself unless refreshed (a dead daemon's alerts do not fire forever)
+    ends = datetime.fromisoformat(fired["endsAt"]).timestamp()
+    assert 250 < ends - time.time() <= 300 and resolved["endsAt"].startswith("2030-")
     assert fired["annotations"]["bundle"] == "/var/lib/stall-watchdog/incidents/x"
+    assert fired["annotations"]["runbook_url"] == "https://runbooks.example/stall#stallwatchdogbusyspin"
+
+
+def test_an_escalation_ends_the_warning_in_the_same_request() -> None:
+    """As the rules do: the warning alert resolves when the critical one fires, so Alertmanager never holds
+    a stale warning that later reads as an all-clear."""
+    server = Receiver()
+    try:
+        deliver(alerts_config([{"type": "alertmanager", "name": "am", "url": server.url}]),
+                alert(severity="warning"), alert(severity="critical"), alert(status="resolved"))
+    finally:
+        server.close()
+    (_, (warning,)), (_, (ended, critical)), (_, (resolved,)) = server.requests
+    assert warning["labels"]["severity"] == ended["labels"]["severity"] == "warning"
+    assert ended["endsAt"].startswith("2030-") and not critical["endsAt"].startswith("2030-")
+    assert critical["labels"] == resolved["labels"] == {**warning["labels"], "severity": "critical"}
+
+
+def test_alertmanager_is_told_again_while_the_alert_fires(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(AlertmanagerReceiver, "refresh_seconds", 0.3)
+    server = Receiver()
+    try:
+        config = alerts_config([{"type": "alertmanager", "name": "am", "url": server.url}])
+        counters = new_counters()
+        dispatcher = AlertDispatcher(config, counters)
+        dispatcher.submit(alert())
+        time.sleep(1.2)
+        dispatcher.submit(alert(status="resolved"))
+        time.sleep(0.8)  # resolved: no more refreshes
+        dispatcher.close(timeout=5)
+    finally:
+        server.close()
+    statuses = ["firing" if not body[0]["endsAt"].startswith("2030-") else "resolved" for _, body in server.requests]
+    assert statuses[0] == "firing" and statuses[-1] == "resolved" and statuses.count("resolved") == 1
+    assert statuses.count("firing") >= 3, statuses
+    assert counters.get("alerts_total", "am", "refreshed") == statuses.count("firing") - 1
 
 
 def test_the_same_alert_goes_out_once_and_floods_are_limited() -> None:

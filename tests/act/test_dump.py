@@ -69,7 +69,7 @@ def start(tmp: Path, processes: list[Any], export: dict[str, Any] | None = None,
                            stacks={"observe_seconds": 0.2, "nccl_ras_gap_seconds": 0.5,
                                    "flight_recorder_wait_seconds": 30, **(stacks or {})},
                            export={"listen_address": "127.0.0.1:0", **(export or {})},
-                           alerts={"instance": "node-a"}, **sections)
+                           alerts={"node": "node-a"}, **sections)
     daemon = build(config)
     daemon.tick()  # one sample: the GPUs' processes are known
     endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)

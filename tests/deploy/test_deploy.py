@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 from tests.conftest import REPO, need_tool
+from watchdog.model import RUNBOOK_URL, Signature, alert_name, runbook_url
 
 DEPLOY = REPO / "deploy"
 
@@ -45,18 +48,57 @@ def test_prometheus_rules_check_and_unit_tests_pass() -> None:
     assert tests.returncode == 0, tests.stdout + tests.stderr
 
 
+def _rules() -> list[dict[str, object]]:
+    groups = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
 def test_rules_cover_every_failure_the_watchdog_reports() -> None:
-    rules = (DEPLOY / "prometheus" / "rules.yml").read_text()
-    for alert in ("BusySpinHang", "ZeroUtilHang", "WaitingOnRank", "WaitingTooLong", "Underuse", "GpuLost",
-                  "JobCollectiveHang", "JobCulpritNode", "StallWatchdogDown", "StaleSamples", "AlertsFailing",
-                  "BundlesFailing"):
-        assert re.search(rf"alert: \w*{alert}\b", rules), alert
+    names = {str(rule["alert"]) for rule in _rules()}
+    # One rule per signature, named as the daemon names its own alert: Alertmanager keeps one of the two.
+    for signature in Signature:
+        assert alert_name(signature) in names, signature
+        (rule,) = [r for r in _rules() if r["alert"] == alert_name(signature)]
+        assert f'stall_watchdog_episode_alert_info{{signature="{signature.value}"}}' in str(rule["expr"])
+    for alert in ("JobCollectiveHang", "JobCulpritNode", "Down", "StaleSamples", "ComponentFailing",
+                  "AlertsFailing", "BundlesFailing"):
+        assert "StallWatchdog" + alert in names, alert
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    """Every page carries a runbook_url, the daemon's and the rules' alike, to a section that exists."""
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    anchors = {line[3:].strip().lower() for line in runbook.splitlines() if line.startswith("## ")}
+    for rule in _rules():
+        annotations = rule["annotations"]
+        assert isinstance(annotations, dict)
+        base, _, anchor = str(annotations["runbook_url"]).partition("#")
+        assert base == RUNBOOK_URL and anchor == str(rule["alert"]).lower() and anchor in anchors, rule["alert"]
+    for signature in Signature:
+        assert runbook_url(signature).partition("#")[2] in anchors
 
 
 def test_alertmanager_example_is_valid() -> None:
     result = subprocess.run([tool("amtool"), "check-config", str(DEPLOY / "alertmanager" / "alertmanager.yml")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("labels", "receivers"), [
+    # a stall pages, once per training job; its warning goes to chat; the job-level alerts reach the coordinator
+    (["alertname=StallWatchdogBusySpin", "severity=critical", "node=a", "training_job=run:1"], "pager"),
+    (["alertname=StallWatchdogWaiting", "severity=warning", "node=a", "training_job=run:1"], "chat"),
+    (["alertname=StallWatchdogZeroUtil", "severity=critical", "node=a", "training_job=unknown"], "pager"),
+    (["alertname=StallWatchdogJobCollectiveHang", "severity=critical", "training_job=run:1"], "coordinator,pager"),
+    (["alertname=StallWatchdogJobCulpritNode", "severity=warning", "training_job=run:1"], "coordinator,chat"),
+    (["alertname=StallWatchdogDown", "severity=critical", "instance=a:9944"], "pager"),
+    (["alertname=StallWatchdogAlertsFailing", "severity=warning", "instance=a:9944"], "chat"),
+])
+def test_alertmanager_example_routes(labels: list[str], receivers: str) -> None:
+    result = subprocess.run([tool("amtool"), "config", "routes", "test", "--config.file",
+                             str(DEPLOY / "alertmanager" / "alertmanager.yml"), *labels],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == receivers, result.stdout + result.stderr
 
 
 def test_dashboard_is_grafana_json_with_queries() -> None:

@@ -118,7 +118,7 @@ def test_probes_limits_and_ports_agree_with_the_config() -> None:
     assert Path("/etc/stall-watchdog/config.yaml").parent.as_posix() in mounts
     assert container["args"] == ["run", "--config", "/etc/stall-watchdog/config.yaml"]
     env = {e["name"]: e for e in container["env"]}
-    assert config.alerts.instance_env == "NODE_NAME"
+    assert config.alerts.node_env == "NODE_NAME"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
@@ -128,7 +128,7 @@ def test_the_configmap_is_config_example_with_only_the_pod_keys_changed(tmp_path
     ours, defaults = pod_config().model_dump(), Config().model_dump()
     changed = {(section, key) for section, values in ours.items() for key, value in values.items()
                if defaults[section][key] != value}
-    assert changed == {("export", "listen_address"), ("alerts", "instance_env")}
+    assert changed == {("export", "listen_address"), ("alerts", "node_env")}
     extracted = tmp_path / "config.yaml"
     extracted.write_text(load(KUBE / "configmap.yaml")["data"]["config.yaml"])
     result = subprocess.run([sys.executable, "-m", "watchdog", "check-config", str(extracted)],

@@ -17,6 +17,7 @@ from watchdog.daemon import build
 from watchdog.export.metrics import (
     METRICS,
     PREFIX,
+    AlertRow,
     EpisodeView,
     Published,
     RankRow,
@@ -24,7 +25,7 @@ from watchdog.export.metrics import (
     metric_list_markdown,
     new_counters,
 )
-from watchdog.model import Severity, Signature, Workload
+from watchdog.model import AlertIdentity, Severity, Signature, Workload
 from watchdog.sample import sim
 
 GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"
@@ -70,7 +71,11 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
                                  EpisodeView(Signature.BUSY_SPIN, None, (1, 2), (), 7.0)),
                       tuple(RankRow(g, 4000 + g, g, 'job "a\\b"\nx', Workload("ml", f"trainer-{g // 8}", "main", "4242",
                                                                               "0", 'o"neil'))
-                            for g in range(64)), {"sample": True, "act": False},
+                            for g in range(64)),
+                      (AlertRow(AlertIdentity(Signature.WAITING, "node-1", 'job "a\\b"', Workload("ml", "trainer-0")),
+                                Severity.WARNING, "GPU 63 (rank 63, pid 4063)"),
+                       AlertRow(AlertIdentity(Signature.THROTTLE, "node-1", gpu=5), Severity.WARNING, "")),
+                      {"sample": True, "act": False},
                       1.9e9, 0.012, 123456)
     collector = WatchdogCollector(lambda: state, counters)
     registry = CollectorRegistry(auto_describe=False)
@@ -100,7 +105,7 @@ def test_names_follow_the_conventions() -> None:
 
 def test_readme_lists_every_metric_from_the_table() -> None:
     readme = (REPO / "README.md").read_text()
-    assert metric_list_markdown() in readme, "regenerate the README's metric list from watchdog.export.metrics"
+    assert metric_list_markdown() in readme, "regenerate it: make docs"
 
 
 @pytest.mark.parametrize("rules", ["deploy/prometheus/rules.yml", "deploy/grafana/stall-watchdog.json"])

@@ -138,6 +138,8 @@ def test_a_node_that_trickles_its_answer_is_cut_at_the_deadline() -> None:
 def test_an_answer_over_its_budget_is_not_kept() -> None:
     class Huge(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
+            # the request read first: a socket closed with unread data resets the client before the cap is met
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"[" * (3 << 20))

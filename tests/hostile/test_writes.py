@@ -17,7 +17,7 @@ from tests.hostile.test_files import event, store
 from watchdog import private_files, secrets
 from watchdog.act.alerts import Alert
 from watchdog.act.bundles import Incident
-from watchdog.model import Severity
+from watchdog.model import AlertIdentity, Severity, Signature
 from watchdog.sample.ranks import REDACTED, redact_arguments
 
 
@@ -106,7 +106,9 @@ def test_secret_arguments_are_redacted(argv: list[str]) -> None:
 
 
 def test_alert_text_carries_no_markup_a_rank_chose() -> None:
-    alert = Alert("k", "firing", "waiting", Severity.CRITICAL, (0,), (1,),
-                  "rank 1 idle in <!channel> <http://evil.example|docs> & co\x1b[2J", 0.0, 0.0, "node-a")
+    alert = Alert("k", "firing", AlertIdentity(Signature.WAITING, "node-a", "run:<!here>"), Severity.CRITICAL, (0,),
+                  (1,), "rank 1 idle in <!channel> <http://evil.example|docs> & co\x1b[2J", 0.0, 0.0,
+                  culprit="GPU 1 (rank 1, pid 5) <@U123>")
     text = alert.text()
     assert "<" not in text and ">" not in text and "\x1b" not in text and "&lt;!channel&gt;" in text
+    assert "&lt;!here&gt;" in text and "&lt;@U123&gt;" in text

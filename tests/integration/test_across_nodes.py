@@ -54,7 +54,7 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
                     f"export: {{listen_address: '127.0.0.1:{ports[node]}'}}\n"
                     f"bundles: {{directory: '{tmp_path / ('incidents-' + node)}'}}\n"
                     "stacks: {observe_seconds: 0.2, nccl_ras_gap_seconds: 1, flight_recorder_wait_seconds: 30}\n"
-                    f"alerts: {{instance: node-{node}}}\n"
+                    f"alerts: {{node: node-{node}}}\n"
                     f"dump: {{token_file: '{token}'}}\n")
                 start([sys.executable, "-m", "watchdog", "run", "--config", str(tmp_path / f"{node}.yaml")], node)
             start([sys.executable, "-m", "watchdog", "coordinate", "--prometheus", f"http://127.0.0.1:{ports['prom']}",

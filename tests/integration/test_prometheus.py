@@ -1,18 +1,22 @@
 """Real Prometheus and Alertmanager on loopback, scraping real `stall-watchdog run` daemons:
 
-- node A plays a busy-spin hang: the shipped rule StallWatchdogBusySpinHang fires in Prometheus, and
-  the daemon's own Alertmanager receiver delivers an alert that Alertmanager's API lists;
+- node A plays a busy-spin hang: the shipped rule StallWatchdogBusySpin fires in Prometheus, the daemon's
+  own Alertmanager receiver sends its alert too, and Alertmanager (running the shipped routing, its
+  receivers pointed at a local sink) holds one alert and sends one page;
 - node B plays one odd rank (GPU 4) with real processes on its GPUs: culprit and rank series appear;
 - every Grafana panel query returns data from that Prometheus.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -75,7 +79,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
             pids[gpu] = [rank.pid]
         wait_for(readies, processes=processes)
 
-        (tmp / "am.yml").write_text("route: {receiver: sink}\nreceivers: [{name: sink}]\n")
+        sink = Sink()
+        shipped = (REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
+        (tmp / "am.yml").write_text(re.sub(r"http://127\.0\.0\.1:\d+/(\w+)(/\w+)?",
+                                           lambda m: f"{sink.url}/{m.group(1)}", shipped))
         start([alertmanager, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",
                f"--web.listen-address=127.0.0.1:{ports['am']}", "--cluster.listen-address="], "am.log")
         am_url = f"http://127.0.0.1:{ports['am']}"
@@ -93,6 +100,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
 
         (tmp / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"alerting: {{alertmanagers: [{{static_configs: [{{targets: ['127.0.0.1:{ports['am']}']}}]}}]}}\n"
             f"rule_files: ['{REPO / 'deploy' / 'prometheus' / 'rules.yml'}']\n"
             "scrape_configs:\n  - job_name: stall-watchdog\n    static_configs:\n"
             f"      - targets: ['127.0.0.1:{ports['a']}', '127.0.0.1:{ports['b']}']\n")
@@ -101,9 +109,35 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         prom_url = f"http://127.0.0.1:{ports['prom']}"
         until(lambda: get_json(prom_url + "/-/ready") if False else urllib.request.urlopen(prom_url + "/-/ready"),
               60, "Prometheus to start")
-        yield {"prom": prom_url, "am": am_url, "tmp": tmp, "node_a": f"127.0.0.1:{ports['a']}"}
+        yield {"prom": prom_url, "am": am_url, "tmp": tmp, "node_a": f"127.0.0.1:{ports['a']}", "sink": sink}
     finally:
         stop_all(processes)
+        sink.close()
+
+
+class Sink:
+    """Alertmanager's webhook receivers, on loopback: every notification, by the path it came to."""
+
+    def __init__(self) -> None:
+        received: list[tuple[str, dict[str, object]]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.received = received
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
 
 
 def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -129,11 +163,51 @@ def test_prometheus_scrapes_and_the_shipped_spin_rule_fires(stack: dict[str, obj
 
     def firing() -> list[dict[str, object]]:
         alerts = get_json(prom + "/api/v1/alerts")["data"]["alerts"]  # type: ignore[index]
-        return [a for a in alerts if a["labels"]["alertname"] == "StallWatchdogBusySpinHang"
-                and a["state"] == "firing"]
+        return [a for a in alerts if a["labels"]["alertname"] == "StallWatchdogBusySpin" and a["state"] == "firing"]
 
-    (alert,) = until(firing, 120, "StallWatchdogBusySpinHang to fire")  # type: ignore[misc]
-    assert alert["labels"]["instance"] == stack["node_a"] and alert["labels"]["severity"] == "critical"
+    (alert,) = until(firing, 120, "StallWatchdogBusySpin to fire")  # type: ignore[misc]
+    assert alert["labels"] == {"alertname": "StallWatchdogBusySpin", "severity": "critical", "signature": "busy_spin",
+                               "node": "node-a", "training_job": "unknown"}
+    assert alert["annotations"]["runbook_url"].endswith("/docs/runbook.md#stallwatchdogbusyspin")
+
+
+def test_the_daemon_and_the_rule_make_one_alert_and_one_page(stack: dict[str, object]) -> None:
+    """Both report node A's spin to the same Alertmanager: it lists one alert, with the labels Prometheus's
+    rule gave it, and pages once."""
+    prom, am = str(stack["prom"]), str(stack["am"])
+    sink = stack["sink"]
+    assert isinstance(sink, Sink)
+
+    def rule_alert() -> list[dict[str, object]]:
+        alerts = get_json(prom + "/api/v1/alerts")["data"]["alerts"]  # type: ignore[index]
+        return [a for a in alerts if a["labels"]["alertname"] == "StallWatchdogBusySpin" and a["state"] == "firing"]
+
+    def sent(metrics_url: str, series: str) -> float:
+        """A counter from a server's own /metrics (Prometheus does not scrape itself here)."""
+        lines = urllib.request.urlopen(metrics_url, timeout=5).read().decode().splitlines()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(series))
+
+    (fired,) = until(rule_alert, 120, "the rule's alert")  # type: ignore[misc]
+    until(lambda: sent(prom + "/metrics", "prometheus_notifications_sent_total") > 0
+          and sent(f"http://{stack['node_a']}/metrics", 'stall_watchdog_alerts_total{receiver="am",result="sent"}') > 0,
+          60, "both to notify Alertmanager")
+
+    def in_alertmanager() -> list[dict[str, object]]:
+        alerts = get_json(am + "/api/v2/alerts")
+        return [a for a in alerts if a["labels"].get("alertname") == "StallWatchdogBusySpin"]  # type: ignore[union-attr]
+
+    (alert,) = until(in_alertmanager, 60, "the alert in Alertmanager")  # type: ignore[misc]
+    assert alert["labels"] == fired["labels"]
+    time.sleep(5)  # the daemon refreshes and Prometheus re-sends: still one
+    (alert,) = in_alertmanager()
+    assert alert["status"]["state"] == "active"
+
+    def pages() -> list[dict[str, object]]:
+        return [body for path, body in sink.received if path == "/page"
+                and any(a["labels"]["alertname"] == "StallWatchdogBusySpin" for a in body["alerts"])]  # type: ignore[index,union-attr]
+
+    (page,) = until(pages, 60, "the page")  # type: ignore[misc]
+    assert [a["labels"]["node"] for a in page["alerts"]] == ["node-a"]  # type: ignore[index]
 
 
 def test_the_daemons_alert_reaches_alertmanager(stack: dict[str, object]) -> None:
@@ -141,11 +215,12 @@ def test_the_daemons_alert_reaches_alertmanager(stack: dict[str, object]) -> Non
 
     def listed() -> list[dict[str, object]]:
         alerts = get_json(am + "/api/v2/alerts")
-        return [a for a in alerts if a["labels"].get("alertname") == "StallWatchdogBusySpin"]  # type: ignore[union-attr]
+        return [a for a in alerts if a["labels"].get("alertname") == "StallWatchdogBusySpin"
+                and a["annotations"].get("bundle")]  # type: ignore[union-attr]
 
     (alert,) = until(listed, 120, "the daemon's alert in Alertmanager")  # type: ignore[misc]
     labels, annotations = alert["labels"], alert["annotations"]
-    assert labels["severity"] == "critical" and labels["instance"] == "node-a" and labels["gpu"] == "0,1,2,3,4,5,6,7"
+    assert labels["severity"] == "critical" and labels["node"] == "node-a" and "gpu" not in labels
     assert "HANG (critical): GPUs 0-7 spin at 100% util" in annotations["summary"]
     assert annotations["bundle"].startswith(str(stack["tmp"]))
 

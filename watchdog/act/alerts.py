@@ -17,13 +17,14 @@ import threading
 import time
 import urllib.parse
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from watchdog import children, http_client, logfmt, secrets
 from watchdog.config import AlertsConfig, ReceiverConfig
 from watchdog.counters import Counters
-from watchdog.model import Severity, Workload, iso_time
+from watchdog.model import AlertIdentity, Severity, alert_name, iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
 
@@ -32,37 +33,47 @@ _SEVERITY_RANK = {"warning": 1, "critical": 2}
 class Alert:
     key: str  # one per episode: the same key fires, escalates and resolves
     status: str  # firing | resolved
-    signature: str
+    identity: AlertIdentity  # its name and labels, shared with the shipped rules (model.AlertIdentity)
     severity: Severity
     gpus: tuple[int, ...]
     culprit_gpus: tuple[int, ...]
-    summary: str
+    summary: str  # the verdict sentence, as the bundle, the report and the log have it
     onset: float
     at: float
-    instance: str
-    job: str = "unknown"
+    culprit: str = ""  # "GPU 4 (rank 4, pid 812)": what the others wait on, where that is known
     bundle: str | None = None
-    workload: Workload = Workload()  # the pod or Slurm job the affected ranks share
+    runbook_url: str = ""
+
+    @property
+    def signature(self) -> str:
+        return self.identity.signature.value
 
     @property
     def alertname(self) -> str:
-        return "StallWatchdog" + "".join(part.title() for part in self.signature.split("_"))
+        return alert_name(self.identity.signature)
+
+    def labels(self) -> dict[str, str]:
+        return self.identity.labels(self.severity)
 
     def to_json(self) -> dict[str, object]:
         return {"key": self.key, "status": self.status, "alertname": self.alertname, "signature": self.signature,
-                "severity": self.severity.value, "gpus": list(self.gpus), "culprit_gpus": list(self.culprit_gpus),
-                "summary": self.summary, "onset": iso_time(self.onset), "at": iso_time(self.at),
-                "instance": self.instance, "job": self.job, "bundle": self.bundle,
-                "workload": self.workload.to_json()}
+                "severity": self.severity.value, "labels": self.labels(), "gpus": list(self.gpus),
+                "culprit_gpus": list(self.culprit_gpus), "culprit": self.culprit, "summary": self.summary,
+                "onset": iso_time(self.onset), "at": iso_time(self.at), "node": self.identity.node,
+                "training_job": self.identity.training_job, "bundle": self.bundle,
+                "runbook_url": self.runbook_url, "workload": self.identity.workload.to_json()}
 
     def text(self) -> str:
         """The Slack-style line. Its parts carry text a rank chose (function and file names, job names):
         `&`, `<` and `>` are escaped as Slack asks, so none of it becomes a mention (`<!channel>`) or a
         link, and control characters become spaces."""
         head = "RESOLVED" if self.status == "resolved" else self.severity.value.upper()
-        scheduler = f" [{self.workload.describe()}]" if self.workload else ""
+        workload = self.identity.workload
+        scheduler = f" [{workload.describe()}]" if workload else ""
+        job = f" training job {self.identity.training_job}" if self.identity.training_job != "unknown" else ""
+        culprit = f" Culprit: {self.culprit}." if self.culprit and self.status == "firing" else ""
         where = f" Bundle: {self.bundle}" if self.bundle else ""
-        return _slack_escape(f"[{head}] {self.instance}{scheduler}: {self.summary}.{where}")
+        return _slack_escape(f"[{head}] {self.identity.node}{job}{scheduler}: {self.summary}.{culprit}{where}")
 
 
 def _slack_escape(text: str) -> str:
@@ -130,31 +141,37 @@ class WebhookReceiver(_HttpReceiver):
 
 
 class AlertmanagerReceiver(_HttpReceiver):
-    """POST /api/v2/alerts. The labels identify the alert, so firing and resolved carry the same ones."""
+    """POST /api/v2/alerts, with the labels the shipped rules give the same incident (one alert in
+    Alertmanager whichever reports it). A firing alert is sent again every `refresh_seconds` with an end
+    `expire_seconds` ahead, as Prometheus does: Alertmanager resolves an alert nobody refreshes, so a hang
+    must not read as over because the daemon said it once, and a dead daemon's alerts end by themselves
+    (StallWatchdogDown says why). A new severity is a new alert: the old one is resolved first."""
+
+    refresh_seconds = 60.0
+    expire_seconds = 300.0
 
     def __init__(self, cfg: ReceiverConfig):
         super().__init__(cfg)
         self._url = self._url._replace(path=self._url.path.rstrip("/") + "/api/v2/alerts")
-        self._labels: dict[str, dict[str, str]] = {}
+        self._labels: dict[str, dict[str, str]] = {}  # each firing episode's labels as last sent
 
     def send(self, alert: Alert) -> None:
-        labels = self._labels.get(alert.key) or {
-            "alertname": alert.alertname, "severity": alert.severity.value, "signature": alert.signature,
-            "gpu": ",".join(map(str, alert.gpus)), "instance": alert.instance, "job": alert.job,
-            **alert.workload.label_values()}
-        if alert.status == "firing":
-            labels = {**labels, "severity": alert.severity.value}
-            self._labels[alert.key] = labels
-        body: dict[str, object] = {
-            "labels": labels,
-            "annotations": {"summary": alert.summary, "bundle": alert.bundle or "",
-                            "culprit_gpus": ",".join(map(str, alert.culprit_gpus))},
-            "startsAt": iso_time(alert.onset),
-        }
+        labels = alert.labels()
+        annotations = {"summary": alert.summary, "culprit": alert.culprit, "bundle": alert.bundle or "",
+                       "runbook_url": alert.runbook_url}
+        body: list[dict[str, object]] = []
+        before = self._labels.get(alert.key)
+        if before is not None and before != labels:  # escalated: end the warning, then fire the critical
+            body.append({"labels": before, "annotations": annotations, "startsAt": iso_time(alert.onset),
+                         "endsAt": iso_time(alert.at)})
+        ends = alert.at if alert.status == "resolved" else time.time() + self.expire_seconds
+        body.append({"labels": labels, "annotations": {k: v for k, v in annotations.items() if v},
+                     "startsAt": iso_time(alert.onset), "endsAt": iso_time(ends)})
+        _post(self._url, body, self._token, self.timeout)
         if alert.status == "resolved":
-            body["endsAt"] = iso_time(alert.at)
             self._labels.pop(alert.key, None)
-        _post(self._url, [body], self._token, self.timeout)
+        else:
+            self._labels[alert.key] = labels
 
 
 class CommandReceiver:
@@ -235,18 +252,52 @@ class _Lane:
         self.recent.append(now)
 
     def _work(self) -> None:
+        refresh: float | None = getattr(self.receiver, "refresh_seconds", None)
+        firing: dict[str, Alert] = {}  # what this receiver is told again every `refresh` seconds
+        due = time.monotonic() + refresh if refresh else None
         while True:
-            alert = self.queue.get()
+            try:
+                alert = self.queue.get(timeout=None if due is None else max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                self._refresh(list(firing.values()))
+                due = time.monotonic() + (refresh or 0.0)
+                continue
             if alert is None:
                 return
-            try:
-                self.up = self._deliver(alert)
-            except Exception as exc:  # the receiver's guard: a bug costs this alert, never the worker
-                self.up = False
-                self.counters.inc("alerts_total", self.receiver.name, "failed")
-                self.counters.inc("component_errors_total", f"receiver_{self.receiver.name}")
-                logfmt.event("alert_failed", level=logfmt.ERROR, receiver=self.receiver.name, key=alert.key,
-                             error=type(exc).__name__)
+            if refresh:
+                if alert.status == "firing":
+                    firing[alert.key] = alert
+                else:
+                    firing.pop(alert.key, None)
+            self._guarded(self._deliver, alert)
+
+    def _guarded(self, deliver: Callable[[Alert], bool], alert: Alert) -> None:
+        try:
+            self.up = deliver(alert)
+        except Exception as exc:  # the receiver's guard: a bug costs this alert, never the worker
+            self.up = False
+            self.counters.inc("alerts_total", self.receiver.name, "failed")
+            self.counters.inc("component_errors_total", f"receiver_{self.receiver.name}")
+            logfmt.event("alert_failed", level=logfmt.ERROR, receiver=self.receiver.name, key=alert.key,
+                         error=type(exc).__name__)
+
+    def _refresh(self, alerts: list[Alert]) -> None:
+        """Tell the receiver again of every alert still firing: one attempt each, counted as refreshed."""
+        for alert in alerts:
+            if self.stop.is_set():
+                return
+            self._guarded(self._send_again, alert)
+
+    def _send_again(self, alert: Alert) -> bool:
+        try:
+            self.receiver.send(alert)
+        except DeliveryError as exc:
+            self.counters.inc("alerts_total", self.receiver.name, "failed")
+            logfmt.event("alert_refresh_failed", level=logfmt.WARNING, receiver=self.receiver.name, key=alert.key,
+                         error=str(exc))
+            return False
+        self.counters.inc("alerts_total", self.receiver.name, "refreshed")
+        return True
 
     def _deliver(self, alert: Alert) -> bool:
         name = self.receiver.name

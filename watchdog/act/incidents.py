@@ -33,7 +33,18 @@ from watchdog.config import Config
 from watchdog.counters import Counters
 from watchdog.doctor.checks import examine, top_finding
 from watchdog.doctor.facts import gather
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, Workload
+from watchdog.model import (
+    PER_GPU_SIGNATURES,
+    AlertIdentity,
+    EpisodeEvent,
+    EventKind,
+    NodeSnapshot,
+    Severity,
+    Verdict,
+    Workload,
+    gpu_list,
+    runbook_url,
+)
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
 from watchdog.sample.workload import common
@@ -47,18 +58,18 @@ _ENDED_KEPT_SECONDS = 900.0
 _ENDED_KEPT = 64
 
 
-def instance_name(config: Config) -> str:
-    """The `instance` label on alerts: alerts.instance, else the variable alerts.instance_env names, else the
-    host name (a missing variable is said once, then the host name is used)."""
+def node_name(config: Config) -> str:
+    """The `node` label on alerts: alerts.node, else the variable alerts.node_env names, else the host name
+    (a missing variable is said once, then the host name is used)."""
     cfg = config.alerts
-    if cfg.instance:
-        return cfg.instance
-    if cfg.instance_env:
-        found = os.environ.get(cfg.instance_env, "").strip()
+    if cfg.node:
+        return cfg.node
+    if cfg.node_env:
+        found = os.environ.get(cfg.node_env, "").strip()
         if found:
             return found
-        logfmt.event("instance_env_unset", level=logfmt.WARNING, variable=cfg.instance_env,
-                     action="alerts carry this host's name as their instance")
+        logfmt.event("node_env_unset", level=logfmt.WARNING, variable=cfg.node_env,
+                     action="alerts carry this host's name as their node")
     return socket.gethostname()
 
 
@@ -70,6 +81,10 @@ class _Open:
     rewrite: EpisodeEvent | None = None  # an escalation or relapse that came before the bundle was written
     job: str = "unknown"
     workload: Workload = Workload()  # the pod or Slurm job the affected ranks share
+    identity: AlertIdentity | None = None  # its alert's name and labels, fixed when it first fires
+    culprit: str = ""  # "GPU 4 (rank 4, pid 812)", from the last event and the ranks seen
+    alerted: Severity | None = None  # the severity last alerted
+    ended: bool = False  # resolved: a firing alert still on its way is not sent
     looked_at: float | None = None  # monotonic time of the last look at the stacks
     look: Future[None] | None = None
     pictures: list[StackPicture] = field(default_factory=list)
@@ -91,7 +106,7 @@ class IncidentHandler:
         self.inventory = inventory
         self.on_verdict = on_verdict
         self.monotonic = monotonic
-        self.instance = instance_name(config)
+        self.node = node_name(config)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="incident")
         self.pending: set[Future[Any]] = set()
         self.open: dict[str, _Open] = {}
@@ -197,7 +212,7 @@ class IncidentHandler:
         try:
             ranks = self.discovery.from_snapshot(on_gpus)
             s = self.config.stacks
-            pictures = [capture_job(job, self.capturer, self.discovery, s, self.instance)
+            pictures = [capture_job(job, self.capturer, self.discovery, s, self.node)
                         for job in group_jobs(ranks)]
             for picture in pictures:
                 for capture in picture.captures:
@@ -249,11 +264,36 @@ class IncidentHandler:
         self._alert(event, state, summary=incident.sentence)
 
     def _alert(self, event: EpisodeEvent, state: _Open, resolved: bool = False, summary: str | None = None) -> None:
-        self.dispatcher.submit(Alert(
-            key=event.key, status="resolved" if resolved else "firing", signature=event.signature.value,
-            severity=event.severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus,
-            summary=summary or event.summary, onset=event.onset_seconds, at=event.at_seconds,
-            instance=self.instance, job=state.job, bundle=state.bundle, workload=state.workload))
+        """Under the lock, so an episode's firing (sent from a worker once its bundle is written) and its
+        resolve (from the loop) reach the receivers in the order they happened: an episode that ended before
+        it alerted sends neither, one that alerted always sends its resolve."""
+        with self._lock:
+            if resolved:
+                state.ended = True
+                if state.identity is None:
+                    return
+            elif state.ended or (state.alerted is Severity.CRITICAL and event.severity is not Severity.CRITICAL):
+                return  # ended, or a late first alert after its escalation went out
+            else:
+                state.alerted = event.severity
+            if state.identity is None:
+                gpu = event.gpus[0] if event.signature in PER_GPU_SIGNATURES and event.gpus else None
+                state.identity = AlertIdentity(event.signature, self.node, state.job, state.workload, gpu)
+            state.culprit = culprit_text(event.culprit_gpus, state.ranks)
+            identity = state.identity
+            self.dispatcher.submit(Alert(
+                key=event.key, status="resolved" if resolved else "firing", identity=identity,
+                severity=event.severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus,
+                summary=summary or event.summary, onset=event.onset_seconds, at=event.at_seconds,
+                culprit=state.culprit, bundle=state.bundle,
+                runbook_url=runbook_url(identity.signature, self.config.alerts.runbook_url)))
+
+    def alerting(self) -> list[tuple[AlertIdentity, Severity, str]]:
+        """Each open episode that has alerted: its identity, severity and culprit (the episode_alert_info series,
+        from which the shipped rules make the same alert)."""
+        with self._lock:
+            return [(state.identity, state.severity, state.culprit) for state in self.open.values()
+                    if state.identity is not None and state.severity is not None]
 
     def close(self, timeout: float) -> None:
         """Finish in-flight incidents within `timeout`; those not started are written as partial. Running
@@ -264,3 +304,17 @@ class IncidentHandler:
         with self._lock:
             pending = list(self.pending)
         futures_wait(pending, timeout=timeout)
+
+
+def culprit_text(gpus: Sequence[int], ranks: Sequence[RankInfo]) -> str:
+    """'GPU 4 (rank 4, pid 812)', 'GPUs 3, 5 (ranks 3, 5)': the GPUs the others wait on, with the ranks on them
+    where they were seen; '' when no GPU is named."""
+    if not gpus:
+        return ""
+    on = [r for r in ranks if set(r.gpus) & set(gpus)]
+    if len(on) == 1 and len(gpus) == 1:
+        rank = on[0].rank
+        return f"GPU {gpus[0]} ({'rank ' + str(rank) + ', ' if rank is not None else ''}pid {on[0].pid})"
+    named = sorted({r.rank for r in on if r.rank is not None})
+    who = f" ({'rank' if len(named) == 1 else 'ranks'} {', '.join(map(str, named))})" if named else ""
+    return gpu_list(tuple(gpus)) + who

@@ -18,7 +18,16 @@ from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
 from watchdog.counters import Counters
-from watchdog.model import WORKLOAD_LABELS, GpuHealth, GpuSample, NodeSnapshot, Severity, Signature, Workload
+from watchdog.model import (
+    WORKLOAD_LABELS,
+    AlertIdentity,
+    GpuHealth,
+    GpuSample,
+    NodeSnapshot,
+    Severity,
+    Signature,
+    Workload,
+)
 
 PREFIX = "stall_watchdog_"
 
@@ -32,6 +41,7 @@ class MetricSpec:
 
 
 GPU = ("gpu", "uuid")
+ALERT_LABELS = ("signature", "severity", "node", "training_job", "gpu", *WORKLOAD_LABELS, "culprit")
 # The per-GPU readings: metric name -> the GpuSample field it renders.
 READINGS: dict[str, str] = {
     "gpu_utilization_ratio": "utilization_ratio",
@@ -75,6 +85,9 @@ METRICS: tuple[MetricSpec, ...] = (
                ("gpu", "signature")),
     MetricSpec("episode_start_time_seconds", "gauge", "Unix time of the first sample of the GPU's active episode.",
                ("gpu", "signature")),
+    MetricSpec("episode_alert_info", "gauge", "1 for each episode that has alerted, while it is open. Its labels "
+               "are those of the daemon's own Alertmanager alert for it (culprit aside), so the shipped rules "
+               "raise the same alert and Alertmanager keeps one per incident.", ALERT_LABELS),
     MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
                ("signature", "severity")),
     MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
@@ -107,6 +120,12 @@ class EpisodeView:
     onset_wall: float
 
 
+class AlertRow(NamedTuple):
+    identity: AlertIdentity
+    severity: Severity
+    culprit: str
+
+
 class RankRow(NamedTuple):
     gpu: int
     pid: int
@@ -122,6 +141,7 @@ class Published:
     snapshot: NodeSnapshot | None = None
     episodes: tuple[EpisodeView, ...] = ()
     ranks: tuple[RankRow, ...] = ()
+    alerts: tuple[AlertRow, ...] = ()
     component_up: Mapping[str, bool] = field(default_factory=dict)
     last_sample_wall: float | None = None
     tick_seconds: float | None = None
@@ -167,6 +187,9 @@ class WatchdogCollector(Collector):
         for gpu, pid, rank, job, workload in state.ranks:
             out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job,
                                       *workload.labels()), 1))
+        for identity, severity, culprit in state.alerts:
+            named = identity.labels(severity)
+            out["episode_alert_info"].append((tuple(named.get(name, "") for name in ALERT_LABELS[:-1]) + (culprit,), 1))
         for component, up in sorted(state.component_up.items()):
             out["component_up"].append(((component,), 1 if up else 0))
         if state.last_sample_wall is not None:
