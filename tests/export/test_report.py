@@ -4,18 +4,22 @@ under test-output/ as an artifact."""
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
-from watchdog.act.bundles import Incident
+from watchdog.act.bundles import BundleStore, Incident
+from watchdog.config import BundlesConfig
 from watchdog.daemon import build
 from watchdog.export import report
+from watchdog.export.metrics import new_counters
 from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample import sim
 
@@ -80,6 +84,13 @@ def test_report_in_a_real_browser(tmp_path: Path) -> None:
         assert culprit.count() == 1 and "rank 4" in culprit.inner_text()
         assert culprit.evaluate("r => getComputedStyle(r.cells[0]).backgroundColor") != "rgba(0, 0, 0, 0)"
         assert page.locator(".group.outlier").count() == 1
+        summary = json.loads((bundle / "summary.json").read_text())
+        assert page.locator("h1").inner_text() == summary["headline"]  # said once, as the heading
+        colour = {"warning": "rgb(255, 244, 229)", "critical": "rgb(253, 236, 236)"}[summary["severity"]]
+        assert page.locator(".verdict").evaluate("e => getComputedStyle(e).backgroundColor") == colour
+        widths = page.eval_on_selector_all('svg[data-field="power_watts"] polyline.series',
+                                           "nodes => nodes.map(n => [n.dataset.gpu, n.getAttribute('stroke-width')])")
+        assert {gpu for gpu, width in widths if float(width) > 2} == {"4"}  # the culprit drawn bold
         page.screenshot(path=str(ARTIFACTS / "incident-report.png"), full_page=True)
         browser.close()
     assert (ARTIFACTS / "incident-report.png").stat().st_size > 10_000
@@ -105,6 +116,38 @@ def test_report_data_from_events() -> None:
         ("busy_spin", 1e9 + 90, "spin"), ("zero_util", None, "z")]
     snapshots = [NodeSnapshot(1e9 + t, (GpuSample(index=0, utilization_ratio=1.0, power_watts=150.0),))
                  for t in range(0, 200, 10)]
-    page = report.render(report.ReportData("t", snapshots, episodes, verdict="v", severity="critical"))
+    page = report.render(report.ReportData("t", snapshots, episodes, verdict="v",
+                                           severity=report.overall_severity(episodes)))
     assert 'class="verdict critical"' in page and Incident(fired, []).name.endswith("busy_spin-gpu0")
-    assert page.count('data-signature="busy_spin"') == 3 and page.count('data-signature="zero_util"') == 3
+    # no SM clock in this recording (as in every real nvidia-smi log here): said, not drawn empty
+    assert page.count('data-signature="busy_spin"') == 2 and page.count('data-signature="zero_util"') == 2
+    assert '<p class="absent muted" data-field="sm_clock_hertz">SM clock: not in this recording.</p>' in page
+    # when each episode ended and how long it lasted; one still open says so
+    assert "<td>90 s</td>" in page and "<td>still open</td><td>45 s so far</td>" in page
+
+
+def test_the_colour_says_the_severity_and_a_healthy_trace_is_not_amber() -> None:
+    assert report.overall_severity([]) == "ok"
+    assert report.overall_severity([{"severity": "warning"}]) == "warning"
+    assert report.overall_severity([{"severity": "warning"}, {"severity": "critical"}]) == "critical"
+    healthy = report.render(report.ReportData("t", [], [], headline="no episode", severity="ok"))
+    assert 'class="verdict ok"' in healthy and ".verdict.ok{background:#ecfdf3" in healthy
+
+
+def test_a_bundle_page_says_the_headline_once_and_when_it_ended(tmp_path: Path) -> None:
+    bundle = bundle_with_culprit(tmp_path)
+    summary = json.loads((bundle / "summary.json").read_text())
+    headline = summary["headline"]
+    page = (bundle / "report.html").read_text()
+    assert page.count(html.escape(headline)) == 1 and f"<h1>{html.escape(headline)}</h1>" in page
+    assert page.count('data-culprit="true"') == 3  # GPU 4, bold in each of the three charts
+    assert "GPU 4 (culprit: the others wait on it)" in page
+    assert "<td>still open</td>" in page
+    onset = summary["event"]["onset"]
+    resolved = EpisodeEvent(EventKind.RESOLVED, Signature.WAITING, Severity.WARNING, (0,), (4,),
+                            datetime.fromisoformat(onset).timestamp(), datetime.fromisoformat(onset).timestamp() + 560,
+                            "over")
+    store = BundleStore(BundlesConfig(directory=str(tmp_path)), new_counters(), report.write_for_bundle)
+    store.record_end(str(bundle), resolved)
+    page = (bundle / "report.html").read_text()
+    assert "<td>9 min 20 s</td>" in page and "resolved " in page and "still open" not in page

@@ -171,6 +171,17 @@ class BundleStore:
         if self.render_report is not None:
             self.render_report(folder)
 
+    def record_end(self, bundle: str, event: EpisodeEvent) -> None:
+        """The episode resolved: the bundle (and its page) say when, and how long it lasted; the verdict
+        stays the one it fired (or escalated) with."""
+        folder = Path(bundle)
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        summary.update({"resolved": iso_time(event.at_seconds),
+                        "duration_seconds": round(event.at_seconds - event.onset_seconds, 3)})
+        private_files.write_json(folder / "summary.json", summary, replace=True)
+        if self.render_report is not None:
+            self.render_report(folder)
+
     def _telemetry(self, path: Path, incident: Incident, budget: private_files.Budget) -> None:
         text = io.StringIO()
         head = recording.header("bundle", iso_time(incident.event.onset_seconds), onset=incident.event.onset_seconds)

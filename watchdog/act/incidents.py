@@ -136,6 +136,8 @@ class IncidentHandler:
             self._look(key, state, snapshot)
         else:
             self._alert(event, state, resolved=True)
+            if state.bundle is not None:
+                self._submit(self.bundles.record_end, state.bundle, event)
             with self._lock:
                 gone = self.open.pop(key, None)
                 if gone is not None:

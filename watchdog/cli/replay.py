@@ -189,9 +189,14 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
         timeline.footer(first, last, samples, gpus, still_open)
     if options.report:
         episodes = report_html.episodes_from_events(fired)
+        worst = max(episodes, key=lambda e: (e["severity"] == "critical", e["severity"] == "warning"), default=None)
+        culprits = tuple(sorted({int(g) for e in episodes for g in e["culprit_gpus"]}))  # type: ignore[attr-defined]
         page = report_html.render(report_html.ReportData(
             f"replay of {spec}", kept, episodes, naive_time=trace.naive_time,
-            verdict="; ".join(str(e["summary"]) for e in episodes[:3]) or "no episode"))
+            severity=report_html.overall_severity(episodes), culprit_gpus=culprits,
+            headline=str(worst["headline"]) if worst else "no episode: nothing stalled in this trace",
+            verdict=(f"{len(episodes)} episodes; the worst: " if len(episodes) > 1 else "")
+            + (str(worst["summary"]) if worst else "")))
         try:
             Path(options.report).write_text(page, encoding="utf-8")
         except OSError as exc:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog import private_files
+from watchdog.detect.summary import duration_text
 from watchdog.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, NodeSnapshot, Workload, iso_time, member_id
 from watchdog.sample import recording
 
@@ -34,6 +35,8 @@ class ReportData:
     outliers: list[str] = field(default_factory=list)
     doctor: list[dict[str, str]] = field(default_factory=list)
     naive_time: bool = False
+    headline: str = ""  # the verdict in one line, said once, as the page's heading
+    culprit_gpus: tuple[int, ...] = ()  # drawn bold and named in the legend
 
 
 def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, object]]:
@@ -45,12 +48,20 @@ def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, objec
         key = e.key or f"{e.signature.value}@{e.onset_seconds}"
         entry = episodes.setdefault(key, {"signature": e.signature.value, "onset": e.onset_seconds,
                                           "at": e.at_seconds, "end": None, "severity": e.severity.value,
-                                          "summary": e.summary})
+                                          "summary": e.summary, "headline": e.headline,
+                                          "culprit_gpus": list(e.culprit_gpus)})
         if e.event is EventKind.RESOLVED:
             entry["end"] = e.at_seconds
         else:
-            entry["severity"], entry["summary"] = e.severity.value, e.summary
+            entry.update(severity=e.severity.value, summary=e.summary, headline=e.headline,
+                         culprit_gpus=list(e.culprit_gpus))
     return list(episodes.values())
+
+
+def overall_severity(episodes: Sequence[dict[str, object]]) -> str:
+    """critical, warning, or ok when no episode fired: the verdict's colour."""
+    found = {str(e.get("severity")) for e in episodes}
+    return "critical" if "critical" in found else "warning" if found else "ok"
 
 
 def thin(snapshots: Sequence[NodeSnapshot], limit: int = MAX_POINTS) -> list[NodeSnapshot]:
@@ -66,6 +77,9 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
     t0, t1 = snaps[0].time_seconds, max(snaps[-1].time_seconds, snaps[0].time_seconds + 1)
     gpus = sorted({g.index for s in snaps for g in s.gpus})
     values = [getattr(g, field_name) * scale for s in snaps for g in s.gpus if getattr(g, field_name) is not None]
+    if not values:  # nvidia-smi logs often leave a column out, or say [N/A]: say so, draw no empty chart
+        return (f'<p class="absent muted" data-field="{field_name}">{html.escape(label)}: not in this '
+                'recording.</p>')
     top = max(values, default=1.0) * 1.05 or 1.0
     left, right, pad = 56, 12, 18
 
@@ -98,17 +112,23 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
         points = " ".join(f"{x(s.time_seconds):.1f},{y(getattr(g, field_name) * scale):.1f}"
                           for s in snaps for g in s.gpus if g.index == gpu and getattr(g, field_name) is not None)
         if points:
-            parts.append(f'<polyline class="series" data-gpu="{gpu}" fill="none" stroke-width="1.4" '
-                         f'stroke="{PALETTE[gpu % len(PALETTE)]}" points="{points}"><title>GPU {gpu}</title>'
-                         '</polyline>')
+            odd = gpu in data.culprit_gpus
+            marked = ' data-culprit="true"' if odd else ""
+            parts.append(f'<polyline class="series" data-gpu="{gpu}"{marked} '
+                         f'fill="none" stroke-width="{3.2 if odd else 1.4}" stroke="{PALETTE[gpu % len(PALETTE)]}" '
+                         f'points="{points}"><title>GPU {gpu}{" (culprit)" if odd else ""}</title></polyline>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _legend(data: ReportData) -> str:
     gpus = sorted({g.index for s in data.snapshots for g in s.gpus})
-    return '<p class="legend">' + " ".join(
-        f'<span><i style="background:{PALETTE[g % len(PALETTE)]}"></i>GPU {g}</span>' for g in gpus) + "</p>"
+    def entry(g: int) -> str:
+        odd = g in data.culprit_gpus
+        return (f'<span{" class=culprit" if odd else ""}><i style="background:{PALETTE[g % len(PALETTE)]}"></i>'
+                f'GPU {g}{" (culprit: the others wait on it)" if odd else ""}</span>')
+
+    return '<p class="legend">' + " ".join(entry(g) for g in gpus) + "</p>"
 
 
 def _table(rows: list[dict[str, object]], columns: list[str], culprits: set[str]) -> str:
@@ -123,8 +143,9 @@ def _table(rows: list[dict[str, object]], columns: list[str], culprits: set[str]
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1000px;color:#1d1d1f;padding:0 12px}
 h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-.verdict{font-size:15px;padding:12px 14px;border-radius:6px;background:#fff4e5;border-left:5px solid #f59e0b}
-.verdict.critical{background:#fdecec;border-color:#dc2626} .muted{color:#666}
+.verdict{font-size:15px;padding:12px 14px;border-radius:6px;background:#f3f4f6;border-left:5px solid #9ca3af}
+.verdict.warning{background:#fff4e5;border-color:#f59e0b} .verdict.critical{background:#fdecec;border-color:#dc2626}
+.verdict.ok{background:#ecfdf3;border-color:#16a34a} .muted{color:#666} .legend .culprit{font-weight:700}
 svg.panel{width:100%;height:auto;display:block;margin:6px 0 14px;background:#fafafa;border:1px solid #eee}
 .grid{stroke:#e5e5e5} .axis{font-size:11px;fill:#666} .episode{fill:#dc2626;fill-opacity:.12}
 .legend span{margin-right:12px;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
@@ -136,18 +157,24 @@ tr.culprit td{background:#fdecec;font-weight:600} pre{background:#f6f6f6;padding
 
 
 def render(data: ReportData) -> str:
+    """The headline once, as the heading; under it the rest of the verdict (why, the telemetry, the stacks),
+    coloured by severity; then the timeline and the tables."""
     culprits = set(data.outliers)
+    heading = data.headline or data.title
+    rest = data.verdict.removeprefix(data.headline).lstrip(";. ") if data.headline else data.verdict
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(data.title)}</title>"
-             f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(data.title)}</h1>"]
-    if data.verdict:
-        parts.append(f'<p class="verdict {html.escape(data.severity)}">{html.escape(data.verdict)}</p>')
+             f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(heading)}</h1>"]
+    if data.headline and data.title != heading:
+        parts.append(f'<p class="muted">{html.escape(data.title)}</p>')
+    if rest or data.severity:
+        parts.append(f'<p class="verdict {html.escape(data.severity)}">{html.escape(rest or data.severity)}</p>')
     parts.append("<h2>Timeline</h2>" + _legend(data))
     parts += [_svg_panel(data, *panel) for panel in PANELS]
     if data.episodes:
+        one = len(data.episodes) == 1 and data.episodes[0].get("headline") == data.headline
         parts.append("<h2>Episodes</h2>" + _table(
-            [{**e, "onset": iso_time(float(e["onset"]), data.naive_time),  # type: ignore[arg-type]
-              "at": iso_time(float(e["at"]), data.naive_time)} for e in data.episodes],  # type: ignore[arg-type]
-            ["signature", "severity", "onset", "at", "summary"], set()))
+            [_episode_row(e, data.naive_time) for e in data.episodes],
+            ["signature", "severity", "onset", "end", "lasted", *([] if one else ["headline"])], set()))
     if data.ranks:
         scheduler = ["runs_in"] if any(r.get("runs_in") for r in data.ranks) else []  # the pod or Slurm job
         parts.append("<h2>Ranks</h2>" + _table(data.ranks, ["member", "rank", "pid", "gpus", *scheduler, "activity",
@@ -169,6 +196,15 @@ def render(data: ReportData) -> str:
             for d in data.doctor) + "</ul>")
     parts.append('<p class="muted">stall-watchdog incident report</p></body></html>')
     return "".join(parts)
+
+
+def _episode_row(episode: dict[str, object], naive: bool) -> dict[str, object]:
+    """When it began and ended, and how long it lasted: an episode still open says so, with how long so far."""
+    onset, at, end = float(episode["onset"]), float(episode["at"]), episode.get("end")  # type: ignore[arg-type]
+    lasted = duration_text((float(end) if end is not None else at) - onset)  # type: ignore[arg-type]
+    return {**episode, "onset": iso_time(onset, naive),
+            "end": iso_time(float(end), naive) if end is not None else "still open",  # type: ignore[arg-type]
+            "lasted": lasted if end is not None else f"{lasted} so far"}
 
 
 def _load_json(path: Path) -> object:
@@ -203,16 +239,21 @@ def from_bundle(folder: Path) -> ReportData:
                       "cpu_seconds": h.get("cpu_seconds", ""), "write_bytes": h.get("write_bytes", "")})
     onset = event.get("onset")
     episodes = []
+    resolved = summary.get("resolved")
     if onset:
         episodes.append({"signature": event.get("signature"), "severity": summary.get("severity"),
-                         "onset": _epoch(onset), "at": _epoch(event.get("at", onset)), "summary": event.get("summary")})
-    title = f"stall-watchdog: {summary.get('headline') or _plain_title(event)}"
-    if onset:
-        title += f", from {onset}"
+                         "onset": _epoch(onset), "at": _epoch(event.get("at", onset)),
+                         "end": _epoch(resolved) if isinstance(resolved, str) else None,
+                         "summary": event.get("summary"), "headline": summary.get("headline", "")})
+    title = "stall-watchdog: " + (f"{event.get('signature')} from {onset}" if onset else _plain_title(event))
+    if isinstance(resolved, str):
+        title += f", resolved {resolved}"
+    culprit_gpus = tuple(int(g) for g in event.get("culprit_gpus") or [] if isinstance(g, int))
     return ReportData(title, snapshots, episodes,
                       str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
                       report.get("groups", []), report.get("outliers", []),
-                      _load_json(folder / "doctor.json") or [])  # type: ignore[arg-type]
+                      _load_json(folder / "doctor.json") or [],  # type: ignore[arg-type]
+                      headline=str(summary.get("headline") or ""), culprit_gpus=culprit_gpus)
 
 
 def _runs_in(saved: object) -> str:
