@@ -20,6 +20,8 @@ from watchdog.stacks.classify import (
     classify,
 )
 from watchdog.stacks.formats import load
+from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, GroupFinding
+from watchdog.stacks.picture import corroborated, corroborations
 from watchdog.stacks.verdict import verdict
 
 
@@ -176,3 +178,18 @@ def test_one_process_reads_in_the_singular_and_saved_stacks_claim_no_stillness()
     decided = verdict(analyze(four))
     assert "3 of 4 processes wait in" in decided.sentence and "not measured (saved stacks)" in decided.sentence
     assert "is moving" not in decided.sentence
+
+
+def test_a_remote_culprit_named_by_the_flight_recorder_heads_the_verdict() -> None:
+    """Every local rank waits in one collective (the culprit is elsewhere); the Flight Recorder names rank 5:
+    the headline says so from its fields, and the finding joins the sentence in full."""
+    remote = verdict(analyze(dumps((4, WAIT))), spans_other_nodes=True)
+    assert remote.kind == "remote"
+    behind = {5: (11, "nccl:all_reduce")}
+    fr = FlightRecorderAnalysis((GroupFinding("0", 12, "nccl:all_reduce", (0, 1, 2, 3), (), behind, {}, ()),),
+                                (0, 1, 2, 3))
+    assert fr.culprits == (5,)
+    decided = corroborated(remote, corroborations(fr))
+    assert decided.headline == "the job waits on rank 5 (Flight Recorder)"
+    assert decided.sentence.endswith(fr.summary)
+    assert corroborated(remote, []) == remote

@@ -17,7 +17,7 @@ from watchdog.stacks import fr_dumps
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, FlightRecorderError, RankTrace
-from watchdog.stacks.picture import evidence_notes, with_notes
+from watchdog.stacks.picture import corroborated, corroborations, with_notes
 from watchdog.stacks.verdict import verdict
 
 from .nodes import NodeAnswer
@@ -97,12 +97,14 @@ def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = ()
     silent = [a for a in answers if not a.answered]
     decided = verdict(analysis, spans_other_nodes=bool(silent))
     fr = fr_dumps.analyze(traces) if traces else None
-    ras_summary = str(ras.get("summary")) if ras is not None and ras.get("conclusive") else None
+    conclusive = ras is not None and bool(ras.get("conclusive"))
+    ras_culprits = [r for r in (ras or {}).get("culprits") or [] if isinstance(r, int)] if conclusive else []
     if not dumps and not traces and ras is None:
         # Nothing was read: not an all-clear. Unknown is said as unknown.
         why = problem or ("no node answered" if answers else "no node exports ranks of this job")
         decided = Verdict("unknown", None, f"Unknown: no evidence was gathered ({why})", "unknown: no evidence")
-    decided = with_notes(decided, evidence_notes(fr, ras_summary) + _silent_note(silent))
+    found = corroborations(fr, ras_culprits, str(ras.get("summary")) if ras is not None and conclusive else None)
+    decided = with_notes(corroborated(decided, found), _silent_note(silent))
     where = analysis.group_by_member()
     by_member = {d.member: d for d in dumps}
     instance_of = {(r["node"], r["pid"]): r["instance"] for r in ranks}

@@ -65,10 +65,28 @@ class StackPicture:
         return out
 
 
-def evidence_notes(fr: FlightRecorderAnalysis | None, ras_summary: str | None) -> list[str]:
-    """What the Flight Recorder and NCCL RAS add to a verdict: the summary of each that names a culprit
-    (`ras_summary`: the RAS finding's summary when it is conclusive, else None)."""
-    return ([fr.summary] if fr is not None and fr.culprits else []) + ([ras_summary] if ras_summary else [])
+@dataclass(frozen=True)
+class Corroboration:
+    """Ranks a source beyond the stacks names as the ones the job waits on, and its finding in full."""
+
+    source: str  # "Flight Recorder" | "NCCL RAS"
+    culprits: tuple[int, ...]
+    finding: str  # the source's sentence, which begins with the source's name
+
+    def who(self) -> str:
+        """'rank 3 (Flight Recorder)', 'ranks 3, 5 (NCCL RAS)': built from the fields, never from the text."""
+        ranks = ", ".join(map(str, self.culprits))
+        return f"{'rank' if len(self.culprits) == 1 else 'ranks'} {ranks} ({self.source})"
+
+
+def corroborations(fr: FlightRecorderAnalysis | None, ras_culprits: Sequence[int] = (),
+                   ras_summary: str | None = None) -> list[Corroboration]:
+    """What the Flight Recorder and NCCL RAS add to a verdict, each where it names a culprit (the RAS
+    finding only when conclusive: pass its culprits and summary then)."""
+    found = [Corroboration("Flight Recorder", fr.culprits, fr.summary)] if fr is not None and fr.culprits else []
+    if ras_summary and ras_culprits:
+        found.append(Corroboration("NCCL RAS", tuple(ras_culprits), ras_summary))
+    return found
 
 
 def with_notes(decided: Verdict, notes: Sequence[str]) -> Verdict:
@@ -78,14 +96,19 @@ def with_notes(decided: Verdict, notes: Sequence[str]) -> Verdict:
     return replace(decided, sentence=decided.sentence.rstrip(".") + ". " + ". ".join(notes))
 
 
-def with_job_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: RasFinding | None) -> Verdict:
-    """The Flight Recorder's and NCCL RAS's culprits join the verdict: in its sentence always, and in
-    its headline when the local stacks could only say "the culprit is likely on another node"."""
-    notes = evidence_notes(fr, ras.summary if ras is not None and ras.conclusive else None)
-    joined = with_notes(decided, notes)
-    if notes and decided.kind == "remote":
-        return replace(joined, headline="the job waits on " + notes[0].split(": ", 1)[-1])
+def corroborated(decided: Verdict, found: Sequence[Corroboration]) -> Verdict:
+    """The corroborating findings join the verdict: in its sentence always, and in its headline when the
+    local stacks could only say "the culprit is likely on another node"."""
+    joined = with_notes(decided, [c.finding for c in found])
+    if found and decided.kind == "remote":
+        return replace(joined, headline="the job waits on " + found[0].who())
     return joined
+
+
+def with_job_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: RasFinding | None) -> Verdict:
+    conclusive = ras is not None and ras.conclusive
+    return corroborated(decided, corroborations(fr, ras.culprits if ras is not None and conclusive else (),
+                                                ras.summary if ras is not None and conclusive else None))
 
 
 def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg: StacksConfig,
