@@ -312,6 +312,7 @@ class StackDump:
     source: str = ""
     count: int = 1  # processes this dump stands for ("6 processes are in:" above one representative)
     node: str = ""  # where the process runs, when the dumps of several nodes are analysed together
+    job: str = ""  # what it says it runs: a capture's training job, py-spy text's program; '' when unsaid
 
     @property
     def main_thread(self) -> ThreadStack | None:

@@ -82,3 +82,32 @@ def test_analyze_reads_a_folder_of_py_spy_text_dumps(tmp_path: Path, capsys: pyt
     out, err = capsys.readouterr()
     picture = json.loads(out.splitlines()[0])
     assert picture["groups"] and "skipped" in err and "README" in err
+
+
+def _spy(pid: int, command: str, frames: list[str]) -> str:
+    body = "\n".join(f"    {frame}" for frame in frames)
+    return (f"Process {pid}: {command}\nPython v3.10.12 (/usr/bin/python3.10)\n\n"
+            f'Thread {pid} (idle): "MainThread"\n{body}\n')
+
+
+def test_analyze_never_merges_unrelated_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four ranks of a training job, one of them elsewhere, and two processes of an unrelated server that
+    idle in a queue: two verdicts, each over its own processes, and the split said on stderr."""
+    collective = ["all_reduce (torch/distributed/distributed_c10d.py:2501)", "step (train.py:59)"]
+    for rank in range(3):
+        (tmp_path / f"rank{rank}.txt").write_text(_spy(100 + rank, f"/usr/bin/python3 -u train.py --local-rank={rank}",
+                                                       collective))
+    (tmp_path / "rank3.txt").write_text(_spy(103, "/usr/bin/python3 -u train.py --local-rank=3",
+                                             ["get (queue.py:171)", "__next__ (loader.py:12)", "step (train.py:52)"]))
+    for worker in range(2):
+        (tmp_path / f"server{worker}.txt").write_text(_spy(200 + worker, "python -m vllm.entrypoints.api_server",
+                                                           ["get (queue.py:171)", "serve (server.py:9)"]))
+    assert main(["analyze", "--json", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    pictures = [json.loads(line) for line in out.splitlines()]
+    assert "2 different jobs or programs (-m vllm.entrypoints.api_server, train.py)" in err
+    by_name = {p["job"].rsplit(": ", 1)[-1]: p for p in pictures}
+    assert set(by_name) == {"train.py", "-m vllm.entrypoints.api_server"}
+    train = by_name["train.py"]
+    assert train["outliers"] == ["pid 103"] and "pid 200" not in json.dumps(train)
+    assert "pid 103" not in json.dumps(by_name["-m vllm.entrypoints.api_server"])

@@ -191,6 +191,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         error(f"skipped {skipped}")
     name = args.paths[0] if len(args.paths) == 1 else f"{len(args.paths)} paths"
     pictures = list(found.pictures)
+    jobs = sorted({d.job for d in found.dumps})
+    if len(jobs) > 1:  # never one verdict over unrelated processes: each job (or program) on its own
+        error(f"these stacks come from {len(jobs)} different jobs or programs "
+              f"({', '.join(job or 'unnamed' for job in jobs)}): each is analysed on its own")
+        pictures += [picture_of(Evidence(dumps=[d for d in found.dumps if d.job == job]), f"{name}: {job or 'unnamed'}")
+                     for job in jobs]
+        found = Evidence(traces=found.traces, ras=found.ras, timeout_logs=found.timeout_logs)
     if found.dumps or found.traces or found.ras or found.timeout_logs:
         pictures.append(picture_of(found, name))
     if not pictures:

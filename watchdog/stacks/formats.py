@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ class StackFormatError(Exception):
     """A dump that cannot be read; the message names the file (and line)."""
 
 
-_PROCESS = re.compile(r"^Process (\d{1,10}):")  # bounded digits: a longer number is prose, not a pid
+_PROCESS = re.compile(r"^Process (\d{1,10}):(.*)$")  # bounded digits: a longer number is prose, not a pid
 _THREAD = re.compile(r'^\s*Thread (0x[0-9A-Fa-f]{1,16}|\d{1,19}) \(([\w+]+)\)(?:: "(.*)")?\s*$')
 _FRAME = re.compile(r"^\s+(\S.*?) \((.*?)(?::(\d{1,9}))?\)\s*$")
 _BARE_FRAME = re.compile(r"^\s+([A-Za-z_<][\w.<>]*)\s*$")
@@ -37,6 +38,19 @@ _GROUP = re.compile(r"^\s*(\d{1,9}) (?:processes |ranks |procs )?(?:are )?in:?\s
 
 def _thread_id(text: str) -> int:
     return int(text, 16) if text.lower().startswith("0x") else int(text)
+
+
+def program(command: str) -> str:
+    """What a command line runs, the same for every rank of a job: the script (`train.py`) or module
+    (`-m vllm.entrypoints.api_server`), else the program; '' for none. Arguments (a rank's own
+    --local-rank among them) are left out."""
+    words = command.split()
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words):
+            return "-m " + words[i + 1][:200]
+        if word.endswith(".py"):
+            return word.rsplit("/", 1)[-1][:200]
+    return words[0].rsplit("/", 1)[-1][:200] if words else ""
 
 
 def parse_text(text: str, source: str = "") -> list[StackDump]:
@@ -50,6 +64,7 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
     digest_count = 0
     in_locals = False
     group_size = 0  # "6 processes are in:" before a group of headers
+    process_program = ""  # what the "Process N: COMMAND" line says it runs
 
 
     def flush_threads() -> None:
@@ -77,7 +92,7 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
         flush_threads()
         if process_pid is not None and process_threads:
             dumps.append(StackDump(member_id(process_pid, None), tuple(process_threads), process_pid,
-                                   source=source))
+                                   source=source, job=process_program))
         process_pid, process_threads = None, []
 
     for raw in text.splitlines():
@@ -89,7 +104,7 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
             continue
         if (match := _PROCESS.match(line)) is not None:
             flush_process()
-            process_pid = int(match.group(1))
+            process_pid, process_program = int(match.group(1)), program(match.group(2))
             digest_host = None
             continue
         if (match := _THREAD.match(line)) is not None:
@@ -211,8 +226,10 @@ def parse_fact_json(data: dict[str, Any], source: str = "") -> list[StackDump]:
 def parse_capture(data: dict[str, Any], source: str = "") -> list[StackDump]:
     """A file written by `stall-watchdog stacks dump --out`: py-spy's JSON with the rank it belongs to."""
     gpus = data.get("gpus")
-    return parse_pyspy_json(data.get("threads"), source, _small_int(data.get("rank")),
-                            tuple(g for g in gpus[:64] if _small_int(g) is not None) if isinstance(gpus, list) else ())
+    job = data.get("training_job")
+    dumps = parse_pyspy_json(data.get("threads"), source, _small_int(data.get("rank")),
+                             tuple(g for g in gpus[:64] if _small_int(g) is not None) if isinstance(gpus, list) else ())
+    return [replace(d, job=job[:200]) for d in dumps] if isinstance(job, str) and job else dumps
 
 
 def _parse_json(data: object, source: str) -> list[StackDump] | None:

@@ -171,6 +171,7 @@ def write_captures(directory: str | Path, report: StackPicture) -> list[Path]:
         target = capture.target
         written.append(private_files.write_json(folder / capture_file_name(target),
                                                 {"pid": target.pid, "rank": target.rank, "gpus": list(target.gpus),
-                                                 "threads": capture.raw}, replace=True))
+                                                 "training_job": report.job, "threads": capture.raw},
+                                                replace=True))
     written.append(private_files.write_json(folder / "analysis.json", report.to_json(), replace=True))
     return written
