@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,13 +60,17 @@ def test_rank_saving_a_checkpoint_is_a_wait_not_a_hang(tmp_path: Path) -> None:
 def test_all_finds_the_ranks_and_out_then_analyze_agrees(tmp_path: Path) -> None:
     job = tmp_path / "job"
     job.mkdir()
-    with gloo_job("dataloader", job, odd_rank=3) as ranks:
-        code, reports, _ = stacks("dump", "--all", "--json", "--out", str(tmp_path / "out"))
+    run_id = f"all-{os.getpid()}-{tmp_path.name}"
+    with gloo_job("dataloader", job, odd_rank=3, env={"TORCHELASTIC_RUN_ID": run_id}) as ranks:
+        # --all sees every training process on the machine, other jobs' too: --job keeps this test's own, so
+        # a machine running other jobs neither slows it down nor has its processes captured.
+        code, reports, _ = stacks("dump", "--all", "--job", f"run:{run_id}", "--json", "--out", str(tmp_path / "out"))
         assert code == 0
-    # Only this test's ranks: --all sees every training process on the machine, other jobs' too.
+        missing, _, err = stacks("dump", "--all", "--job", "run:no-such-job")
+    assert missing == 1 and "no ranks of run:no-such-job found; jobs seen:" in err and f"run:{run_id}" in err
     pids = {r.pid for r in ranks}
-    ours = [r for r in reports if {c["pid"] for c in r.get("captures", [])} & pids]
-    assert len(ours) == 1 and ours[0]["outliers"] == ["rank 3"]
+    (ours,) = reports
+    assert {c["pid"] for c in ours["captures"]} == pids and ours["outliers"] == ["rank 3"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert "analysis.json" in files and sum(f.startswith("rank-") for f in files) == 4
     assert all(((tmp_path / "out" / f).stat().st_mode & 0o777) == 0o600 for f in files)

@@ -90,7 +90,8 @@ def _add_stacks(verbs: Verbs) -> None:
         description="Capture every selected rank's Python stack with py-spy in parallel, watch their CPU and "
                     "I/O for a second, group identical stacks, name the ranks the others wait on, and say "
                     "whether it is a hang or a wait. Needs the same user as the ranks, or root / CAP_SYS_PTRACE.",
-        epilog="Examples:\n  stall-watchdog stacks dump --all\n  stall-watchdog stacks dump --gpu 3 --gpu 4 --json\n"
+        epilog="Examples:\n  stall-watchdog stacks dump --all\n  stall-watchdog stacks dump --all --job run:llm-42\n"
+               "  stall-watchdog stacks dump --gpu 3 --gpu 4 --json\n"
                "  stall-watchdog stacks dump --pid 4711 --pid 4712 --out /tmp/stacks\n")
     chosen = dump.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--pid", type=int, action="append", metavar="PID", help="a process to capture (repeat)")
@@ -98,6 +99,9 @@ def _add_stacks(verbs: Verbs) -> None:
                         help="the processes NVML lists on GPU N (repeat)")
     chosen.add_argument("--all", action="store_true",
                         help="every GPU process; without NVML, every process with RANK and WORLD_SIZE set")
+    dump.add_argument("--job", action="append", metavar="JOB",
+                      help="only the ranks of this training job (as `training_job` names it: run:ID, slurm:ID, "
+                           "rdzv:HOST:PORT; repeat); the others on the machine are not touched")
     dump.add_argument("--json", action="store_true", help="one JSON object per job")
     dump.add_argument("--out", metavar="DIR", help="also write each rank's py-spy JSON and the analysis here")
     dump.add_argument("--config", metavar="FILE", help="YAML configuration (the stacks section)")

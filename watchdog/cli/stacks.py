@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml
@@ -43,14 +44,23 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
         if found is None:
             return EXIT_FAILURE
         ranks = found
+    if args.job:
+        seen = sorted({r.job_key for r in ranks})
+        ranks = [r for r in ranks if r.job_key in args.job]
+        if not ranks:
+            error(f"no ranks of {', '.join(args.job)} found; jobs seen: {', '.join(seen) or 'none'}")
+            return EXIT_FAILURE
     if not ranks:
         error("no training ranks found (looked for processes on the GPUs, or with RANK/LOCAL_RANK and WORLD_SIZE "
               "in their environment); name them with --pid")
         return EXIT_FAILURE
     s = config.stacks
     capturer = StackCapturer.from_config(s)
-    pictures = [capture_job(job, capturer, discovery, s)
-                for job in group_jobs(ranks)]
+    jobs = group_jobs(ranks)
+    # Each job's evidence waits on its own (the Flight Recorder's dumps, NCCL RAS): all at once, so a
+    # machine running several jobs costs the slowest job's wait, not the sum of them.
+    with ThreadPoolExecutor(max_workers=min(8, len(jobs)), thread_name_prefix="job") as pool:
+        pictures = list(pool.map(lambda job: capture_job(job, capturer, discovery, s), jobs))
     print_pictures(pictures, args.json)
     if args.out:
         for picture in pictures:
