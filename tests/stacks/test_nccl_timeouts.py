@@ -73,6 +73,16 @@ def test_analyze_reads_a_folder_of_timeout_logs(tmp_path: Path, capsys: pytest.C
     assert "notes.md" in err and "skipped" in err
 
 
+def test_the_headline_of_timeout_logs_names_the_rank_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "".join(f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, "
+                   f"NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.\n"
+                   for r, s in ((0, 41), (1, 41), (2, 40), (3, 41)))
+    (tmp_path / "train.log").write_text(text)
+    assert main(["analyze", "--json", str(tmp_path / "train.log")]) == 0
+    verdict = json.loads(capsys.readouterr().out.splitlines()[0])["verdict"]
+    assert verdict["headline"] == "the job waits on rank 2 (NCCL timeout logs)"
+
+
 def test_analyze_reads_a_folder_of_py_spy_text_dumps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Text dumps pasted from issues, one per file, and a file that is no evidence: read, and named."""
     real = realdata("hang_stacks", "bigscience-tr11-176B-chronicles-2022-04-30-node48.txt").read_text()

@@ -30,7 +30,7 @@ from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, parse_capt
 from watchdog.stacks.formats import load as load_stacks
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
-from watchdog.stacks.picture import StackPicture, with_job_evidence, with_notes
+from watchdog.stacks.picture import Corroboration, StackPicture, with_job_evidence, with_notes
 from watchdog.stacks.verdict import verdict
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"
@@ -173,12 +173,20 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     # A watchdog timeout is a hang that already happened: the job waited past its collective timeout.
     stuck = bool(fr and fr.culprits) or bool(ras and (ras.stuck or ras.dead or ras.missing)) or \
         bool(timeouts and timeouts.events)
+    # The headline from the fields (who, and which evidence names them), never cut out of a sentence.
+    sources = [source for source, named in (("NCCL timeout logs", timeouts is not None and timeouts.culprits),
+                                             ("Flight Recorder", fr is not None and fr.culprits),
+                                             ("NCCL RAS", ras is not None and ras.culprits)) if named]
+    who = Corroboration(", ".join(sources), tuple(culprits), "").who() if culprits else ""
     if stuck:
-        decided = Verdict("hang", Severity.CRITICAL, ". ".join(notes), notes[0].split(": ", 1)[-1])
+        headline = (f"the job waits on {who}" if who else
+                    "every rank timed out in the same collective: the transport, not a rank (run the doctor)"
+                    if timeouts is not None and timeouts.events else "the job is stuck; no rank is named")
+        decided = Verdict("hang", Severity.CRITICAL, ". ".join(notes), headline)
     elif ras is not None and ras.behind:
         decided = Verdict("waiting", Severity.WARNING, ". ".join(notes) + ". One RAS report cannot tell a stuck "
                           "rank from a slow one: give two taken a few seconds apart",
-                          notes[-1].split(": ", 1)[-1])
+                          f"{who or 'a rank'} behind the others in one RAS report")
     else:
         decided = Verdict("no_stall", None, ". ".join(notes) or "nothing to analyse", "no rank named")
     analysis = Analysis((), tuple(f"rank {r}" for r in culprits), ". ".join(notes), 0)
