@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,16 +95,31 @@ def _check_owner(path: str, info: os.stat_result, owner: int) -> None:
         raise RankFileError(f"{path}: owned by uid {info.st_uid}, not by the rank's user (uid {owner}); not used")
 
 
+def _open_checked(pid: int, path: str, flags: int, proc_root: str | Path, wanted: Callable[[int], bool],
+                  what: str, verb: str) -> tuple[int, os.stat_result]:
+    """What the rank names, opened inside its root, and the opened inode checked: its type (`wanted`, else
+    "not WHAT ...; not VERB") and that the rank's own user owns it. The caller closes the descriptor."""
+    owner = _owner(pid, proc_root)
+    fd = _open(pid, path, flags, proc_root)
+    try:
+        info = os.fstat(fd)
+        if not wanted(info.st_mode):
+            raise RankFileError(f"{path}: not {what} ({_kind(info.st_mode)}); not {verb}")
+        _check_owner(path, info, owner)
+    except OSError as exc:
+        os.close(fd)
+        raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
 def read(pid: int, path: str, max_bytes: int, timeout_seconds: float = 5.0,
          proc_root: str | Path = "/proc") -> RankFile:
     """The whole of a regular file the rank names, at most `max_bytes`, read within `timeout_seconds`."""
-    owner = _owner(pid, proc_root)
-    fd = _open(pid, path, os.O_RDONLY, proc_root)
+    fd, info = _open_checked(pid, path, os.O_RDONLY, proc_root, stat.S_ISREG, "a regular file", "read")
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise RankFileError(f"{path}: not a regular file ({_kind(info.st_mode)}); not read")
-        _check_owner(path, info, owner)
         if info.st_size > max_bytes:
             raise RankFileError(f"{path}: {info.st_size} bytes, over the {max_bytes}-byte cap; not read")
         return RankFile(_read_capped(fd, path, max_bytes, timeout_seconds), info.st_mtime)
@@ -118,13 +134,8 @@ def write_fifo(pid: int, path: str, data: bytes, proc_root: str | Path = "/proc"
     checked on that descriptor, and that very inode reopened for writing. A regular file, a device or a
     link there is refused and never opened for writing. ENXIO (no reader) raises RankFileError with
     `missing` False and the errno in the message."""
-    owner = _owner(pid, proc_root)
-    fd = _open(pid, path, os.O_PATH, proc_root)
+    fd, _ = _open_checked(pid, path, os.O_PATH, proc_root, stat.S_ISFIFO, "a named pipe", "written")
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISFIFO(info.st_mode):
-            raise RankFileError(f"{path}: not a named pipe ({_kind(info.st_mode)}); not written")
-        _check_owner(path, info, owner)
         try:
             pipe = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
