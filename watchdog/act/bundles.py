@@ -162,22 +162,22 @@ class BundleStore:
 
     def rewrite_verdict(self, bundle: str, event: EpisodeEvent) -> None:
         """An escalated (or relapsed) episode: the bundle's summary (and page) say the new severity and
-        sentence, so the bundle never disagrees with the metrics and the alert. Replaced atomically."""
-        folder = Path(bundle)
-        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-        summary.update({"severity": event.severity.value, "headline": event.headline, "verdict": event.summary,
-                        "event": event.to_json(), event.event.value: iso_time(event.at_seconds)})
-        private_files.write_json(folder / "summary.json", summary, replace=True)
-        if self.render_report is not None:
-            self.render_report(folder)
+        sentence, so the bundle never disagrees with the metrics and the alert."""
+        self._update_summary(bundle, {"severity": event.severity.value, "headline": event.headline,
+                                      "verdict": event.summary, "event": event.to_json(),
+                                      event.event.value: iso_time(event.at_seconds)})
 
     def record_end(self, bundle: str, event: EpisodeEvent) -> None:
         """The episode resolved: the bundle (and its page) say when, and how long it lasted; the verdict
         stays the one it fired (or escalated) with."""
+        self._update_summary(bundle, {"resolved": iso_time(event.at_seconds),
+                                      "duration_seconds": round(event.at_seconds - event.onset_seconds, 3)})
+
+    def _update_summary(self, bundle: str, changes: dict[str, object]) -> None:
+        """summary.json with `changes` merged in, replaced atomically, and the page rendered again."""
         folder = Path(bundle)
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-        summary.update({"resolved": iso_time(event.at_seconds),
-                        "duration_seconds": round(event.at_seconds - event.onset_seconds, 3)})
+        summary.update(changes)
         private_files.write_json(folder / "summary.json", summary, replace=True)
         if self.render_report is not None:
             self.render_report(folder)

@@ -30,7 +30,7 @@ from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, parse_capt
 from watchdog.stacks.formats import load as load_stacks
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
-from watchdog.stacks.picture import Corroboration, StackPicture, with_job_evidence, with_notes
+from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence, with_notes
 from watchdog.stacks.verdict import verdict
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"
@@ -177,7 +177,7 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     sources = [source for source, named in (("NCCL timeout logs", timeouts is not None and timeouts.culprits),
                                              ("Flight Recorder", fr is not None and fr.culprits),
                                              ("NCCL RAS", ras is not None and ras.culprits)) if named]
-    who = Corroboration(", ".join(sources), tuple(culprits), "").who() if culprits else ""
+    who = named_by(culprits, ", ".join(sources)) if culprits else ""
     if stuck:
         headline = (f"the job waits on {who}" if who else
                     "every rank timed out in the same collective: the transport, not a rank (run the doctor)"

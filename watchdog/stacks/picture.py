@@ -74,9 +74,12 @@ class Corroboration:
     finding: str  # the source's sentence, which begins with the source's name
 
     def who(self) -> str:
-        """'rank 3 (Flight Recorder)', 'ranks 3, 5 (NCCL RAS)': built from the fields, never from the text."""
-        ranks = ", ".join(map(str, self.culprits))
-        return f"{'rank' if len(self.culprits) == 1 else 'ranks'} {ranks} ({self.source})"
+        return named_by(self.culprits, self.source)
+
+
+def named_by(culprits: Sequence[int], source: str) -> str:
+    """'rank 3 (Flight Recorder)', 'ranks 3, 5 (NCCL RAS)': built from the fields, never from a sentence."""
+    return f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits))} ({source})"
 
 
 def corroborations(fr: FlightRecorderAnalysis | None, ras_culprits: Sequence[int] = (),
@@ -106,9 +109,9 @@ def corroborated(decided: Verdict, found: Sequence[Corroboration]) -> Verdict:
 
 
 def with_job_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: RasFinding | None) -> Verdict:
-    conclusive = ras is not None and ras.conclusive
-    return corroborated(decided, corroborations(fr, ras.culprits if ras is not None and conclusive else (),
-                                                ras.summary if ras is not None and conclusive else None))
+    if ras is not None and ras.conclusive:
+        return corroborated(decided, corroborations(fr, ras.culprits, ras.summary))
+    return corroborated(decided, corroborations(fr))
 
 
 def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg: StacksConfig,
