@@ -45,10 +45,11 @@ def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
     for path, make in OUTPUTS.items():  # config.example.yaml first: the Kubernetes ConfigMap is made from it
-        if path.read_text() != make():
+        made = make()
+        if path.read_text() != made:
             stale.append(path.relative_to(REPO))
             if not check:
-                path.write_text(make())
+                path.write_text(made)
     render = [sys.executable, str(REPO / "deploy" / "kubernetes" / "render.py")] + (["--check"] if check else [])
     rendered = subprocess.run(render, capture_output=True, text=True)
     if check:
