@@ -71,3 +71,21 @@ def test_a_fifo_and_a_device_are_errors_not_waits(tmp_path: Path, capsys: pytest
     for path in (str(tmp_path / "pipe"), "/dev/zero"):
         assert main(["analyze", path]) != 0
         assert "not a regular file" in capsys.readouterr().err
+
+
+def test_processes_that_each_claim_a_program_of_their_own_stay_bounded(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A text dump whose processes name 300 programs, one with a terminal escape and one a 100 KB command: each
+    gets its picture, the note on stderr stays one short line, and no escape or long name reaches the output."""
+    lines = []
+    for pid in range(300):
+        command = {0: "\x1b]0;pwned\x07evil.py", 1: "x" * 100_000 + ".py"}.get(pid, f"prog{pid}.py")
+        lines.append(f'Process {1000 + pid}: python {command}\nThread {1000 + pid} (idle): "MainThread"\n'
+                     "    get (queue.py:171)\n")
+    (tmp_path / "many.txt").write_text("".join(lines))
+    assert main(["analyze", "--json", str(tmp_path / "many.txt")]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 300 and "\x1b" not in out and "\x1b" not in err
+    assert all(len(json.loads(line)["job"]) < 260 for line in out.splitlines())
+    (note,) = err.splitlines()
+    assert "300 different jobs or programs" in note and "and 292 more" in note and len(note) < 2000

@@ -201,8 +201,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     pictures = list(found.pictures)
     jobs = sorted({d.job for d in found.dumps})
     if len(jobs) > 1:  # never one verdict over unrelated processes: each job (or program) on its own
-        error(f"these stacks come from {len(jobs)} different jobs or programs "
-              f"({', '.join(job or 'unnamed' for job in jobs)}): each is analysed on its own")
+        more = f", and {len(jobs) - 8} more" if len(jobs) > 8 else ""
+        named = ", ".join(job or "unnamed" for job in jobs[:8]) + more
+        error(f"these stacks come from {len(jobs)} different jobs or programs ({named}): each is analysed on its own")
         pictures += [picture_of(Evidence(dumps=[d for d in found.dumps if d.job == job]), f"{name}: {job or 'unnamed'}")
                      for job in jobs]
         found = Evidence(traces=found.traces, ras=found.ras, timeout_logs=found.timeout_logs)

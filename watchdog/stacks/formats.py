@@ -44,7 +44,7 @@ def program(command: str) -> str:
     """What a command line runs, the same for every rank of a job: the script (`train.py`) or module
     (`-m vllm.entrypoints.api_server`), else the program; '' for none. Arguments (a rank's own
     --local-rank among them) are left out."""
-    words = command.split()
+    words = "".join(c if c.isprintable() else " " for c in command[:4096]).split()  # a terminal prints it
     for i, word in enumerate(words):
         if word == "-m" and i + 1 < len(words):
             return "-m " + words[i + 1][:200]
