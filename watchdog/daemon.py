@@ -115,6 +115,7 @@ RELOAD = {
     "job": "reload", "detectors": "reload",  # the engine
     "stacks": "reload",  # incidents, dumps and the shared py-spy capturer
     "dump": "reload",  # rate limits and cooldown; dump.enabled, token_file, max_body_bytes are the endpoint's
+    "actions": "reload",  # the policy, its guards and the actions (what was done is remembered across reloads)
     "source": "restart", "export": "restart", "alerts": "restart", "bundles": "restart",
     "kubernetes": "restart",
 }
@@ -168,6 +169,7 @@ class Daemon:
             for event in events:
                 self._guarded("act", self._act, event, snapshot)
             self._guarded("act", self.incidents.recheck, self._unsettled(), snapshot)
+            self._guarded("act", self.incidents.consider, snapshot)
         self._guarded("export", self._publish, snapshot, self.monotonic() - started)
         self.ticks += 1
         self.notifier.watchdog()
@@ -240,8 +242,9 @@ class Daemon:
         if self.ticks % 30 == 0 or disk is None:
             disk = self.bundles.disk_bytes()
         alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
+        action = (self.config.actions.mode, self.incidents.action_state)
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last,
-                                   tick_seconds, disk)
+                                   tick_seconds, disk, action)
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
         """gpu, pid, rank, job and workload for rank_info. A pid is described once (psutil and /proc), then

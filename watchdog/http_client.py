@@ -26,9 +26,10 @@ class HttpError(Exception):
     """No answer (unreachable, too slow, too long, not HTTP); the message holds no secret. `reason` is the
     message without the host."""
 
-    def __init__(self, host: str, reason: str):
+    def __init__(self, host: str, reason: str, timed_out: bool = False):
         super().__init__(f"{host}: {reason}")
         self.reason = reason
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,12 @@ def request(method: str, url: str | urllib.parse.SplitResult, body: bytes | None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         reason = (f"no answer within {timeout:g} s" if held.fired
                   else getattr(exc, "strerror", None) or type(exc).__name__)
-        raise HttpError(host, reason) from None
+        raise HttpError(host, reason, held.fired) from None
     finally:
         deadline.cancel()
         connection.close()
     if held.fired:  # cut mid-body: what arrived is not the answer
-        raise HttpError(host, f"no answer within {timeout:g} s")
+        raise HttpError(host, f"no answer within {timeout:g} s", timed_out=True)
     if len(data) > max_bytes:
         raise HttpError(host, f"the answer is over {max_bytes} bytes")
     return Response(status, data)

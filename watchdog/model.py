@@ -256,19 +256,33 @@ def iso_time(seconds: float, naive: bool = False) -> str:
     return stamp.isoformat(timespec="milliseconds")
 
 
+def duration_text(seconds: float) -> str:
+    """'45 s', '2 min 10 s', '3.5 h': a duration in summaries, alerts and actions."""
+    seconds = max(0, round(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds / 3600:.1f} h"
+
+
+def number_runs(numbers: Sequence[int]) -> str:
+    """'0-3', '0, 2, 5-7': sorted, with runs of three or more written as a range."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
 def gpu_list(gpus: tuple[int, ...] | list[int]) -> str:
     """'GPU 3', 'GPUs 0-7', 'GPUs 0-3, 5-7', 'GPUs 0, 2, 5' - compact, for summaries."""
     items = sorted(set(gpus))
     if len(items) == 1:
         return f"GPU {items[0]}"
-    runs: list[list[int]] = []
-    for gpu in items:
-        if runs and gpu == runs[-1][-1] + 1:
-            runs[-1].append(gpu)
-        else:
-            runs.append([gpu])
-    parts = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
-    return "GPUs " + ", ".join(parts)
+    return "GPUs " + number_runs(items)
 
 
 # -- stacks -------------------------------------------------------------------------------------------

@@ -209,3 +209,29 @@ def test_one_image_override_and_the_optional_prometheus_operator_component(tmp_p
     assert json.loads(dashboard["data"]["stall-watchdog.json"]) == json.loads(
         (REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())
     kubernetes_validate.validate(dashboard, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_optional_actions_component_grants_the_kubernetes_action_exactly_what_it_uses(tmp_path: Path) -> None:
+    """Off by default (the base has no role and mounts no token); with deploy/kubernetes/actions: a cluster
+    role with pods get/delete and nodes get/patch bound to the daemon's account, and the token mounted."""
+    base = kustomize(tmp_path)
+    assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & {o["kind"] for o in base}
+    objects = kustomize(tmp_path, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                                  "resources: [../deploy/kubernetes]\n"
+                                  "components: [../deploy/kubernetes/actions]\n")
+    version = kubernetes_validate.latest_version()
+    for document in objects:
+        kubernetes_validate.validate(document, version, strict=True)
+    [role] = [o for o in objects if o["kind"] == "ClusterRole"]
+    granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == {("pods", "get"), ("pods", "delete"), ("nodes", "get"), ("nodes", "patch")}
+    assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+    [binding] = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "stall-watchdog", "namespace": "stall-watchdog"}]
+    spec = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is True
+    # The code asks for no more than the role grants: every request the action makes is one of these.
+    from watchdog.act import actions
+    source = Path(actions.__file__).read_text()
+    assert {m for m in ("GET", "DELETE", "PATCH", "POST", "PUT") if f'"{m}"' in source} == {"GET", "DELETE", "PATCH"}

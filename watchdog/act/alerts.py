@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
-import signal
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -43,6 +40,7 @@ class Alert:
     culprit: str = ""  # "GPU 4 (rank 4, pid 812)": what the others wait on, where that is known
     bundle: str | None = None
     runbook_url: str = ""
+    action: str = ""  # the actions policy's decision once it said one (act, dry_run, deterministic...): a new fact
 
     @property
     def signature(self) -> str:
@@ -61,7 +59,8 @@ class Alert:
                 "culprit_gpus": list(self.culprit_gpus), "culprit": self.culprit, "summary": self.summary,
                 "onset": iso_time(self.onset), "at": iso_time(self.at), "node": self.identity.node,
                 "training_job": self.identity.training_job, "bundle": self.bundle,
-                "runbook_url": self.runbook_url, "workload": self.identity.workload.to_json()}
+                "runbook_url": self.runbook_url, "workload": self.identity.workload.to_json(),
+                **({"action": self.action} if self.action else {})}
 
     def text(self) -> str:
         """The Slack-style line. Its parts carry text a rank chose (function and file names, job names):
@@ -158,7 +157,7 @@ class AlertmanagerReceiver(_HttpReceiver):
     def send(self, alert: Alert) -> None:
         labels = alert.labels()
         annotations = {"summary": alert.summary, "culprit": alert.culprit, "bundle": alert.bundle or "",
-                       "runbook_url": alert.runbook_url}
+                       "runbook_url": alert.runbook_url, **({"action": alert.action} if alert.action else {})}
         body: list[dict[str, object]] = []
         before = self._labels.get(alert.key)
         if before is not None and before != labels:  # escalated: end the warning, then fire the critical
@@ -188,20 +187,9 @@ class CommandReceiver:
     def send(self, alert: Alert) -> None:
         """In a session of its own, so a timeout kills the command and every child it started."""
         try:
-            process = subprocess.Popen([*self.argv, alert.bundle or ""], stdin=subprocess.PIPE,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                                       start_new_session=True, env=children.environment())
-        except OSError as exc:
-            raise DeliveryError(f"cannot start: {exc.strerror or exc}") from None
-        try:
-            process.communicate(json.dumps(alert.to_json()), timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise DeliveryError(f"did not finish within {self.timeout:g} s") from None
-        if process.returncode != 0:
-            raise DeliveryError(f"exit status {process.returncode}")
+            children.run([*self.argv, alert.bundle or ""], json.dumps(alert.to_json()), self.timeout)
+        except children.CommandError as exc:
+            raise DeliveryError(str(exc)) from None
 
 
 def build_receiver(cfg: ReceiverConfig) -> Receiver:
@@ -222,7 +210,7 @@ class _Lane:
     def __init__(self, receiver: Receiver, cfg: AlertsConfig, counters: Counters, stop: threading.Event):
         self.receiver, self.cfg, self.counters, self.stop = receiver, cfg, counters, stop
         self.queue: queue.Queue[Alert | None] = queue.Queue(maxsize=256)
-        self.sent: set[tuple[str, str, str]] = set()  # (key, status, severity) already accepted
+        self.sent: set[tuple[str, str, str, str]] = set()  # (key, status, severity, action) already accepted
         self.recent: deque[float] = deque()
         self.up = True  # the receiver's guard: False after its last delivery raised something unexpected
         self.thread = threading.Thread(target=self._work, name=f"alerts-{receiver.name}", daemon=True)
@@ -232,7 +220,7 @@ class _Lane:
         name = self.receiver.name
         if _SEVERITY_RANK[alert.severity.value] < _SEVERITY_RANK[self.receiver.min_severity]:
             return
-        identity = (alert.key, alert.status, alert.severity.value)
+        identity = (alert.key, alert.status, alert.severity.value, alert.action)
         if identity in self.sent:
             self.counters.inc("alerts_total", name, "deduplicated")
             return

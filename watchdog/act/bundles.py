@@ -173,6 +173,22 @@ class BundleStore:
         self._update_summary(bundle, {"resolved": iso_time(event.at_seconds),
                                       "duration_seconds": round(event.at_seconds - event.onset_seconds, 3)})
 
+    def record_action(self, bundle: str, record: dict[str, object], pictures: Sequence[StackPicture] = ()) -> None:
+        """An actions decision (and each step it took) appended to the summary's `actions`; the evidence
+        captured just before acting in its own folder, before-action/ (within the bundle's size budget)."""
+        if pictures:
+            folder = Path(bundle) / private_files.unique_name("before-action")
+            budget = private_files.Budget(self.cfg.max_bundle_bytes)
+            try:
+                private_files.make_dir(folder)
+                self._pictures(folder, pictures, budget)
+                record = {**record, "evidence": folder.name}
+            except OSError as exc:
+                record = {**record, "evidence_error": exc.strerror or str(exc)}
+        summary = json.loads((Path(bundle) / "summary.json").read_text(encoding="utf-8"))
+        done = summary.get("actions") if isinstance(summary.get("actions"), list) else []
+        self._update_summary(bundle, {"actions": [*done, record]})
+
     def _update_summary(self, bundle: str, changes: dict[str, object]) -> None:
         """summary.json with `changes` merged in, replaced atomically, and the page rendered again."""
         folder = Path(bundle)

@@ -7,6 +7,9 @@ fired      write the incident bundle (the stacks already captured, the doctor's 
            and alert with the episode's severity and sentence, as the detectors decided them
 escalated  rewrite the bundle's verdict and alert again as critical
 resolved   send the resolve
+critical   once it has lasted actions.after_seconds: the actions policy (act/policy.py) decides; before
+           anything is done the job's evidence is taken again (stacks, Flight Recorder, NCCL RAS) and
+           written into the bundle with the decision and each step (act/actions.py); the alert says it
 
 The severity is never changed here: it is the episode's state, decided in detect/. A bounded pool runs
 the work; when it is full an incident is still alerted, without stacks. On shutdown, work not yet started
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog import logfmt
+from watchdog.act import fleet, policy
+from watchdog.act.actions import DONE, Actions, Step, Target
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
 from watchdog.config import Config
@@ -42,6 +47,7 @@ from watchdog.model import (
     Severity,
     Verdict,
     Workload,
+    duration_text,
     gpu_list,
     runbook_url,
 )
@@ -56,6 +62,7 @@ _MAX_PENDING = 4
 # dump: the episodes resolved this recently are still asked.
 _ENDED_KEPT_SECONDS = 900.0
 _ENDED_KEPT = 64
+_RECONSIDER_SECONDS = 30.0  # a decision that held an action back (paused, cooldown...) is looked at again
 
 
 def node_name(config: Config) -> str:
@@ -89,6 +96,13 @@ class _Open:
     look: Future[None] | None = None
     pictures: list[StackPicture] = field(default_factory=list)
     ranks: list[RankInfo] = field(default_factory=list)
+    event: EpisodeEvent | None = None  # the last firing event (an action's alert repeats it, with what was done)
+    summary: str = ""  # the sentence the episode alerted with
+    critical_since: float | None = None  # wall seconds it turned critical
+    decision: policy.Decision | None = None  # the actions policy's last decision
+    decided_at: float | None = None  # monotonic
+    acting: bool = False
+    stall_since: float | None = None  # wall seconds a relapse began
 
 
 class IncidentHandler:
@@ -113,6 +127,11 @@ class IncidentHandler:
         self.resolved: deque[tuple[float, _Open]] = deque(maxlen=_ENDED_KEPT)  # (monotonic time, state)
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.actions = Actions(config.actions)
+        self.ledger = policy.Ledger()
+        self.acting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="action")
+        self.action_state = "observe"  # for /metrics: observe, armed, acting, held, paused
+        self._calm_since: float | None = None  # monotonic: no critical episode open since
 
     # -- on the loop: only enqueue -----------------------------------------------------------------
     def handle(self, event: EpisodeEvent, snapshot: NodeSnapshot, telemetry: Sequence[NodeSnapshot]) -> None:
@@ -122,7 +141,11 @@ class IncidentHandler:
             state = self.open.setdefault(key, _Open(gpus))
         if event.event is EventKind.SUSPECTED:
             self._look(key, state, snapshot)
-        elif event.event is EventKind.FIRED:
+        if event.event is not EventKind.RESOLVED and event.event is not EventKind.SUSPECTED:
+            state.event = event
+            if event.severity is Severity.CRITICAL and state.critical_since is None:
+                state.critical_since = event.at_seconds
+        if event.event is EventKind.FIRED:
             state.severity = event.severity
             if not self._submit(self._investigate, event, state, snapshot, tuple(telemetry)):
                 self.counters.inc("bundles_total", "skipped")
@@ -132,6 +155,7 @@ class IncidentHandler:
             self._rewrite(state, event)
             self._alert(event, state)
         elif event.event is EventKind.RELAPSED:  # the same incident: its bundle says so, no new page
+            state.stall_since = event.at_seconds  # an action counts this stall on its own clock
             self._rewrite(state, event)
             self._look(key, state, snapshot)
         else:
@@ -201,7 +225,7 @@ class IncidentHandler:
     def _on_gpus(state: _Open, snapshot: NodeSnapshot) -> NodeSnapshot:
         return NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in state.gpus))
 
-    def _done(self, future: Future[object]) -> None:
+    def _done(self, future: Future[Any]) -> None:
         with self._lock:
             self.pending.discard(future)
         error = future.exception()
@@ -265,7 +289,8 @@ class IncidentHandler:
                      bundle=state.bundle, verdict=event.headline)
         self._alert(event, state, summary=incident.sentence)
 
-    def _alert(self, event: EpisodeEvent, state: _Open, resolved: bool = False, summary: str | None = None) -> None:
+    def _alert(self, event: EpisodeEvent, state: _Open, resolved: bool = False, summary: str | None = None,
+               action: str = "") -> None:
         """Under the lock, so an episode's firing (sent from a worker once its bundle is written) and its
         resolve (from the loop) reach the receivers in the order they happened: an episode that ended before
         it alerted sends neither, one that alerted always sends its resolve."""
@@ -282,13 +307,123 @@ class IncidentHandler:
                 gpu = event.gpus[0] if event.signature in PER_GPU_SIGNATURES and event.gpus else None
                 state.identity = AlertIdentity(event.signature, self.node, state.job, state.workload, gpu)
             state.culprit = culprit_text(event.culprit_gpus, state.ranks)
+            if not resolved and summary is not None and not summary.startswith(_ACTION_HEADS):
+                state.summary = summary
             identity = state.identity
             self.dispatcher.submit(Alert(
                 key=event.key, status="resolved" if resolved else "firing", identity=identity,
                 severity=event.severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus,
                 summary=summary or event.summary, onset=event.onset_seconds, at=event.at_seconds,
                 culprit=state.culprit, bundle=state.bundle,
-                runbook_url=runbook_url(identity.signature, self.config.alerts.runbook_url)))
+                runbook_url=runbook_url(identity.signature, self.config.alerts.runbook_url), action=action))
+
+    # -- the actions policy ------------------------------------------------------------------------
+    def consider(self, snapshot: NodeSnapshot) -> None:
+        """On the loop, each tick: the open critical episodes the policy may act on go to the action worker
+        (one at a time). Cheap: the decision here uses what is already known; the worker decides again on
+        fresh evidence and the fleet's answer."""
+        cfg = self.config.actions
+        self.actions.cfg = cfg
+        if cfg.mode == "observe":
+            self.action_state = "observe"
+            return
+        now = self.monotonic()
+        with self._lock:
+            states = list(self.open.items())
+        busy = any(state.acting for _, state in states)
+        held = paused = False
+        for key, state in states:
+            decision = state.decision
+            held |= decision is not None and decision.said and decision.name != "dry_run"
+            paused |= decision is not None and decision.name == "paused"
+            if (busy or state.acting or state.event is None or (decision is not None and decision.final)
+                    or (state.decided_at is not None and now - state.decided_at < _RECONSIDER_SECONDS)):
+                continue
+            cheap = policy.decide(cfg, self._hang(state, snapshot.time_seconds), self.ledger)
+            if cheap.name == "unconfirmed":  # the stacks may confirm it yet: look again now and then
+                self.recheck([key], snapshot)
+            if cheap.name in ("wait", "observe", "unconfirmed"):
+                continue
+            state.acting, busy = True, True
+            self.acting.submit(self._act, state, self._on_gpus(state, snapshot), now).add_done_callback(self._done)
+        self._resume_when_calm(states, now)
+        self.action_state = "acting" if busy else "paused" if paused or policy.paused(cfg) else \
+            "held" if held else "armed"
+
+    def _resume_when_calm(self, states: list[tuple[str, _Open]], now: float) -> None:
+        """Nodes this daemon drained are resumed once no critical episode has been open for
+        actions.slurm.resume_after_seconds (0: never; a person resumes them)."""
+        after = self.config.actions.slurm.resume_after_seconds
+        if any(state.severity is Severity.CRITICAL for _, state in states) or self._calm_since is None:
+            self._calm_since = now
+            return
+        if after and self.actions.drained and now - self._calm_since >= after:
+            self._calm_since = now
+            self.acting.submit(self._resume).add_done_callback(self._done)
+
+    def _resume(self) -> None:
+        for node in self.actions.resume_drained():
+            logfmt.event("node_resumed", node=node, reason="no critical episode since it was drained")
+
+    def _hang(self, state: _Open, now: float, pictures: Sequence[StackPicture] | None = None) -> policy.Hang:
+        event = state.event
+        assert event is not None
+        onset = max(event.onset_seconds, state.stall_since or 0.0)
+        critical = state.critical_since
+        if critical is not None:
+            critical = max(critical, onset)
+        return policy.Hang(state.job, state.severity or event.severity, onset, now, critical,
+                           policy.confirmed_by(state.pictures if pictures is None else pictures))
+
+    def _act(self, state: _Open, on_gpus: NodeSnapshot, submitted: float) -> None:
+        """Off the loop: the evidence first (every rank's stacks, the Flight Recorder asked and read back,
+        NCCL RAS, the bundle on disk), then the decision, then each action in order; all of it recorded in
+        the bundle, counted, and said in the alert."""
+        cfg = self.config.actions
+        try:
+            self._wait_for_bundle(state)
+            ranks = self.discovery.from_snapshot(on_gpus) if self.config.bundles.capture_stacks else []
+            pictures = [capture_job(job, self.capturer, self.discovery, self.config.stacks, self.node)
+                        for job in group_jobs(ranks)]
+            if ranks:
+                state.ranks, state.pictures = ranks, pictures
+                state.workload = common(r.workload for r in ranks)
+            now = on_gpus.time_seconds + (self.monotonic() - submitted)
+            hang = self._hang(state, now, pictures if ranks else state.pictures)
+            asked = fleet.acted_ratio(cfg.fleet) if cfg.mode != "observe" else (0.0, "")
+            decision = policy.decide(cfg, hang, self.ledger, asked)
+            steps: list[Step] = []
+            if decision.name in ("act", "dry_run"):
+                target = Target(state.job, tuple(r for r in state.ranks if r.job_key == state.job), state.workload,
+                                state.event.to_json() if state.event else {}, state.bundle, self.node)
+                steps = self.actions.run(target, dry=decision.name == "dry_run")
+                if decision.name == "act":
+                    self.ledger.record(now, state.job)
+                for step in steps:
+                    self.counters.inc("actions_total", step.action, step.result)
+            state.decision = decision
+            if decision.name in ("wait", "unconfirmed"):
+                return
+            record = {"decision": decision.name, "reason": decision.reason, "at": now,
+                      "hang_seconds": round(now - hang.onset, 1), "steps": [st.to_json() for st in steps]}
+            if state.bundle is not None:
+                self.bundles.record_action(state.bundle, record, pictures if decision.name == "act" else ())
+            logfmt.event("action", level=logfmt.WARNING, decision=decision.name, reason=decision.reason,
+                         job=state.job, steps="; ".join(f"{st.action}={st.result}" for st in steps) or None,
+                         bundle=state.bundle)
+            if state.event is not None and (decision.said or decision.name == "act"):
+                self._alert(state.event, state, summary=action_text(decision, steps, now - hang.onset,
+                                                                     state.bundle, state.summary),
+                            action=decision.name)
+        finally:
+            state.decided_at = self.monotonic()
+            state.acting = False
+
+    def _wait_for_bundle(self, state: _Open) -> None:
+        """The incident bundle is written when the episode fires; an action waits for it (a bounded while)."""
+        deadline = self.monotonic() + self.config.stacks.timeout_seconds + 30
+        while state.bundle is None and self.monotonic() < deadline and not self.stopping.is_set():
+            time.sleep(0.2)
 
     def alerting(self) -> list[tuple[AlertIdentity, Severity, str]]:
         """Each open episode that has alerted: its identity, severity and culprit (the episode_alert_info series,
@@ -303,6 +438,7 @@ class IncidentHandler:
         self.stopping.set()
         self.capturer.abort()
         self.pool.shutdown(wait=False, cancel_futures=False)
+        self.acting.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             pending = list(self.pending)
         futures_wait(pending, timeout=timeout)
@@ -320,3 +456,24 @@ def culprit_text(gpus: Sequence[int], ranks: Sequence[RankInfo]) -> str:
     named = sorted({r.rank for r in on if r.rank is not None})
     who = f" ({'rank' if len(named) == 1 else 'ranks'} {', '.join(map(str, named))})" if named else ""
     return gpu_list(tuple(gpus)) + who
+
+
+_ACTION_HEADS = ("ACTED", "DRY RUN", "NOT ACTED")
+
+
+def action_text(decision: policy.Decision, steps: Sequence[Step], lasted: float, bundle: str | None,
+                summary: str) -> str:
+    """The alert's summary once the policy decided: 'ACTED: terminated ranks 0-3 of job run:x after 2 min 10 s
+    of hang; evidence: <bundle>. <the episode's sentence>'."""
+    evidence = f"; evidence: {bundle}" if bundle else ""
+    after = f"after {duration_text(lasted)} of hang"
+    if decision.name == "act":
+        done = [st.detail for st in steps if st.result == DONE]
+        failed = [f"{st.action} {st.result}: {st.detail}" for st in steps if st.result != DONE]
+        head = "ACTED: " + ("; ".join(done) or "nothing done") + f" {after}" + (
+            f" ({'; '.join(failed)})" if failed else "")
+    elif decision.name == "dry_run":
+        head = "DRY RUN: " + "; ".join(st.detail for st in steps) + f" {after}"
+    else:
+        head = f"NOT ACTED ({decision.name}): {decision.reason}"
+    return f"{head}{evidence}. {summary}".rstrip(". ") + "."

@@ -66,6 +66,7 @@ class DetectorEngine:
         self._long_seconds = d.underuse.window_seconds
         self._windows: dict[int, GpuWindow] = {}
         self._present: tuple[int, ...] = ()
+        self._pids: dict[int, frozenset[int]] = {}  # each GPU's processes, as last seen with any
         self._last_evaluation: float | None = None
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
         self._enabled = [name for name, _, section in self._sections if section.enabled]
@@ -123,12 +124,27 @@ class DetectorEngine:
                 self._apply_job(window)
             window.add(t, sample)
         self._present = tuple(s.index for s in snapshot.gpus)
+        boundary = self._restart_boundary(snapshot, t)
         last = self._last_evaluation
         if last is not None and t - last < self.config.sample.evaluate_interval_seconds:
-            return []
+            return boundary
         self._last_evaluation = t
         self.last_findings = self.evaluate(t)
-        return self.tracker.update(t, self.last_findings, self._recovered)
+        return boundary + self.tracker.update(t, self.last_findings, self._recovered)
+
+    def _restart_boundary(self, snapshot: NodeSnapshot, t: float) -> list[EpisodeEvent]:
+        """GPUs whose processes were all replaced since the last sample that had any (a restarted job):
+        their stall episodes end there (EpisodeTracker.restarted)."""
+        replaced = []
+        for sample in snapshot.gpus:
+            if not sample.pids:
+                continue
+            now = frozenset(sample.pids)
+            before = self._pids.get(sample.index)
+            self._pids[sample.index] = now
+            if before is not None and not before & now:
+                replaced.append(sample.index)
+        return self.tracker.restarted(replaced, t) if replaced else []
 
     def _recovered(self, gpus: tuple[int, ...]) -> bool:
         """Whether every one of these GPUs shows that its stall has ended (detect/recovery.py). A GPU no

@@ -20,6 +20,8 @@ A stall episode (busy_spin, zero_util, waiting) is one stall of one job on its G
 - A critical one (a page) is then held for `job.relapse_seconds`: a stall on the same GPUs meanwhile is
   the same episode continuing (no new page; the new stall is described and judged on its own clock), and
   the resolve is sent once the hold has passed without one. A warning resolves on recovery.
+- A restart boundary (every process on its GPUs replaced by new ones: the job was restarted) ends it,
+  and the pauses learnt from the old processes are forgotten.
 An episode that never fired (suspect only), and the per-GPU signatures, resolve once their condition has
 been absent for `clear_seconds`.
 """
@@ -84,6 +86,20 @@ class EpisodeTracker:
         so a tick-by-tick evaluation) decides when it ends."""
         return any(ep.stall and ep.fired_severity is not None and ep.recovered_at is None
                    for ep in self.episodes.values())
+
+    def restarted(self, gpus: Iterable[int], now: float) -> list[EpisodeEvent]:
+        """A restart boundary: the processes on these GPUs were all replaced (a restarted job). The stall
+        episodes on them end (a fired one is resolved: the hung incarnation is gone; a new stall is a new
+        episode, judged on its own) and the pauses learnt from the old incarnation are forgotten."""
+        gpus = set(gpus)
+        events: list[EpisodeEvent] = []
+        for key in [k for k, ep in self.episodes.items() if ep.stall and gpus.intersection(ep.finding.gpus)]:
+            ep = self.episodes[key]
+            ep.absent_since = ep.absent_since or now
+            events += self._end(key, ep, now)
+            self._resolved_at.pop(key, None)  # a new stall counts from its own first sample
+        self.pauses = PauseMemory()
+        return events
 
     def note_stacks(self, named: str, verdict: Verdict) -> bool:
         """The stacks' verdict for the open episode an event named (EpisodeEvent.key); weighed in from the

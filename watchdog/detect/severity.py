@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 from watchdog.config import Config, EpisodeTiming, WaitingConfig, ZeroUtilConfig
 from watchdog.detect.pauses import PauseMemory
-from watchdog.detect.summary import duration_text
-from watchdog.model import Finding, Progress, Severity, Signature, Verdict
+from watchdog.model import Finding, Progress, Severity, Signature, Verdict, duration_text
 
 PAUSES = (Signature.ZERO_UTIL, Signature.WAITING)  # what a healthy job also shows for a while
 STACK_SIGNATURES = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)  # worth a look at the stacks

@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-from watchdog.model import Finding, Severity, Signature, Verdict, gpu_list
-
-
-def duration_text(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min {seconds % 60} s"
-    return f"{seconds / 3600:.1f} h"
+from watchdog.model import Finding, Severity, Signature, Verdict, duration_text, gpu_list
 
 
 def _power(facts: dict[str, float | str]) -> str:

@@ -106,6 +106,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("last_sample_timestamp_seconds", "gauge", "Unix time of the last completed sample."),
     MetricSpec("tick_duration_seconds", "gauge", "Wall time of the last sample-detect-act-export tick."),
     MetricSpec("tick_overruns_total", "counter", "Ticks that took longer than the sampling interval."),
+    MetricSpec("actions_total", "counter", "Actions on a confirmed hang by action (terminate_ranks, slurm, kubernetes, "
+               "command) and result (done, failed, timed_out, dry_run, skipped).", ("action", "result")),
+    MetricSpec("action_state", "gauge", "1 for the actions policy's mode (observe, dry_run, act) and state: observe "
+               "(never acts), armed (would act on a confirmed hang), acting, held (a guard said no: budget, "
+               "cooldown, deterministic, breaker) or paused.", ("mode", "state")),
     MetricSpec("build_info", "gauge", "The running stall-watchdog, always 1.", ("version", "python")),
 )
 _STATE = {None: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
@@ -146,6 +151,7 @@ class Published:
     last_sample_wall: float | None = None
     tick_seconds: float | None = None
     bundle_disk_bytes: int | None = None
+    action: tuple[str, str] = ("observe", "observe")  # the actions policy's (mode, state)
 
 
 COUNTER_NAMES = tuple(spec.name for spec in METRICS if spec.kind == "counter")
@@ -198,6 +204,7 @@ class WatchdogCollector(Collector):
             out["tick_duration_seconds"].append(((), state.tick_seconds))
         if state.bundle_disk_bytes is not None:
             out["bundle_disk_bytes"].append(((), state.bundle_disk_bytes))
+        out["action_state"].append((state.action, 1))
         out["build_info"].append(((__version__, platform.python_version()), 1))
         for name, values in self._counters.snapshot().items():
             for labels, value in sorted(values.items()):

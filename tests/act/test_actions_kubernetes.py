@@ -1,0 +1,173 @@
+"""The `kubernetes` action's requests, against a local HTTP server that answers as the API server does and
+checks each request's method, path, headers and body as the API defines them (there is no cluster here):
+a pod delete is a DELETE of the pod with DeleteOptions; a taint is a GET of the node, then a JSON merge
+patch carrying its resourceVersion (a concurrent change gets 409, not lost) that keeps the other taints."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.daemon import daemon_config
+from watchdog.act.actions import DONE, FAILED, SKIPPED, Actions, Target
+from watchdog.model import Workload
+
+TOKEN = "k8s-token-for-tests"
+
+
+class ApiServer:
+    """Pods and one node, held as the API server holds them."""
+
+    def __init__(self) -> None:
+        self.pods = {("training", "llm-worker-0")}
+        self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-7",
+                                     "resourceVersion": "41"},
+                                     "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}}
+        self.seen: list[tuple[str, str, dict[str, str], Any]] = []
+        self.problems: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _body(self) -> Any:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                return json.loads(raw) if raw else None
+
+            def _answer(self, status: int, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _check(self, method: str) -> Any:
+                body = self._body()
+                outer.seen.append((method, self.path, dict(self.headers), body))
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    outer.problems.append(f"{method} {self.path} without the token")
+                return body
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                body = self._check("DELETE")
+                parts = self.path.split("/")  # /api/v1/namespaces/NS/pods/NAME
+                if parts[:4] != ["", "api", "v1", "namespaces"] or len(parts) != 7 or parts[5] != "pods":
+                    outer.problems.append(f"DELETE of {self.path}")
+                    return self._answer(404, {"kind": "Status", "code": 404})
+                if not (body and body.get("kind") == "DeleteOptions" and body.get("apiVersion") == "v1"
+                        and isinstance(body.get("gracePeriodSeconds"), int)):
+                    outer.problems.append(f"DELETE body {body}")
+                    return self._answer(400, {"kind": "Status", "code": 400})
+                if (parts[4], parts[6]) not in outer.pods:
+                    return self._answer(404, {"kind": "Status", "code": 404})
+                outer.pods.discard((parts[4], parts[6]))
+                return self._answer(200, {"kind": "Pod", "metadata": {"name": parts[6], "namespace": parts[4]}})
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._check("GET")
+                if self.path != "/api/v1/nodes/gpu-node-7":
+                    return self._answer(404, {"kind": "Status", "code": 404})
+                return self._answer(200, outer.node)
+
+            def do_PATCH(self) -> None:  # noqa: N802
+                body = self._check("PATCH")
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    outer.problems.append(f"PATCH as {self.headers.get('Content-Type')}")
+                    return self._answer(415, {"kind": "Status", "code": 415})
+                if body["metadata"].get("resourceVersion") != outer.node["metadata"]["resourceVersion"]:
+                    return self._answer(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+                outer.node["spec"]["taints"] = body["spec"]["taints"]
+                outer.node["metadata"]["resourceVersion"] = str(int(outer.node["metadata"]["resourceVersion"]) + 1)
+                return self._answer(200, outer.node)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    server = ApiServer()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def actions(tmp: Path, api: ApiServer, **kubernetes: Any) -> Actions:
+    token = tmp / "token"
+    token.write_text(TOKEN + "\n")
+    config = daemon_config(tmp, actions={"mode": "act", "do": ["kubernetes"], "kubernetes": {
+        "api_url": api.url, "token_file": str(token), "ca_file": None, **kubernetes}})
+    return Actions(config.actions)
+
+
+def target(workload: Workload) -> Target:
+    return Target("run:llm", (), workload, {}, None, "gpu-node-7")
+
+
+def test_the_pod_is_deleted_and_the_node_tainted_as_the_api_defines(tmp_path: Path, api: ApiServer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    [step] = actions(tmp_path, api, taint=True).run(target(Workload(namespace="training", pod="llm-worker-0")),
+                                                    dry=False)
+    assert step.result == DONE, step.detail
+    assert api.problems == []
+    assert api.pods == set()
+    delete = next(s for s in api.seen if s[0] == "DELETE")
+    assert delete[1] == "/api/v1/namespaces/training/pods/llm-worker-0" and delete[3]["gracePeriodSeconds"] == 30
+    taints = api.node["spec"]["taints"]
+    assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in taints  # the others' taints are kept
+    assert [t["effect"] for t in taints if t["key"] == "stall-watchdog.io/hang"] == ["NoSchedule"]
+    assert "deleted pod training/llm-worker-0" in step.detail and "tainted node gpu-node-7" in step.detail
+
+
+def test_a_taint_that_races_a_change_fails_rather_than_lose_it(tmp_path: Path, api: ApiServer,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    run = actions(tmp_path, api, delete_pods=False, taint=True)
+    original = api.node
+    api.node = {**original, "metadata": {**original["metadata"]}}
+
+    def stale_get(_: Any) -> None:  # someone patches the node between our GET and our PATCH
+        api.node["metadata"]["resourceVersion"] = "42"
+
+    monkeypatch.setattr(run, "_api", _racing(run._api, stale_get))
+    [step] = run.run(target(Workload(namespace="training", pod="llm-worker-0")), dry=False)
+    assert step.result == FAILED and "HTTP 409" in step.detail
+    assert all(t["key"] != "stall-watchdog.io/hang" for t in api.node["spec"]["taints"])
+
+
+def _racing(call: Any, between: Any) -> Any:
+    def wrapped(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        answer = call(method, path, *args, **kwargs)
+        if method == "GET":
+            between(answer)
+        return answer
+    return wrapped
+
+
+def test_a_pod_only_a_rank_claims_is_never_deleted(tmp_path: Path, api: ApiServer) -> None:
+    claimed = Workload(namespace="training", pod="llm-worker-0", claimed=("namespace", "pod"))
+    [step] = actions(tmp_path, api).run(target(claimed), dry=False)
+    assert step.result == SKIPPED and api.seen == [] and api.pods == {("training", "llm-worker-0")}
+
+
+def test_dry_run_sends_nothing_and_says_what_it_would_do(tmp_path: Path, api: ApiServer) -> None:
+    [step] = actions(tmp_path, api).run(target(Workload(namespace="training", pod="llm-worker-0")), dry=True)
+    assert step.result == "dry_run" and step.detail == "would delete pod training/llm-worker-0"
+    assert api.seen == []
+
+
+def test_an_unreadable_token_is_a_failed_action_without_a_request(tmp_path: Path, api: ApiServer) -> None:
+    run = actions(tmp_path, api)
+    (tmp_path / "token").unlink()
+    [step] = run.run(target(Workload(namespace="training", pod="llm-worker-0")), dry=False)
+    assert step.result == FAILED and "token_file" in step.detail and api.seen == []

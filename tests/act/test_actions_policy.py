@@ -1,0 +1,213 @@
+"""The actions policy and its guards: the rule itself (act/policy.py), the fleet breaker asking a Prometheus
+API, and the daemon in observe and dry_run over a real hung process, which must be left alive."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from tests.conftest import python_target
+from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
+from watchdog.act import fleet, policy
+from watchdog.config import ActionsConfig, ConfigError, FleetConfig, parse_config
+from watchdog.daemon import Daemon, build
+from watchdog.model import Severity
+from watchdog.sample import sim
+
+HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
+
+
+def cfg(**values: Any) -> ActionsConfig:
+    return ActionsConfig(**{"mode": "act", "pause_file": None, **values})
+
+
+def hang(now: float = 1000.0, onset: float = 800.0, confirmed: bool = True, job: str = "run:a",
+         severity: Severity = Severity.CRITICAL) -> policy.Hang:
+    return policy.Hang(job, severity, onset, now, onset + 30 if severity is Severity.CRITICAL else None, confirmed)
+
+
+def test_the_checks_in_their_order(tmp_path: Path) -> None:
+    ledger = policy.Ledger()
+    assert policy.decide(cfg(mode="observe"), hang(), ledger).name == "observe"
+    assert policy.decide(cfg(), hang(severity=Severity.WARNING), ledger).name == "wait"
+    assert policy.decide(cfg(after_seconds=300), hang(), ledger).name == "wait"
+    assert policy.decide(cfg(), hang(confirmed=False), ledger).name == "unconfirmed"
+    assert policy.decide(cfg(on_telemetry_only=True), hang(confirmed=False), ledger).name == "act"
+    assert policy.decide(cfg(mode="dry_run"), hang(), ledger).name == "dry_run"
+    assert policy.decide(cfg(paused=True), hang(), ledger).name == "paused"
+    pause = tmp_path / "pause"
+    assert policy.decide(cfg(pause_file=str(pause)), hang(), ledger).name == "act"
+    pause.touch()
+    decided = policy.decide(cfg(pause_file=str(pause)), hang(), ledger)
+    assert decided.name == "paused" and str(pause) in decided.reason
+
+
+def test_a_relapse_soon_after_an_action_is_deterministic_and_later_it_is_not() -> None:
+    ledger = policy.Ledger()
+    ledger.record(700.0, "run:a")
+    decided = policy.decide(cfg(), hang(onset=800.0), ledger)
+    assert decided.name == "deterministic" and decided.final and "100 s after it was restarted" in decided.reason
+    assert policy.decide(cfg(cooldown_seconds=0), hang(onset=800.0, job="run:b"), ledger).name == "act"
+    ledger = policy.Ledger()
+    ledger.record(0.0, "run:a")
+    assert policy.decide(cfg(deterministic_within_seconds=600), hang(onset=800.0), ledger).name == "act"
+
+
+def test_the_budget_per_job_and_the_cooldown_per_node() -> None:
+    ledger = policy.Ledger()
+    for at in (-5000.0, -3000.0):
+        ledger.record(at, "run:a")
+    config = cfg(max_per_job=2, budget_window_seconds=7200, deterministic_within_seconds=0)
+    assert policy.decide(config, hang(), ledger).name == "budget"
+    assert policy.decide(cfg(max_per_job=3, budget_window_seconds=7200, deterministic_within_seconds=0), hang(),
+                         ledger).name == "act"
+    ledger.record(900.0, "run:other")
+    decided = policy.decide(cfg(cooldown_seconds=300, deterministic_within_seconds=0, max_per_job=5), hang(), ledger)
+    assert decided.name == "cooldown" and not decided.final
+
+
+def test_the_fleet_breaker_holds_above_its_share_and_when_it_cannot_see() -> None:
+    ledger = policy.Ledger()
+    assert policy.decide(cfg(), hang(), ledger, (0.05, "")).name == "act"
+    assert policy.decide(cfg(), hang(), ledger, (0.3, "")).name == "breaker"
+    blind = policy.decide(cfg(), hang(), ledger, (None, "Prometheus: 127.0.0.1: connection refused"))
+    assert blind.name == "breaker" and "connection refused" in blind.reason
+
+
+class PromApi:
+    """Answers /api/v1/query as Prometheus does, with the value set in `answer` (None: an empty result)."""
+
+    def __init__(self) -> None:
+        self.answer: Any = "0.25"
+        self.queries: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.queries.append(self.path)
+                result = [] if outer.answer is None else [{"metric": {"__name__": fleet.RECORD},
+                                                           "value": [time.time(), outer.answer]}]
+                data = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def prom() -> Iterator[PromApi]:
+    api = PromApi()
+    yield api
+    api.server.shutdown()
+    api.server.server_close()
+
+
+def test_the_fleet_share_is_asked_of_prometheus(prom: PromApi) -> None:
+    assert fleet.acted_ratio(FleetConfig()) == (0.0, "")  # no breaker configured
+    config = FleetConfig(prometheus_url=prom.url)
+    assert fleet.acted_ratio(config) == (0.25, "")
+    assert "query=stall_watchdog%3Afleet_acted_ratio" in prom.queries[0]
+    prom.answer = None
+    share, why = fleet.acted_ratio(config)
+    assert share is None and "rules.yml" in why
+    prom.answer = "NaN"
+    assert fleet.acted_ratio(config)[0] is None
+    prom.server.shutdown()
+    prom.server.server_close()
+    share, why = fleet.acted_ratio(FleetConfig(prometheus_url=prom.url, timeout_seconds=1))
+    assert share is None and why.startswith("Prometheus: 127.0.0.1")
+
+
+def test_a_policy_that_cannot_work_is_refused_with_its_key() -> None:
+    with pytest.raises(ConfigError, match="actions.after_seconds: expected a number >= 0"):
+        parse_config({"actions": {"mode": "act", "after_seconds": -1}})
+    with pytest.raises(ConfigError, match="give actions.command"):
+        parse_config({"actions": {"mode": "act", "do": ["command"]}})
+    with pytest.raises(ConfigError, match="actions.do"):
+        parse_config({"actions": {"do": ["reboot"]}})
+    with pytest.raises(ConfigError, match="named twice"):
+        parse_config({"actions": {"do": ["slurm", "slurm"]}})
+
+
+def watch(tmp: Path, pid: int, receiver: Receiver, **actions: Any) -> Daemon:
+    """The daemon over zero_util_hang with a real hung process on GPU 0, until the episode is critical and
+    has lasted after_seconds, plus a while for the decision."""
+    offset = HANG_AT - 5
+    config = daemon_config(
+        tmp, source={"scenario": "zero_util_hang", "start_offset_seconds": offset, "pids": {0: [pid]}},
+        bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
+        alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]},
+        actions={"after_seconds": 10, "pause_file": str(tmp / "pause"), **actions})
+    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, {0: [pid]},
+                                         clock=stepping_clock(1.9e9 + offset)))
+    critical_for = 0
+    for _ in range(900):  # host progress is measured on the real clock: still ranks turn it critical
+        daemon.tick()
+        time.sleep(0.1)
+        critical_for += any(ep.fired_severity is Severity.CRITICAL for ep in daemon.engine.tracker.episodes.values())
+        if critical_for > 40 and not any(state.acting for state in daemon.incidents.open.values()):
+            break
+    assert critical_for > 40, "the hang never turned critical"
+    daemon.shutdown(timeout=15)
+    return daemon
+
+
+def summaries(receiver: Receiver) -> list[str]:
+    return [body["alert"]["summary"] for _, body in receiver.requests]
+
+
+def action_state(daemon: Daemon) -> str:
+    lines = generate_latest(daemon.registry).decode().splitlines()
+    return next(line for line in lines if line.startswith("stall_watchdog_action_state{"))
+
+
+def test_dry_run_ends_nothing_and_the_alert_says_what_would_have_been_done(tmp_path: Path) -> None:
+    receiver = Receiver()
+    with python_target("queue", tmp_path, env={"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "dry"}) as rank:
+        daemon = watch(tmp_path, rank.pid, receiver, mode="dry_run")
+        assert rank.poll() is None, "dry_run ended the rank"
+    receiver.close()
+    said = [s for s in summaries(receiver) if s.startswith("DRY RUN:")]
+    assert len(said) == 1 and said[0].startswith("DRY RUN: would terminate rank 0 of job run:dry after "), said
+    assert daemon.counters.get("actions_total", "terminate_ranks", "dry_run") == 1
+    assert daemon.counters.get("actions_total", "terminate_ranks", "done") == 0
+    assert 'mode="dry_run"' in action_state(daemon)
+
+
+def test_observe_ends_nothing_and_says_nothing_more(tmp_path: Path) -> None:
+    receiver = Receiver()
+    with python_target("queue", tmp_path, env={"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "obs"}) as rank:
+        daemon = watch(tmp_path, rank.pid, receiver, mode="observe")
+        assert rank.poll() is None
+    receiver.close()
+    assert summaries(receiver) and not any(s.startswith(("ACTED", "DRY RUN", "NOT ACTED")) for s in summaries(receiver))
+    assert daemon.counters.snapshot()["actions_total"] == {}
+    assert action_state(daemon) == 'stall_watchdog_action_state{mode="observe",state="observe"} 1.0'
+
+
+def test_act_while_paused_by_the_file_ends_nothing_and_says_so(tmp_path: Path) -> None:
+    receiver = Receiver()
+    (tmp_path / "pause").touch()
+    with python_target("queue", tmp_path, env={"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "p"}) as rank:
+        daemon = watch(tmp_path, rank.pid, receiver, mode="act")
+        assert rank.poll() is None
+    receiver.close()
+    said = [s for s in summaries(receiver) if s.startswith("NOT ACTED (paused)")]
+    assert len(said) == 1 and str(tmp_path / "pause") in said[0]
+    assert daemon.counters.snapshot()["actions_total"] == {}
+    assert 'state="paused"' in action_state(daemon)

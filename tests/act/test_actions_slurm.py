@@ -1,0 +1,108 @@
+"""The `slurm` action under a real single-node Slurm (tests/slurm.py): a hung `sbatch --requeue` job is
+requeued, the node is drained with the daemon's reason and resumed only while that reason is still ours;
+deploy/slurm's prolog and epilog run as slurmd runs them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TARGETS
+from tests.fakes.daemon import daemon_config, stepping_clock
+from tests.slurm import Slurm, slurm_cluster
+from watchdog.daemon import Daemon, build
+from watchdog.sample import sim
+
+HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+def hung_job(slurm: Slurm, tmp: Path) -> tuple[str, int]:
+    """A batch job whose one rank blocks in its data loader: (job id, the rank's pid)."""
+    pidfile, ready = tmp / "pid", tmp / "ready"
+    script = tmp / "job.sh"
+    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexport RANK=0 WORLD_SIZE=1 LOCAL_RANK=0\n"
+                      f"exec {sys.executable} {TARGETS / 'stuck.py'} queue {ready}\n")
+    script.chmod(0o755)
+    job = slurm.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", str(script)).strip()
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, f"job {job} did not start: {slurm.job(job)}"
+        time.sleep(0.2)
+    ready.unlink()
+    return job, int(pidfile.read_text())
+
+
+def act_on(tmp: Path, slurm: Slurm, pid: int, **slurm_action: object) -> Daemon:
+    offset = HANG_AT - 5
+    config = daemon_config(
+        tmp, source={"scenario": "zero_util_hang", "start_offset_seconds": offset, "pids": {0: [pid]}},
+        bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
+        actions={"mode": "act", "after_seconds": 10, "do": ["slurm"], "pause_file": str(tmp / "pause"),
+                 "slurm": {"conf": slurm.env["SLURM_CONF"], "node_name": slurm.node, **slurm_action}})
+    clock = stepping_clock(1.9e9 + offset)
+    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, {0: [pid]}, clock=clock))
+    deadline = time.monotonic() + 120
+    while not daemon.counters.snapshot()["actions_total"]:
+        assert time.monotonic() < deadline, "no action within 2 minutes"
+        daemon.tick()
+        time.sleep(0.1)
+    daemon.shutdown(timeout=15)
+    return daemon
+
+
+def test_a_hung_requeueable_job_is_requeued_and_the_node_drained_with_our_reason(slurm: Slurm, tmp_path: Path) -> None:
+    job, pid = hung_job(slurm, tmp_path)
+    assert job in (slurm.folder / "prolog.ran").read_text().split()  # deploy/slurm/prolog.sh ran for it
+    daemon = act_on(tmp_path, slurm, pid, job="requeue", drain=True)
+    assert daemon.counters.get("actions_total", "slurm", "done") == 1
+    shown = slurm.job(job)
+    assert shown["Restarts"] == "1", shown
+    assert shown["JobState"] in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "RUNNING"), shown
+    node = slurm.node_state()
+    assert "DRAIN" in node["State"] and node["Reason"].startswith("stall-watchdog: hang of job " + job), node
+    deadline = time.monotonic() + 30
+    while job not in (slurm.folder / "epilog.ran").read_text().split() if (slurm.folder / "epilog.ran").exists() \
+            else True:
+        assert time.monotonic() < deadline, "deploy/slurm/epilog.sh did not run when the job ended"
+        time.sleep(0.3)
+
+    # Our drain is ours to undo; a person's drain is not.
+    assert daemon.incidents.actions.resume_drained() == [slurm.node]
+    assert "DRAIN" not in slurm.node_state()["State"]
+    slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=maintenance by a person")
+    daemon.incidents.actions.drained.add(slurm.node)
+    assert daemon.incidents.actions.resume_drained() == []
+    assert slurm.node_state()["Reason"].startswith("maintenance by a person")
+    slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+    slurm.run("scancel", job)
+
+
+def test_a_job_id_only_the_rank_claims_is_never_requeued(slurm: Slurm, tmp_path: Path) -> None:
+    """A process outside Slurm that sets SLURM_JOB_ID names a job it does not belong to: it is left alone."""
+    victim, _ = hung_job(slurm, tmp_path)
+    ready = tmp_path / "ready-outsider"
+    import subprocess
+    outsider = subprocess.Popen([sys.executable, str(TARGETS / "stuck.py"), "queue", str(ready)],
+                                env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": victim, "RANK": "0", "WORLD_SIZE": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        daemon = act_on(tmp_path, slurm, outsider.pid, job="requeue")
+    finally:
+        outsider.kill()
+        outsider.wait()
+    assert daemon.counters.get("actions_total", "slurm", "skipped") == 1
+    assert slurm.job(victim)["Restarts"] == "0"
+    slurm.run("scancel", victim)

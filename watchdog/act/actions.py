@@ -1,0 +1,289 @@
+"""The actions that end a confirmed hang, each bounded in time, each reporting one Step:
+
+terminate_ranks  SIGTERM the job's ranks on the episode's GPUs (never this daemon, PID 1, a process whose
+                 pid was reused, or one of another job), SIGKILL after actions.grace_seconds. Under torchrun's
+                 elastic agent the workers restart and resume from their checkpoint.
+slurm            `scontrol requeue` (or `scancel`) the job's Slurm job; optionally drain this node with a
+                 reason of our own (and resume it later, only if that reason is still ours).
+kubernetes       delete the ranks' pods (their controller recreates them); optionally taint this node.
+command          an argv with the episode JSON on stdin, as the command receiver runs it.
+
+A Slurm job id, a namespace or a pod that only a rank's own environment claims (Workload.claimed) is never
+acted on: a rank could name any job or pod of the cluster that way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from watchdog import children, http_client, secrets
+from watchdog.config import ActionsConfig
+from watchdog.model import Workload, iso_time, number_runs
+from watchdog.sample.ranks import RankInfo
+
+DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED = "done", "failed", "timed_out", "dry_run", "skipped"
+RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED)
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SLURM_JOB = re.compile(r"^\d{1,12}(_\d{1,9})?$")
+
+
+class ActionError(Exception):
+    """An action that could not be done; the message says why (never a secret)."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class Skipped(Exception):
+    """An action that does not apply to this hang (no Slurm job, no pod): said, not failed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an action acts on: the hung job's ranks on this node, where they run, the episode."""
+
+    job: str
+    ranks: tuple[RankInfo, ...]
+    workload: Workload
+    episode: dict[str, object]  # the episode JSON the command action gets on stdin
+    bundle: str | None
+    node: str
+
+    def rank_text(self) -> str:
+        """'ranks 0-3', 'pids 812, 813' where ranks have no number."""
+        numbers = sorted({r.rank for r in self.ranks if r.rank is not None})
+        if numbers and len(numbers) == len(self.ranks):
+            return ("rank " if len(numbers) == 1 else "ranks ") + number_runs(numbers)
+        return ("pid " if len(self.ranks) == 1 else "pids ") + ", ".join(str(r.pid) for r in self.ranks)
+
+
+@dataclass
+class Step:
+    action: str
+    result: str
+    started: float  # wall seconds
+    seconds: float
+    detail: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"action": self.action, "result": self.result, "started": self.started,
+                "seconds": round(self.seconds, 3), "detail": self.detail}
+
+
+@dataclass
+class Actions:
+    """The configured actions, run in order. `wall` is handed in by tests."""
+
+    cfg: ActionsConfig
+    wall: Callable[[], float] = time.time
+    drained: set[str] = field(default_factory=set)  # nodes this daemon drained (for resume)
+
+    def run(self, target: Target, dry: bool) -> list[Step]:
+        steps = []
+        for name in self.cfg.do:
+            started, clock = self.wall(), time.monotonic()
+            if dry:
+                steps.append(Step(name, DRY_RUN, started, 0.0, "would " + self.describe(name, target)))
+                continue
+            try:
+                detail, result = getattr(self, name)(target), DONE
+            except Skipped as exc:
+                detail, result = str(exc), SKIPPED
+            except ActionError as exc:
+                detail, result = str(exc), TIMED_OUT if exc.timed_out else FAILED
+            steps.append(Step(name, result, started, time.monotonic() - clock, detail))
+        return steps
+
+    def describe(self, name: str, target: Target) -> str:
+        """What the action would do, in a clause: 'terminate ranks 0-3 of job run:abc'."""
+        if name == "terminate_ranks":
+            return f"terminate {target.rank_text()} of job {target.job}"
+        if name == "slurm":
+            s = self.cfg.slurm
+            what = {"requeue": "requeue", "cancel": "cancel", "none": "leave"}[s.job]
+            job = _slurm_job(target.workload)
+            return (f"{what} Slurm job {job or '(none known)'}" + (f" and drain node {self._slurm_node()}"
+                                                                    if s.drain else ""))
+        if name == "kubernetes":
+            k = self.cfg.kubernetes
+            pod = target.workload.pod if "pod" not in target.workload.claimed else None
+            return " and ".join(filter(None, [f"delete pod {target.workload.namespace}/{pod}" if k.delete_pods
+                                              else "", "taint this node" if k.taint else ""])) or "nothing"
+        return f"run {os.path.basename((self.cfg.command or ['?'])[0])}"
+
+    # -- terminate_ranks ---------------------------------------------------------------------------
+    def terminate_ranks(self, target: Target) -> str:
+        victims = []
+        for rank in target.ranks:
+            if rank.pid in (1, os.getpid(), os.getppid()) or rank.job_key != target.job:
+                continue
+            try:
+                process = psutil.Process(rank.pid)
+                if abs(process.create_time() - rank.create_time) > 0.01:
+                    continue  # the pid now names another process
+                victims.append(process)
+            except psutil.Error:
+                continue  # already gone
+        if not victims:
+            raise Skipped("no rank of the job is left on the episode's GPUs")
+        for process in victims:
+            try:
+                process.terminate()
+            except psutil.NoSuchProcess:
+                pass
+            except psutil.Error as exc:
+                raise ActionError(f"cannot signal pid {process.pid}: {exc}") from None
+        grace = min(self.cfg.grace_seconds, self.cfg.timeout_seconds)
+        _, alive = psutil.wait_procs(victims, timeout=grace)
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        _, still = psutil.wait_procs(alive, timeout=max(1.0, self.cfg.timeout_seconds - grace))
+        if still:
+            raise ActionError(f"pids {', '.join(str(p.pid) for p in still)} still there after SIGKILL, within "
+                              f"{self.cfg.timeout_seconds:g} s", timed_out=True)
+        killed = f"; {len(alive)} needed SIGKILL after {grace:g} s" if alive else ""
+        return f"terminated {target.rank_text()} of job {target.job} ({len(victims)} processes{killed})"
+
+    # -- slurm -------------------------------------------------------------------------------------
+    def _slurm_node(self) -> str:
+        return self.cfg.slurm.node_name or os.uname().nodename.split(".")[0]
+
+    def _slurm_command(self, *argv: str) -> str:
+        conf = self.cfg.slurm.conf
+        try:
+            return children.run(argv, timeout=self.cfg.timeout_seconds, env={"SLURM_CONF": conf} if conf else None)
+        except children.CommandError as exc:
+            raise ActionError(str(exc), exc.timed_out) from None
+
+    def _scontrol(self, *args: str) -> str:
+        return self._slurm_command(self.cfg.slurm.scontrol, *args)
+
+    def slurm(self, target: Target) -> str:
+        s, done = self.cfg.slurm, []
+        job = _slurm_job(target.workload)
+        if s.job != "none":
+            if job is None:
+                raise Skipped("no Slurm job known from the ranks' cgroups (a rank's own SLURM_JOB_ID is not trusted)")
+            if s.job == "requeue":
+                self._scontrol("requeue", job)
+                done.append(f"requeued Slurm job {job}")
+            else:
+                self._slurm_command(s.scancel, job)
+                done.append(f"cancelled Slurm job {job}")
+        if s.drain:
+            node = self._slurm_node()
+            reason = f"{s.drain_reason_prefix} hang of job {job or target.job} at {iso_time(self.wall())}"
+            self._scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+            self.drained.add(node)
+            done.append(f"drained node {node}")
+        if not done:
+            raise Skipped("slurm.job is none and slurm.drain is off")
+        return "; ".join(done)
+
+    def resume_drained(self) -> list[str]:
+        """Resume the nodes this daemon drained whose reason is still ours; returns what was resumed."""
+        resumed = []
+        for node in sorted(self.drained):
+            shown = self._scontrol("show", "node", node, "--oneliner")
+            reason = shown.split(" Reason=", 1)[1] if " Reason=" in shown else ""
+            if reason.startswith(self.cfg.slurm.drain_reason_prefix):
+                self._scontrol("update", f"NodeName={node}", "State=RESUME")
+                resumed.append(node)
+            self.drained.discard(node)
+        return resumed
+
+    # -- kubernetes --------------------------------------------------------------------------------
+    def _api(self, method: str, path: str, body: object | None = None,
+             content_type: str = "application/json") -> dict[str, object]:
+        k = self.cfg.kubernetes
+        try:
+            token = secrets.read_file(k.token_file, "actions.kubernetes.token_file")
+        except secrets.SecretError as exc:
+            raise ActionError(str(exc)) from None
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        ca = k.ca_file if k.ca_file and os.path.exists(k.ca_file) else None
+        try:
+            answer = http_client.request(method, k.api_url.rstrip("/") + path, data, headers,
+                                         timeout=self.cfg.timeout_seconds, ca_file=ca)
+        except http_client.HttpError as exc:
+            raise ActionError(f"Kubernetes API: {exc}", exc.timed_out) from None
+        except ValueError as exc:
+            raise ActionError(f"actions.kubernetes.api_url: {exc}") from None
+        if answer.status == 404 and method == "DELETE":
+            return {}
+        if not 200 <= answer.status < 300:
+            raise ActionError(f"Kubernetes API answered {method} with HTTP {answer.status}")
+        try:
+            parsed = json.loads(answer.body or b"{}")
+        except ValueError:
+            raise ActionError("Kubernetes API: the answer is not JSON") from None
+        return parsed if isinstance(parsed, dict) else {}
+
+    def kubernetes(self, target: Target) -> str:
+        k, w, done = self.cfg.kubernetes, target.workload, []
+        if k.delete_pods:
+            trusted = not {"namespace", "pod"} & set(w.claimed)
+            if not (w.namespace and w.pod and trusted and _K8S_NAME.match(w.namespace) and _K8S_NAME.match(w.pod)):
+                raise Skipped("no pod known from the kubelet or the ranks' cgroups (a rank's HOSTNAME is not trusted)")
+            path = (f"/api/v1/namespaces/{urllib.parse.quote(w.namespace)}/pods/{urllib.parse.quote(w.pod)}")
+            self._api("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions",
+                                       "gracePeriodSeconds": k.grace_seconds, "propagationPolicy": "Background"})
+            done.append(f"deleted pod {w.namespace}/{w.pod}")
+        if k.taint:
+            node = os.environ.get(k.node_name_env, "")
+            if not _K8S_NAME.match(node):
+                raise ActionError(f"cannot taint: {k.node_name_env} does not hold a node name")
+            done.append(self._taint(node))
+        if not done:
+            raise Skipped("kubernetes.delete_pods and kubernetes.taint are both off")
+        return "; ".join(done)
+
+    def _taint(self, node: str) -> str:
+        """Add our NoSchedule taint, keeping every other one; the node's resourceVersion makes a concurrent
+        change fail (HTTP 409) rather than be lost."""
+        key = self.cfg.kubernetes.taint_key
+        path = f"/api/v1/nodes/{urllib.parse.quote(node)}"
+        current = self._api("GET", path)
+        spec, metadata = current.get("spec"), current.get("metadata")
+        spec = spec if isinstance(spec, dict) else {}
+        metadata = metadata if isinstance(metadata, dict) else {}
+        listed = spec.get("taints")
+        taints = [t for t in listed if isinstance(t, dict)] if isinstance(listed, list) else []
+        if any(t.get("key") == key for t in taints):
+            return f"node {node} already carries taint {key}"
+        taints.append({"key": key, "value": "true", "effect": "NoSchedule",
+                       "timeAdded": iso_time(self.wall())})
+        patch = {"metadata": {"resourceVersion": metadata.get("resourceVersion")}, "spec": {"taints": taints}}
+        self._api("PATCH", path, patch, "application/merge-patch+json")
+        return f"tainted node {node} with {key}:NoSchedule"
+
+    # -- command -----------------------------------------------------------------------------------
+    def command(self, target: Target) -> str:
+        argv = [*(self.cfg.command or []), target.bundle or ""]
+        try:
+            children.run(argv, json.dumps(target.episode), self.cfg.timeout_seconds)
+        except children.CommandError as exc:
+            raise ActionError(str(exc), exc.timed_out) from None
+        return f"ran {os.path.basename(argv[0])}"
+
+
+def _slurm_job(workload: Workload) -> str | None:
+    job = workload.slurm_job_id
+    if job is None or "slurm_job_id" in workload.claimed or not _SLURM_JOB.match(job):
+        return None
+    return job
