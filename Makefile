@@ -44,6 +44,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/pod_resources.py
 	$(BIN)/python bench/hostile_costs.py
+	$(BIN)/python bench/act_restart.py
 	$(BIN)/python bench/nvml_cost.py  # on a machine with a GPU; says so and stops without one
 
 clean:

@@ -15,8 +15,12 @@ for an alert) and to critical (p50 / p95 / max),
 episodes per hang (distinct alerted episodes from the hang's start to the end of the trace: mean and
 max; one is the goal) and critical episodes per hang, false criticals (critical before a hang starts, or
 in a healthy run) and warnings per healthy hour (all, and repeats: every warning of a run after its
-first). `--perturb` replays every trace again through each perturbation of bench/perturb.py, alone and
-combined, at each strength, and prints the same figures per perturbation and class group.
+first), and the actions the policy (act/policy.py) would take in act mode with its defaults: `acts`, on
+the evidence a replay has (telemetry and host progress, never stacks: so none, unless
+actions.on_telemetry_only is on), and `false acts`, what it would take with on_telemetry_only on
+before a hang or in a healthy run (goal: 0). `--perturb` replays every trace again through each
+perturbation of bench/perturb.py, alone and combined, at each strength, and prints the same figures per
+perturbation and class group.
 
 Goals (issue 23): live, every zero-util hang critical within 60 s, one critical episode per hang, the odd
 blocked rank critical within 45 s; on telemetry alone every hang alerted within 60 s p95 (a pause the
@@ -43,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perturb  # noqa: E402
 from corpus import HANGS, HEALTHY, Trace, corpus, snapshots  # noqa: E402
 
-from watchdog.config import Config  # noqa: E402
+from watchdog.act import policy  # noqa: E402
+from watchdog.config import ActionsConfig, Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature  # noqa: E402
 
@@ -69,6 +74,36 @@ class Outcome:
     warnings: int = 0
     repeat_warnings: int = 0
     wrong: str = ""  # what it said instead, for a miss
+    acts: int = 0  # actions the policy would take in act mode, defaults
+    false_acts: int = 0  # with on_telemetry_only, before the hang or in a healthy run
+
+
+ACT = ActionsConfig(mode="act", pause_file=None)
+ACT_ON_TELEMETRY = ActionsConfig(mode="act", pause_file=None, on_telemetry_only=True)
+
+
+def would_act(events: list[EpisodeEvent], cfg: ActionsConfig, before: float | None) -> int:
+    """Actions the policy would take over these events: one decision per critical episode once it has lasted
+    after_seconds (its end, or the trace's last event, bounds it), with the evidence a replay has (no stacks:
+    not confirmed). Only those whose decision time falls before `before` (a hang's start) when given."""
+    ledger, done = policy.Ledger(), 0
+    last = max((e.at_seconds for e in events), default=0.0)
+    critical: dict[str, EpisodeEvent] = {}
+    ended: dict[str, float] = {}
+    for e in events:
+        if e.severity is Severity.CRITICAL and e.event in (EventKind.FIRED, EventKind.ESCALATED):
+            critical.setdefault(e.key, e)
+        if e.event is EventKind.RESOLVED:
+            ended[e.key] = e.at_seconds
+    for key, e in critical.items():
+        due = max(e.at_seconds, e.onset_seconds + cfg.after_seconds)
+        if due > ended.get(key, last) or (before is not None and due >= before):
+            continue
+        hang = policy.Hang("replayed", Severity.CRITICAL, e.onset_seconds, due, e.at_seconds, confirmed=False)
+        if policy.decide(cfg, hang, ledger).name == "act":
+            ledger.record(due, "replayed")
+            done += 1
+    return done
 
 
 def alerts(events: list[EpisodeEvent]) -> list[EpisodeEvent]:
@@ -82,6 +117,8 @@ def judge(trace: Trace, events: list[EpisodeEvent], start: float = START) -> Out
     out.false_criticals = sum(e.severity is Severity.CRITICAL for e in before)
     warned = [e for e in before if e.event is EventKind.FIRED and e.severity is Severity.WARNING]
     out.warnings, out.repeat_warnings = len(warned), max(0, len(warned) - 1)
+    out.acts = would_act(events, ACT, None)
+    out.false_acts = would_act(events, ACT_ON_TELEMETRY, hang)
     if hang is None or trace.expect is None:
         return out
     wanted = EXPECTED_SIGNATURE[trace.expect]
@@ -149,7 +186,8 @@ def real_logs(names: tuple[str, ...] = (), strength: int = 0) -> list[Outcome]:
         crit = sum(e.severity is Severity.CRITICAL for e in alerts(events))
         warned = sum(e.event is EventKind.FIRED and e.severity is Severity.WARNING for e in events)
         outcomes.append(Outcome(path.name, "real_logs", hours, false_criticals=crit, warnings=warned,
-                                repeat_warnings=max(0, warned - 1)))
+                                repeat_warnings=max(0, warned - 1), acts=would_act(events, ACT, None),
+                                false_acts=would_act(events, ACT_ON_TELEMETRY, None)))
     return outcomes
 
 
@@ -161,7 +199,7 @@ def _pct(values: list[float], q: float) -> str:
 
 
 HEAD = (f"{'class':<22}{'traces':>7}{'recall':>8}{'alert p50/p95/max s':>22}{'held':>10}{'crit p50/p95/max s':>21}"
-        f"{'eps/hang':>10}{'crit eps':>9}{'false crit':>11}{'warn/h':>8}{'repeat/h':>9}")
+        f"{'eps/hang':>10}{'crit eps':>9}{'false crit':>11}{'warn/h':>8}{'repeat/h':>9}{'acts':>6}{'false acts':>11}")
 
 
 def row(label: str, rows: list[Outcome], hang: bool) -> str:
@@ -181,7 +219,8 @@ def row(label: str, rows: list[Outcome], hang: bool) -> str:
             f"{(_pct(alert, .5) + '/' + _pct(alert, .95) + '/' + _pct(alert, 1)) if hang else '-':>22}"
             f"{held_text:>10}{crit_text:>21}{eps:>10}{crit_eps:>9}"
             f"{sum(o.false_criticals for o in rows):>11}{sum(o.warnings for o in rows) / hours:>8.2f}"
-            f"{sum(o.repeat_warnings for o in rows) / hours:>9.2f}")
+            f"{sum(o.repeat_warnings for o in rows) / hours:>9.2f}{sum(o.acts for o in rows):>6}"
+            f"{sum(o.false_acts for o in rows):>11}")
 
 
 def report(outcomes: list[Outcome], title: str) -> None:
@@ -199,7 +238,8 @@ def report(outcomes: list[Outcome], title: str) -> None:
     print("-" * len(HEAD))
     print(f"healthy hours {healthy_hours:.1f}; false criticals {sum(o.false_criticals for o in outcomes)}; "
           f"warnings/h {sum(o.warnings for o in outcomes) / healthy_hours:.2f}; repeat warnings/h "
-          f"{sum(o.repeat_warnings for o in outcomes) / healthy_hours:.2f}"
+          f"{sum(o.repeat_warnings for o in outcomes) / healthy_hours:.2f}; actions in act mode "
+          f"{sum(o.acts for o in outcomes)} (with on_telemetry_only: false {sum(o.false_acts for o in outcomes)})"
           + (f"; median first alert {statistics.median(alert):.0f} s" if alert else ""))
     for o in [o for o in outcomes if o.cls in HANGS and not o.found][:12]:
         print(f"  missed {o.name}: {o.wrong}")

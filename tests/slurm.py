@@ -122,7 +122,8 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
     try:
         started.append(subprocess.Popen(
             ["munged", "-F", f"--socket={folder}/munge.sock", f"--pid-file={folder}/munged.pid",
-             f"--log-file={folder}/munged.log", f"--seed-file={folder}/munge.seed", "--force"], env=env))
+             f"--log-file={folder}/munged.log", f"--seed-file={folder}/munge.seed", "--force"], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 10
         while not (folder / "munge.sock").exists():
             assert time.monotonic() < deadline, "munged did not start"

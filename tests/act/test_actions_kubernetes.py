@@ -6,15 +6,14 @@ patch carrying its resourceVersion (a concurrent change gets 409, not lost) that
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.daemon import daemon_config
+from tests.fakes.loopback import Quiet, serving
 from watchdog.act.actions import DONE, FAILED, SKIPPED, Actions, Target
 from watchdog.model import Workload
 
@@ -33,7 +32,7 @@ class ApiServer:
         self.problems: list[str] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(Quiet):
             def _body(self) -> Any:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 return json.loads(raw) if raw else None
@@ -85,20 +84,15 @@ class ApiServer:
                 outer.node["metadata"]["resourceVersion"] = str(int(outer.node["metadata"]["resourceVersion"]) + 1)
                 return self._answer(200, outer.node)
 
-            def log_message(self, format: str, *args: object) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.handler = Handler
+        self.url = ""
 
 
 @pytest.fixture
 def api() -> Iterator[ApiServer]:
     server = ApiServer()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
+    with serving(server.handler) as server.url:
+        yield server
 
 
 def actions(tmp: Path, api: ApiServer, **kubernetes: Any) -> Actions:

@@ -3,11 +3,10 @@ API, and the daemon in observe and dry_run over a real hung process, which must 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from prometheus_client import generate_latest
 
 from tests.conftest import python_target
 from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
+from tests.fakes.loopback import Quiet, serving
 from watchdog.act import fleet, policy
 from watchdog.config import ActionsConfig, ConfigError, FleetConfig, parse_config
 from watchdog.daemon import Daemon, build
@@ -42,6 +42,8 @@ def test_the_checks_in_their_order(tmp_path: Path) -> None:
     assert policy.decide(cfg(), hang(confirmed=False), ledger).name == "unconfirmed"
     assert policy.decide(cfg(on_telemetry_only=True), hang(confirmed=False), ledger).name == "act"
     assert policy.decide(cfg(mode="dry_run"), hang(), ledger).name == "dry_run"
+    unkept = policy.decide(cfg(), dataclasses.replace(hang(), kept=False), ledger)
+    assert unkept.name == "no_evidence" and unkept.said and not unkept.final
     assert policy.decide(cfg(paused=True), hang(), ledger).name == "paused"
     pause = tmp_path / "pause"
     assert policy.decide(cfg(pause_file=str(pause)), hang(), ledger).name == "act"
@@ -90,7 +92,7 @@ class PromApi:
         self.queries: list[str] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(Quiet):
             def do_GET(self) -> None:  # noqa: N802
                 outer.queries.append(self.path)
                 result = [] if outer.answer is None else [{"metric": {"__name__": fleet.RECORD},
@@ -101,20 +103,15 @@ class PromApi:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, format: str, *args: object) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.handler = Handler
+        self.url = ""
 
 
 @pytest.fixture
 def prom() -> Iterator[PromApi]:
     api = PromApi()
-    yield api
-    api.server.shutdown()
-    api.server.server_close()
+    with serving(api.handler) as api.url:
+        yield api
 
 
 def test_the_fleet_share_is_asked_of_prometheus(prom: PromApi) -> None:
@@ -127,9 +124,9 @@ def test_the_fleet_share_is_asked_of_prometheus(prom: PromApi) -> None:
     assert share is None and "rules.yml" in why
     prom.answer = "NaN"
     assert fleet.acted_ratio(config)[0] is None
-    prom.server.shutdown()
-    prom.server.server_close()
-    share, why = fleet.acted_ratio(FleetConfig(prometheus_url=prom.url, timeout_seconds=1))
+    with serving(prom.handler) as gone:
+        pass  # a port that was served and is closed now
+    share, why = fleet.acted_ratio(FleetConfig(prometheus_url=gone, timeout_seconds=1))
     assert share is None and why.startswith("Prometheus: 127.0.0.1")
 
 
@@ -211,3 +208,45 @@ def test_act_while_paused_by_the_file_ends_nothing_and_says_so(tmp_path: Path) -
     assert len(said) == 1 and str(tmp_path / "pause") in said[0]
     assert daemon.counters.snapshot()["actions_total"] == {}
     assert 'state="paused"' in action_state(daemon)
+
+
+def test_check_config_finds_an_action_that_would_fail_every_time(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    config = tmp_path / "config.yaml"
+    config.write_text("actions:\n  mode: dry_run\n  do: [terminate_ranks, slurm, command, kubernetes]\n"
+                      "  command: [/nonexistent/notify]\n  slurm: {scontrol: scontrol-not-installed}\n"
+                      f"  kubernetes: {{token_file: {tmp_path / 'no-token'}}}\n")
+    done = subprocess.run([sys.executable, "-m", "watchdog", "check-config", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert "actions.slurm: scontrol-not-installed is not an executable" in lines[0]
+    assert "actions.command: /nonexistent/notify is not an executable" in lines[1]
+    assert "actions.kubernetes: actions.kubernetes.token_file:" in lines[2]
+    config.write_text("actions:\n  mode: observe\n  do: [command]\n  command: [/nonexistent/notify]\n")
+    done = subprocess.run([sys.executable, "-m", "watchdog", "check-config", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr  # observing: nothing will run
+
+
+def test_sighup_applies_a_new_policy(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    base = ("source: {kind: sim, scenario: healthy}\nexport: {listen_address: '127.0.0.1:0'}\n"
+            f"bundles: {{directory: {tmp_path / 'incidents'}}}\n")
+    config.write_text(base + "actions: {mode: observe}\n")
+    from watchdog.config import load_config
+    daemon = build(load_config(str(config)), config_path=str(config))
+    daemon.tick()
+    assert 'mode="observe",state="observe"' in action_state(daemon)
+    config.write_text(base + f"actions: {{mode: dry_run, pause_file: {tmp_path / 'pause'}}}\n")
+    assert daemon.reload()
+    daemon.tick()
+    assert 'mode="dry_run",state="armed"' in action_state(daemon)
+    assert daemon.incidents.actions.cfg.mode == "dry_run"
+    config.write_text(base + "actions: {mode: act, do: [command]}\n")  # no command given: rejected, kept
+    assert not daemon.reload()
+    daemon.tick()
+    assert 'mode="dry_run"' in action_state(daemon)
+    daemon.shutdown(timeout=5)

@@ -75,4 +75,6 @@ def test_a_hung_torchrun_job_is_ended_resumes_from_its_checkpoint_and_a_quick_re
     evidence = next(b for b in bundles if any(r["decision"] == "act" for r in
                                               json.loads((b / "summary.json").read_text()).get("actions", [])))
     assert len(list((evidence / act[0]["evidence"] / "stacks").iterdir())) == 4
+    page = (evidence / "report.html").read_text()
+    assert "<h2>Actions</h2>" in page and "terminate_ranks done: terminated ranks 0-3" in page
     assert [r["decision"] for r in records].count("deterministic") == 1

@@ -108,3 +108,19 @@ def test_dashboard_is_grafana_json_with_queries() -> None:
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "instance", "gpu"}
     per_gpu = [q for q in queries if "stall_watchdog_gpu_" in q]
     assert per_gpu and all('gpu=~"$gpu"' in q for q in per_gpu)  # the GPU picker filters every GPU panel
+
+
+def test_the_actions_drop_in_verifies_with_the_unit_and_adds_only_cap_kill(tmp_path: Path) -> None:
+    """deploy/systemd/actions.conf, as systemd reads it: the unit with the drop-in beside it."""
+    unit = (DEPLOY / "systemd" / "stall-watchdog.service").read_text()
+    drop_in = (DEPLOY / "systemd" / "actions.conf").read_text()
+    installed = str(Path(sys.executable).with_name("stall-watchdog"))
+    (tmp_path / "stall-watchdog.service").write_text(unit.replace("/opt/stall-watchdog/bin/stall-watchdog", installed))
+    (tmp_path / "stall-watchdog.service.d").mkdir()
+    (tmp_path / "stall-watchdog.service.d" / "actions.conf").write_text(drop_in)
+    result = subprocess.run([tool("systemd-analyze"), "verify", str(tmp_path / "stall-watchdog.service")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "actions.conf" not in result.stderr, result.stderr
+    caps = {line.split("=", 1)[1] for line in drop_in.splitlines() if line.startswith(("Ambient", "CapabilityB"))}
+    assert caps == {"CAP_SYS_PTRACE CAP_KILL"}

@@ -170,3 +170,34 @@ def test_a_condition_that_keeps_breaking_never_fires() -> None:
     assert run(([True] * 20 + [False] * 15) * 100) == []
     # The same with 5 s gaps (shorter than clear): the runs bridge into one episode, which fires.
     assert run(([True] * 20 + [False] * 5) * 10)[:1] == [(30, EventKind.FIRED)]
+
+
+def test_a_restart_boundary_ends_the_old_incarnations_stall_and_forgets_its_pauses() -> None:
+    """Every process on the stalled GPUs replaced (a restarted job): the hung incarnation's episode is
+    resolved there, and a stall of the new one is a new episode on its own clock."""
+    import random
+
+    from watchdog.detect.engine import DetectorEngine
+    from watchdog.sample import sim
+
+    scenario = sim.SCENARIOS["spin_hang"]
+    engine = DetectorEngine(Config())
+    rng = random.Random(1)
+    old = {g: [100 + g] for g in range(8)}
+    events = []
+    for t in range(250, 400):
+        events += engine.observe(sim.snapshot_at(scenario, t, rng, 1.9e9 + t, old))
+    fired = [e for e in events if e.event is EventKind.FIRED]
+    assert fired and fired[0].severity is Severity.CRITICAL
+    engine.tracker.pauses.record(1.9e9, 60.0)
+    assert engine.tracker.pauses.longest == 60.0
+    # The ranks are gone for a few samples, then new ones hold the GPUs.
+    gap = [e for t in range(400, 405) for e in engine.observe(sim.snapshot_at(scenario, t, rng, 1.9e9 + t, {}))]
+    assert not [e for e in gap if e.event is EventKind.RESOLVED]  # no process is no restart yet
+    new = {g: [200 + g] for g in range(8)}
+    after = engine.observe(sim.snapshot_at(scenario, 405, rng, 1.9e9 + 405, new))
+    assert [e.event for e in after][:1] == [EventKind.RESOLVED] and after[0].key == fired[0].key
+    assert engine.tracker.pauses.longest is None
+    later = [e for t in range(406, 480) for e in engine.observe(sim.snapshot_at(scenario, t, rng, 1.9e9 + t, new))]
+    refired = [e for e in later if e.event is EventKind.FIRED]
+    assert refired and refired[0].key != fired[0].key and refired[0].onset_seconds >= 1.9e9 + 405

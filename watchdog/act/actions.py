@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -280,6 +281,28 @@ class Actions:
         except children.CommandError as exc:
             raise ActionError(str(exc), exc.timed_out) from None
         return f"ran {os.path.basename(argv[0])}"
+
+
+def problems(cfg: ActionsConfig) -> list[str]:
+    """What would make a configured action fail every time, found before any hang: a program not on the
+    PATH, an unreadable token, a URL that is not one. Nothing while the mode is observe."""
+    if cfg.mode == "observe":
+        return []
+    found = []
+    path = children.environment()["PATH"]
+    programs = {"slurm": [cfg.slurm.scontrol] + ([cfg.slurm.scancel] if cfg.slurm.job == "cancel" else []),
+                "command": (cfg.command or [])[:1]}
+    for action in cfg.do:
+        for program in programs.get(action, []):
+            if shutil.which(program, path=path) is None:
+                found.append(f"actions.{action}: {program} is not an executable found on the daemon's PATH")
+    if "kubernetes" in cfg.do:
+        try:
+            http_client.split(cfg.kubernetes.api_url)
+            secrets.read_file(cfg.kubernetes.token_file, "actions.kubernetes.token_file")
+        except (ValueError, secrets.SecretError) as exc:
+            found.append(f"actions.kubernetes: {exc}")
+    return found
 
 
 def _slurm_job(workload: Workload) -> str | None:

@@ -139,13 +139,13 @@ class IncidentHandler:
         gpus = tuple(sorted(set(event.gpus) | set(event.culprit_gpus)))
         with self._lock:
             state = self.open.setdefault(key, _Open(gpus))
-        if event.event is EventKind.SUSPECTED:
-            self._look(key, state, snapshot)
-        if event.event is not EventKind.RESOLVED and event.event is not EventKind.SUSPECTED:
+        if event.event not in (EventKind.RESOLVED, EventKind.SUSPECTED):
             state.event = event
             if event.severity is Severity.CRITICAL and state.critical_since is None:
                 state.critical_since = event.at_seconds
-        if event.event is EventKind.FIRED:
+        if event.event is EventKind.SUSPECTED:
+            self._look(key, state, snapshot)
+        elif event.event is EventKind.FIRED:
             state.severity = event.severity
             if not self._submit(self._investigate, event, state, snapshot, tuple(telemetry)):
                 self.counters.inc("bundles_total", "skipped")
@@ -373,7 +373,8 @@ class IncidentHandler:
         if critical is not None:
             critical = max(critical, onset)
         return policy.Hang(state.job, state.severity or event.severity, onset, now, critical,
-                           policy.confirmed_by(state.pictures if pictures is None else pictures))
+                           policy.confirmed_by(state.pictures if pictures is None else pictures),
+                           kept=pictures is None or state.bundle is not None)
 
     def _act(self, state: _Open, on_gpus: NodeSnapshot, submitted: float) -> None:
         """Off the loop: the evidence first (every rank's stacks, the Flight Recorder asked and read back,

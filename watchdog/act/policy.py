@@ -6,6 +6,7 @@ The checks run in this order, and the first that holds is the decision:
     observe        mode observe: nothing is ever done (and nothing is said)
     wait           not critical yet, or critical for less than after_seconds
     unconfirmed    no live evidence (stacks blocked, host progress still) and on_telemetry_only is off
+    no_evidence    the incident bundle is not on disk: nothing is done without the evidence kept
     deterministic  the job was acted on and hung again within deterministic_within_seconds: notify only
     budget         max_per_job actions on this job within budget_window_seconds
     cooldown       this node acted less than cooldown_seconds ago
@@ -32,7 +33,7 @@ from watchdog.stacks.picture import StackPicture
 
 FINAL = frozenset({"act", "dry_run", "deterministic"})
 # Decisions said in an alert (the first time they are reached): what a person would want to know.
-SAID = frozenset({"dry_run", "deterministic", "budget", "cooldown", "paused", "breaker"})
+SAID = frozenset({"dry_run", "deterministic", "budget", "cooldown", "paused", "breaker", "no_evidence"})
 _KEPT = 256  # actions remembered (per node: a handful a day at most)
 _STILL_CPU_RATIO = 0.02  # a rank using less CPU than this over the observation makes no host progress
 _STILL_IO_BYTES = 64 * 1024
@@ -48,6 +49,7 @@ class Hang:
     now: float
     critical_since: float | None  # wall seconds the episode turned critical; None while not critical
     confirmed: bool  # the live evidence shows the ranks blocked
+    kept: bool = True  # the incident bundle (the evidence) is on disk
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | 
         return Decision("wait", f"critical for {lasted:.0f} s of {cfg.after_seconds:g} s")
     if not hang.confirmed and not cfg.on_telemetry_only:
         return Decision("unconfirmed", "no live evidence confirms the hang (actions.on_telemetry_only is off)")
+    if not hang.kept:
+        return Decision("no_evidence", "the incident bundle could not be written: nothing is done without the "
+                        "evidence on disk")
     before = [at for at in ledger.on_job(hang.job) if at <= hang.onset]
     if before and hang.onset - max(before) < cfg.deterministic_within_seconds:
         return Decision("deterministic", f"the job hung again {duration_text(hang.onset - max(before))} after it "

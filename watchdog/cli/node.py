@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import build_receivers
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.cli.stacks import describe_pids
@@ -82,7 +83,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """The file, then a dry run of what `run` builds from it that can fail before the loop starts: every
-    secret file and variable read and checked as `run` reads it, every receiver built (URLs checked)."""
+    secret file and variable read and checked as `run` reads it, every receiver built (URLs checked), every
+    configured action's program and token found (act/actions.py problems, which `run` logs)."""
     config = load_config(args.file)
     problems = []
     try:
@@ -93,6 +95,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         endpoint_secrets(config.export, config.dump)
     except EndpointError as exc:
         problems.append(str(exc))
+    problems += action_problems(config.actions)
     for problem in problems:
         error(f"{args.file}: {problem}")
     if problems:

@@ -96,8 +96,7 @@ class EpisodeTracker:
         for key in [k for k, ep in self.episodes.items() if ep.stall and gpus.intersection(ep.finding.gpus)]:
             ep = self.episodes[key]
             ep.absent_since = ep.absent_since or now
-            events += self._end(key, ep, now)
-            self._resolved_at.pop(key, None)  # a new stall counts from its own first sample
+            events += self._end(key, ep, now)  # a new stall's onset is then no earlier than now
         self.pauses = PauseMemory()
         return events
 

@@ -37,6 +37,7 @@ class ReportData:
     naive_time: bool = False
     headline: str = ""  # the verdict in one line, said once, as the page's heading
     culprit_gpus: tuple[int, ...] = ()  # drawn bold and named in the legend
+    actions: list[dict[str, object]] = field(default_factory=list)  # the actions policy's decisions and steps
 
 
 def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, object]]:
@@ -175,6 +176,9 @@ def render(data: ReportData) -> str:
         parts.append("<h2>Episodes</h2>" + _table(
             [_episode_row(e, data.naive_time) for e in data.episodes],
             ["signature", "severity", "onset", "end", "lasted", *([] if one else ["headline"])], set()))
+    if data.actions:
+        parts.append("<h2>Actions</h2>" + _table([_action_row(a, data.naive_time) for a in data.actions],
+                                                 ["at", "decision", "after", "reason", "steps", "evidence"], set()))
     if data.ranks:
         scheduler = ["runs_in"] if any(r.get("runs_in") for r in data.ranks) else []  # the pod or Slurm job
         parts.append("<h2>Ranks</h2>" + _table(data.ranks, ["member", "rank", "pid", "gpus", *scheduler, "activity",
@@ -205,6 +209,19 @@ def _episode_row(episode: dict[str, object], naive: bool) -> dict[str, object]:
     return {**episode, "onset": iso_time(onset, naive),
             "end": iso_time(float(end), naive) if end is not None else "still open",  # type: ignore[arg-type]
             "lasted": lasted if end is not None else f"{lasted} so far"}
+
+
+def _action_row(record: dict[str, object], naive: bool) -> dict[str, object]:
+    """One decision of the actions policy: when, what, why, and each step with its result."""
+    at = record.get("at")
+    listed = record.get("steps")
+    steps = [st for st in listed if isinstance(st, dict)] if isinstance(listed, list) else []
+    hang = record.get("hang_seconds")
+    return {"at": iso_time(float(at), naive) if isinstance(at, (int, float)) else "",
+            "decision": record.get("decision", ""), "reason": record.get("reason", ""),
+            "after": duration_text(float(hang)) + " of hang" if isinstance(hang, (int, float)) else "",
+            "steps": "; ".join(f"{st.get('action')} {st.get('result')}: {st.get('detail')}" for st in steps),
+            "evidence": record.get("evidence", "")}
 
 
 def _load_json(path: Path) -> object:
@@ -253,7 +270,8 @@ def from_bundle(folder: Path) -> ReportData:
                       str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
                       report.get("groups", []), report.get("outliers", []),
                       _load_json(folder / "doctor.json") or [],  # type: ignore[arg-type]
-                      headline=str(summary.get("headline") or ""), culprit_gpus=culprit_gpus)
+                      headline=str(summary.get("headline") or ""), culprit_gpus=culprit_gpus,
+                      actions=[a for a in summary.get("actions") or [] if isinstance(a, dict)])
 
 
 def _runs_in(saved: object) -> str:
