@@ -66,7 +66,7 @@ class DetectorEngine:
         self._long_seconds = d.underuse.window_seconds
         self._windows: dict[int, GpuWindow] = {}
         self._present: tuple[int, ...] = ()
-        self._pids: dict[int, frozenset[int]] = {}  # each GPU's processes, as last seen with any
+        self._pids: dict[int, tuple[int, ...]] = {}  # each GPU's processes, as last seen with any
         self._last_evaluation: float | None = None
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
         self._enabled = [name for name, _, section in self._sections if section.enabled]
@@ -136,13 +136,14 @@ class DetectorEngine:
         """GPUs whose processes were all replaced since the last sample that had any (a restarted job):
         their stall episodes end there (EpisodeTracker.restarted)."""
         replaced = []
+        seen = self._pids
         for sample in snapshot.gpus:
-            if not sample.pids:
+            pids = sample.pids
+            if not pids or seen.get(sample.index) == pids:  # the usual tick: the same processes
                 continue
-            now = frozenset(sample.pids)
-            before = self._pids.get(sample.index)
-            self._pids[sample.index] = now
-            if before is not None and not before & now:
+            before = seen.get(sample.index)
+            seen[sample.index] = pids
+            if before is not None and not set(before).intersection(pids):
                 replaced.append(sample.index)
         return self.tracker.restarted(replaced, t) if replaced else []
 
