@@ -33,6 +33,13 @@ _EXCERPT = 60  # characters of an offending value quoted in an error
 _SECRET_KEYS = {"url", "token", "password"}
 
 
+def _http_url(value: str | None) -> str | None:
+    """A URL given inline: http or https (the one rule for every URL key)."""
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -328,12 +335,7 @@ class ReceiverConfig(_Section):
     min_severity: Literal["warning", "critical"] = Field("warning", description="Send only alerts at least this "
                                                          "severe.")
 
-    @field_validator("url")
-    @classmethod
-    def _inline_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("expected an http:// or https:// URL")
-        return value
+    _inline_url = field_validator("url")(classmethod(lambda cls, value: _http_url(value)))
 
     @model_validator(mode="after")
     def _complete(self) -> ReceiverConfig:
@@ -451,12 +453,7 @@ class FleetConfig(_Section):
                              "rules' window (10 minutes).")
     timeout_seconds: Seconds = Field(5.0, description="The query is abandoned after this long (then: no action).")
 
-    @field_validator("prometheus_url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("expected an http:// or https:// URL")
-        return value
+    _url = field_validator("prometheus_url")(classmethod(lambda cls, value: _http_url(value)))
 
 
 class ActionsConfig(_Section):

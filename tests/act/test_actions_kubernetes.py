@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from tests.fakes.daemon import daemon_config
-from tests.fakes.loopback import Quiet, serving
+from tests.fakes.loopback import Quiet, Served
 from watchdog.act.actions import DONE, FAILED, SKIPPED, Actions, Target
 from watchdog.model import Workload
 
 TOKEN = "k8s-token-for-tests"
 
 
-class ApiServer:
+class ApiServer(Served):
     """Pods and one node, held as the API server holds them."""
 
     def __init__(self) -> None:
@@ -37,14 +37,6 @@ class ApiServer:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 return json.loads(raw) if raw else None
 
-            def _answer(self, status: int, body: object) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def _check(self, method: str) -> Any:
                 body = self._body()
                 outer.seen.append((method, self.path, dict(self.headers), body))
@@ -57,42 +49,40 @@ class ApiServer:
                 parts = self.path.split("/")  # /api/v1/namespaces/NS/pods/NAME
                 if parts[:4] != ["", "api", "v1", "namespaces"] or len(parts) != 7 or parts[5] != "pods":
                     outer.problems.append(f"DELETE of {self.path}")
-                    return self._answer(404, {"kind": "Status", "code": 404})
+                    return self.answer_json(404, {"kind": "Status", "code": 404})
                 if not (body and body.get("kind") == "DeleteOptions" and body.get("apiVersion") == "v1"
                         and isinstance(body.get("gracePeriodSeconds"), int)):
                     outer.problems.append(f"DELETE body {body}")
-                    return self._answer(400, {"kind": "Status", "code": 400})
+                    return self.answer_json(400, {"kind": "Status", "code": 400})
                 if (parts[4], parts[6]) not in outer.pods:
-                    return self._answer(404, {"kind": "Status", "code": 404})
+                    return self.answer_json(404, {"kind": "Status", "code": 404})
                 outer.pods.discard((parts[4], parts[6]))
-                return self._answer(200, {"kind": "Pod", "metadata": {"name": parts[6], "namespace": parts[4]}})
+                return self.answer_json(200, {"kind": "Pod", "metadata": {"name": parts[6], "namespace": parts[4]}})
 
             def do_GET(self) -> None:  # noqa: N802
                 self._check("GET")
                 if self.path != "/api/v1/nodes/gpu-node-7":
-                    return self._answer(404, {"kind": "Status", "code": 404})
-                return self._answer(200, outer.node)
+                    return self.answer_json(404, {"kind": "Status", "code": 404})
+                return self.answer_json(200, outer.node)
 
             def do_PATCH(self) -> None:  # noqa: N802
                 body = self._check("PATCH")
                 if self.headers.get("Content-Type") != "application/merge-patch+json":
                     outer.problems.append(f"PATCH as {self.headers.get('Content-Type')}")
-                    return self._answer(415, {"kind": "Status", "code": 415})
+                    return self.answer_json(415, {"kind": "Status", "code": 415})
                 if body["metadata"].get("resourceVersion") != outer.node["metadata"]["resourceVersion"]:
-                    return self._answer(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+                    return self.answer_json(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
                 outer.node["spec"]["taints"] = body["spec"]["taints"]
                 outer.node["metadata"]["resourceVersion"] = str(int(outer.node["metadata"]["resourceVersion"]) + 1)
-                return self._answer(200, outer.node)
+                return self.answer_json(200, outer.node)
 
         self.handler = Handler
-        self.url = ""
 
 
 @pytest.fixture
 def api() -> Iterator[ApiServer]:
-    server = ApiServer()
-    with serving(server.handler) as server.url:
-        yield server
+    with ApiServer().running() as server:
+        yield server  # type: ignore[misc]
 
 
 def actions(tmp: Path, api: ApiServer, **kubernetes: Any) -> Actions:

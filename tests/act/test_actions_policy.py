@@ -4,7 +4,6 @@ API, and the daemon in observe and dry_run over a real hung process, which must 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from prometheus_client import generate_latest
 
 from tests.conftest import python_target
 from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
-from tests.fakes.loopback import Quiet, serving
+from tests.fakes.loopback import Quiet, Served, serving
 from watchdog.act import fleet, policy
 from watchdog.config import ActionsConfig, ConfigError, FleetConfig, parse_config
 from watchdog.daemon import Daemon, build
@@ -84,7 +83,7 @@ def test_the_fleet_breaker_holds_above_its_share_and_when_it_cannot_see() -> Non
     assert blind.name == "breaker" and "connection refused" in blind.reason
 
 
-class PromApi:
+class PromApi(Served):
     """Answers /api/v1/query as Prometheus does, with the value set in `answer` (None: an empty result)."""
 
     def __init__(self) -> None:
@@ -97,21 +96,15 @@ class PromApi:
                 outer.queries.append(self.path)
                 result = [] if outer.answer is None else [{"metric": {"__name__": fleet.RECORD},
                                                            "value": [time.time(), outer.answer]}]
-                data = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer_json(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
 
         self.handler = Handler
-        self.url = ""
 
 
 @pytest.fixture
 def prom() -> Iterator[PromApi]:
-    api = PromApi()
-    with serving(api.handler) as api.url:
-        yield api
+    with PromApi().running() as api:
+        yield api  # type: ignore[misc]
 
 
 def test_the_fleet_share_is_asked_of_prometheus(prom: PromApi) -> None:

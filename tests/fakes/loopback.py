@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,10 +10,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Quiet(BaseHTTPRequestHandler):
-    """A handler that logs nothing (pytest keeps the output for failures)."""
+    """A handler that logs nothing (pytest keeps the output for failures) and answers JSON."""
 
     def log_message(self, format: str, *args: object) -> None:
         return None
+
+    def answer_json(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
 
 @contextmanager
@@ -26,3 +35,16 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Served:
+    """A test server's state and its handler class (set `handler` in __init__): `running()` serves it on
+    loopback and sets `url` while the block runs."""
+
+    handler: type[BaseHTTPRequestHandler]
+    url = ""
+
+    @contextmanager
+    def running(self) -> Iterator[Served]:
+        with serving(self.handler) as self.url:
+            yield self
