@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import python_target
 from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.daemon import build
@@ -56,3 +58,27 @@ def test_secret_looking_arguments_and_variables_never_leave_the_rank(tmp_path: P
     assert "SECRET" not in text
     assert f"--hf-token={REDACTED}" in info.cmdline and "gpt2" in info.cmdline
     assert info.env["NCCL_IB_AUTH_TOKEN"] == REDACTED and info.env["NCCL_DEBUG"] == "WARN"
+
+
+def test_a_short_command_is_bounded_in_bytes_and_time_whatever_it_prints_or_reads(tmp_path: Path) -> None:
+    """children.run (scontrol, the command action, the command receiver): 200 MB on stdout and stderr is
+    read and dropped past 64 KiB each; a command that never reads its 1 MB input, or that leaves a
+    grandchild holding the pipes, is still cut at its timeout."""
+    import resource
+
+    from watchdog import children
+
+    flood = "import os, sys\nfor _ in range(1600):\n    os.write(1, b'x' * 65536); os.write(2, b'y' * 65536)\n"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = children.run([sys.executable, "-c", flood], timeout=60)
+    assert len(out) == children.MAX_OUTPUT_BYTES and set(out) == {"x"}
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: far below 200 MB
+    started = time.monotonic()
+    with pytest.raises(children.CommandError) as caught:
+        children.run([sys.executable, "-c", "import time; time.sleep(60)"], stdin="z" * 2**20, timeout=2)
+    assert caught.value.timed_out and time.monotonic() - started < 10
+    escaped = "import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(60)\ntime.sleep(60)\n"
+    started = time.monotonic()
+    with pytest.raises(children.CommandError, match="did not finish within 2 s"):
+        children.run([sys.executable, "-c", escaped], timeout=2)
+    assert time.monotonic() - started < 10

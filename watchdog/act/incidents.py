@@ -307,7 +307,7 @@ class IncidentHandler:
                 gpu = event.gpus[0] if event.signature in PER_GPU_SIGNATURES and event.gpus else None
                 state.identity = AlertIdentity(event.signature, self.node, state.job, state.workload, gpu)
             state.culprit = culprit_text(event.culprit_gpus, state.ranks)
-            if not resolved and summary is not None and not summary.startswith(_ACTION_HEADS):
+            if not resolved and summary is not None and not action:
                 state.summary = summary
             identity = state.identity
             self.dispatcher.submit(Alert(
@@ -391,8 +391,9 @@ class IncidentHandler:
                 state.workload = common(r.workload for r in ranks)
             now = on_gpus.time_seconds + (self.monotonic() - submitted)
             hang = self._hang(state, now, pictures if ranks else state.pictures)
-            asked = fleet.acted_ratio(cfg.fleet) if cfg.mode != "observe" else (0.0, "")
-            decision = policy.decide(cfg, hang, self.ledger, asked)
+            decision = policy.decide(cfg, hang, self.ledger)
+            if decision.name in ("act", "dry_run") and cfg.fleet.prometheus_url:  # the fleet, asked last
+                decision = policy.decide(cfg, hang, self.ledger, fleet.acted_ratio(cfg.fleet))
             steps: list[Step] = []
             if decision.name in ("act", "dry_run"):
                 target = Target(state.job, tuple(r for r in state.ranks if r.job_key == state.job), state.workload,
@@ -458,8 +459,6 @@ def culprit_text(gpus: Sequence[int], ranks: Sequence[RankInfo]) -> str:
     who = f" ({'rank' if len(named) == 1 else 'ranks'} {', '.join(map(str, named))})" if named else ""
     return gpu_list(tuple(gpus)) + who
 
-
-_ACTION_HEADS = ("ACTED", "DRY RUN", "NOT ACTED")
 
 
 def action_text(decision: policy.Decision, steps: Sequence[Step], lasted: float, bundle: str | None,

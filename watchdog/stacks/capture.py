@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -125,7 +122,7 @@ class StackCapturer:
             self._aborted = True
             running = list(self._running)
         for process in running:
-            _kill_group(process)
+            children.kill_group(process)
             # The capturing thread reads this process's pipes until they close: here only wait for the
             # death (a second reader would race it for the pipes).
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -169,13 +166,13 @@ class StackCapturer:
             self._running.add(process)
         remaining = max(0.1, self.timeout - (time.monotonic() - started))
         try:
-            out, err, over = _read_bounded(process, remaining)
+            out, err, over = children.read_bounded(process, remaining, MAX_OUTPUT_BYTES, MAX_ERROR_BYTES)
         finally:
             with self._lock:
                 self._running.discard(process)
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         if over is not None:
-            _kill_group(process)
+            children.kill_group(process)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=2)
             if over == "timeout":
@@ -207,45 +204,3 @@ MAX_OUTPUT_BYTES = 16 * 2**20  # py-spy's JSON for hundreds of threads is a few 
 MAX_ERROR_BYTES = 64 * 1024
 
 
-def _read_bounded(process: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes, str | None]:
-    """py-spy's stdout and stderr, read as they come until both close: (stdout, stderr, None), or with
-    "timeout" / "too_long" when it ran past `timeout` or printed past the caps (the caller kills it)."""
-    deadline = time.monotonic() + timeout
-    caps: dict[object, int] = {process.stdout: MAX_OUTPUT_BYTES, process.stderr: MAX_ERROR_BYTES}
-    got: dict[object, list[bytes]] = {process.stdout: [], process.stderr: []}
-    sizes: dict[object, int] = dict.fromkeys(got, 0)
-    with selectors.DefaultSelector() as selector:
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                selector.register(pipe, selectors.EVENT_READ)
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return b"".join(got[process.stdout]), b"".join(got[process.stderr]), "timeout"
-            for key, _ in selector.select(left):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    continue
-                sizes[key.fileobj] += len(chunk)
-                if sizes[key.fileobj] > caps[key.fileobj]:
-                    if key.fileobj is process.stdout:
-                        return b"", b"".join(got[process.stderr]), "too_long"
-                    continue  # stderr past its cap: the first of it says what went wrong
-                got[key.fileobj].append(chunk)
-    try:
-        process.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return b"".join(got[process.stdout]), b"".join(got[process.stderr]), "timeout"
-    for pipe in (process.stdout, process.stderr):
-        if pipe is not None:
-            pipe.close()
-    return b"".join(got[process.stdout]), b"".join(got[process.stderr]), None
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL py-spy and whatever it started (it runs in a session of its own)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        process.kill()
