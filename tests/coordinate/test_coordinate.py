@@ -4,14 +4,19 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 import subprocess
 import sys
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.fakes.loopback import Quiet, serving
 from tests.fakes.nccl_ras import job, json_report, text_report
-from watchdog.coordinate.job_verdict import merge
+from watchdog.coordinate import job_bundle
+from watchdog.coordinate.job_verdict import JobEvidence, merge
 from watchdog.coordinate.nodes import NodeAnswer, NodeClient, promql_string
 from watchdog.coordinate.service import Coordinator
 
@@ -99,3 +104,77 @@ def test_job_bundles_rotate_only_their_own(tmp_path: Path) -> None:
     written = [job_bundle.write(tmp_path, merge(f"run:{n}", []), keep=2) for n in range(4)]
     kept = sorted(p for p in tmp_path.iterdir() if p != foreign)
     assert kept == sorted(written[-2:]) and foreign.is_dir()
+
+
+class SlowNode(Quiet):
+    """A node's daemon whose dump takes a second (a real one watches its ranks for seconds)."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        time.sleep(1.0)
+        if self.server.server_address[1] % 2:  # type: ignore[index]
+            self.answer_json(200, {"node": f"n{self.server.server_address[1]}", "jobs": []})
+            return
+        data = b'{"node": "n", "jobs": [], "seconds": NaN}'  # not JSON: the bundle keeps answers as they came
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_every_node_is_asked_at_once() -> None:
+    """A dump takes seconds on each node: 70 nodes asked in rounds of 64 would take two of them."""
+    with ExitStack() as stack:
+        instances = [stack.enter_context(serving(SlowNode)).removeprefix("http://") for _ in range(70)]
+        started = time.monotonic()
+        answers = NodeClient(timeout_seconds=10).ask_all(instances, "run:x")
+        took = time.monotonic() - started
+    assert [a.instance for a in answers] == instances and took < 1.8, took
+    for answer in answers:
+        port = int(answer.instance.rsplit(":", 1)[1])
+        assert (answer.error is None and answer.raw is not None and answer.size == len(answer.raw)) if port % 2 \
+            else (answer.error == "the answer is not JSON" and answer.raw is None), answer
+
+
+def _answer(node: int, odd: int, ranks: int = 4) -> NodeAnswer:
+    """A node's /v1/dump answer as it comes: its ranks' py-spy threads (rank `odd` in its data loader, the
+    rest in all_reduce) and Flight Recorder traces."""
+    rows, traces = [], []
+    for rank in range(node * ranks, (node + 1) * ranks):
+        frames = ([("get", "queue.py"), ("__next__", "torch/utils/data/dataloader.py"), ("train", "train.py")]
+                  if rank == odd else [("all_reduce", "torch/distributed/distributed_c10d.py"), ("train", "train.py")])
+        rows.append({"rank": rank, "pid": 100 + rank, "gpus": [rank % ranks], "capture": "ok",
+                     "threads": [{"pid": 100 + rank, "thread_id": 1, "thread_name": "MainThread", "active": rank != odd,
+                                  "frames": [{"name": f, "filename": p, "line": 1} for f, p in frames]}]})
+        done = {"pg_id": 0, "process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce",
+                "state": "completed", "retired": True, "is_p2p": False, "collective_seq_id": 7}
+        entries = [done] + ([] if rank == odd else [{**done, "collective_seq_id": 8, "state": "started",
+                                                    "retired": False}])
+        traces.append({"rank": rank, "entries": entries, "groups": {"0": list(range(4 * ranks))}})
+    body = {"node": f"node-{node}", "bundle": f"dump-{node}",
+            "jobs": [{"training_job": "run:x", "ranks": rows, "flight_recorder_traces": traces}]}
+    raw = json.dumps(body).encode()
+    return NodeAnswer(f"10.0.0.{node}:9944", 200, body, None, 0.5, raw, len(raw))
+
+
+def test_answers_are_read_as_they_come_and_kept_within_the_bundle_budget(tmp_path: Path) -> None:
+    """What the coordinator does with each answer as it arrives: read into the verdict's evidence, the
+    parsed answer dropped, its bytes kept for the bundle while the budget lasts. In whatever order they
+    come, the verdict is merge's."""
+    answers = [_answer(node, odd=9) for node in range(4)]
+    evidence = JobEvidence("run:x", keep_bytes=2 * answers[0].size + 100)
+    came = random.Random(4).sample(range(4), 4)
+    kept = {n: evidence.keep(answers[n]) for n in came}
+    result = evidence.verdict([kept[n] for n in range(4)])
+    assert result.to_json() == merge("run:x", answers).to_json()
+    assert [o["member"] for o in result.odd] == ["rank 9"] and result.odd[0]["node"] == "node-2"
+    assert result.fr is not None and result.fr.culprits == (9,)
+    assert all("jobs" not in k.body and k.body["node"] for k in kept.values())
+    assert [n for n in came if kept[n].raw is not None] == came[:2]
+    bundle = job_bundle.write(tmp_path, result)
+    for n in range(4):
+        written = json.loads((bundle / "nodes" / job_bundle.node_file_name(answers[n].instance)).read_text())
+        if n in came[:2]:
+            assert written["answer"] == answers[n].body and written["status"] == 200
+        else:
+            assert written["omitted"] == f"the answer ({answers[n].size} bytes) would pass the job bundle's budget"

@@ -104,3 +104,33 @@ def test_json_dumps_and_rank_from_the_name() -> None:
     assert trace.rank == 12 and len(trace.entries) == 1
     found = analyze([trace])
     assert not found.groups[0].stuck and "no process group is stuck" in found.summary
+
+
+def _trace_json(rank: int, world: int, reached: bool) -> dict[str, object]:
+    """A rank's trace as a node's /v1/dump answer carries it: the default group lists every rank of the job."""
+    entry = {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce",
+             "state": "completed", "retired": True, "is_p2p": False, "input_sizes": [[4096, 4096]],
+             "input_dtypes": ["BFloat16"], "time_created_ns": 1}
+    entries = [{**entry, "collective_seq_id": seq, "op_id": seq} for seq in range(1, 6)]
+    if reached:
+        entries.append({**entry, "collective_seq_id": 6, "state": "started", "retired": False})
+    return {"rank": rank, "version": "2.10", "entries": entries, "status": {},
+            "groups": {"0": list(range(world)), "1": [[0], 1]}}  # "1": an item that is no rank (unhashable)
+
+
+def test_traces_read_for_matching_share_their_group_lists_and_match_alike() -> None:
+    """The coordinator reads thousands of traces that each list the whole job's ranks: for_matching reads a
+    list once and keeps it once, keeps only the fields matching reads, and matches as from_json does."""
+    raws = [_trace_json(rank, 8, reached=rank != 5) for rank in range(7)]  # rank 7 sent no trace
+    shared: fr_dumps.SharedGroups = {}
+    matched = [fr_dumps.RankTrace.for_matching(raw, "node-a", shared) for raw in raws]
+    full = [fr_dumps.RankTrace.from_json(raw, "node-a") for raw in raws]
+    assert all(t.groups["0"] is matched[0].groups["0"] == tuple(range(8)) for t in matched)
+    assert [t.groups for t in matched] == [t.groups for t in full]
+    assert "input_sizes" not in matched[0].entries[0] and "input_sizes" in full[0].entries[0]
+    found = analyze(matched)
+    assert found.to_json() == analyze(full).to_json()
+    (group,) = found.groups
+    assert found.culprits == (5,) and group.missing == (7,) and group.waiting == (0, 1, 2, 3, 4, 6)
+    longer = {"rank": 0, "entries": [], "groups": {"0": list(range(fr_dumps.MAX_NODES + 10))}}
+    assert fr_dumps.RankTrace.for_matching(longer, "n", shared).groups == fr_dumps.RankTrace.from_json(longer).groups

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from watchdog import private_files
 
-from .job_verdict import JobVerdict
+from .job_verdict import MAX_BUNDLE_BYTES, JobVerdict
 from .nodes import NodeAnswer
 
 MARKER = ".stall-watchdog-job-bundle"
@@ -28,23 +28,25 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "job"
 
 
-MAX_BUNDLE_BYTES = 64 * 2**20  # one job bundle: a node's answer that would pass it is left out, and said so
-
-
 def _write(path: Path, text: str, budget: private_files.Budget | None = None) -> None:
     private_files.write_text(path, text, budget)
 
 
 def _node_answer(answer: NodeAnswer, budget: private_files.Budget) -> str:
-    """A node's answer as it came, compact (indenting a deeply nested answer multiplies it hundreds of
-    times), or a note saying it was left out when it would pass the bundle's budget."""
-    text = json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
-                       "answer": answer.body}, separators=(",", ":"), default=str) + "\n"
-    left = budget.limit - budget.spent
-    if len(text) > left:
-        return json.dumps({"instance": answer.instance, "status": answer.status, "error": answer.error,
-                           "omitted": f"the answer ({len(text)} bytes) would pass the job bundle's budget"}) + "\n"
-    return text
+    """A node's answer as it came (its bytes, or compact: indenting a deeply nested answer multiplies it
+    hundreds of times), or a note saying it was left out when it would pass the bundle's budget."""
+    head: dict[str, object] = {"instance": answer.instance, "status": answer.status, "error": answer.error}
+    if answer.raw is None and answer.size:  # read but not kept: the answers kept before it filled the budget
+        return _omitted(head, answer.size)
+    if answer.raw is not None:  # UTF-8 JSON the coordinator parsed: put in as it came
+        text = json.dumps(head, separators=(",", ":"))[:-1] + ',"answer":' + answer.raw.decode() + "}\n"
+    else:
+        text = json.dumps({**head, "answer": answer.body}, separators=(",", ":"), default=str) + "\n"
+    return _omitted(head, len(text)) if len(text) > budget.limit - budget.spent else text
+
+
+def _omitted(head: dict[str, object], size: int) -> str:
+    return json.dumps({**head, "omitted": f"the answer ({size} bytes) would pass the job bundle's budget"}) + "\n"
 
 
 def _mtime(path: Path) -> int:

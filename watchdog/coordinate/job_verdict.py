@@ -4,19 +4,23 @@ The ranks' raw py-spy threads from all nodes are analysed together (the same gro
 on one node), so the odd rank is found across the job and named with its node, pid, GPU and activity.
 The Flight Recorder dumps of all nodes are matched together; NCCL RAS already sees the whole job, so
 the first node's finding that is not a failure stands for it.
+
+The answers of a thousand nodes are hundreds of MB parsed: JobEvidence reads each one as it arrives into
+what the verdict needs, so they are never all held at once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from watchdog.model import StackDump, Verdict
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.formats import parse_pyspy_json
-from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, FlightRecorderError, RankTrace
+from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, FlightRecorderError, RankTrace, SharedGroups
 from watchdog.stacks.picture import corroborated, corroborations, with_notes
 from watchdog.stacks.verdict import verdict
 
@@ -60,39 +64,101 @@ def _node_name(answer: NodeAnswer) -> str:
     return str(answer.body.get("node") or answer.instance)
 
 
+MAX_BUNDLE_BYTES = 64 * 2**20  # one job bundle: node answers past it are neither kept nor written, and said so
+
+
+@dataclass
+class _NodeEvidence:
+    dumps: list[StackDump] = field(default_factory=list)
+    ranks: list[dict[str, object]] = field(default_factory=list)
+    traces: list[RankTrace] = field(default_factory=list)
+    ras: dict[str, Any] | None = None
+
+
+class JobEvidence:
+    """What the job verdict needs of each node's answer, read as each answer arrives: the job's ranks and
+    their stacks, the Flight Recorder traces as matching reads them (a process group's rank list, which
+    every rank of the job repeats, read and kept once) and NCCL RAS. `keep` then drops the parsed answer;
+    its bytes as they came stay for the bundle while `keep_bytes` (the bundle's budget) allows."""
+
+    def __init__(self, job: str, keep_bytes: int = MAX_BUNDLE_BYTES):
+        self.job = job
+        self.keep_bytes = keep_bytes
+        self._lock = threading.Lock()
+        self._read: dict[str, list[_NodeEvidence]] = {}  # by instance, in the order read
+        self._groups: SharedGroups = {}
+        self._kept = 0
+
+    def add(self, answer: NodeAnswer) -> None:
+        found = _NodeEvidence()
+        with self._lock:
+            if answer.answered:
+                _read_answer(self.job, answer, found, self._groups)
+            self._read.setdefault(answer.instance, []).append(found)
+
+    def keep(self, answer: NodeAnswer) -> NodeAnswer:
+        """`add`, then the answer without its parsed body (its node-level fields stay), with its bytes as
+        they came while the answers kept are within `keep_bytes` (the bundle could not hold more)."""
+        self.add(answer)
+        with self._lock:
+            raw = answer.raw if answer.raw is not None and self._kept + len(answer.raw) <= self.keep_bytes else None
+            self._kept += len(raw or b"")
+        return replace(answer, body={k: v for k, v in answer.body.items() if k != "jobs"}, raw=raw)
+
+    def verdict(self, answers: Sequence[NodeAnswer], instances: Sequence[str] = (),
+                problem: str | None = None) -> JobVerdict:
+        """The job verdict from the answers read (in the answers' order, whatever order they came in)."""
+        taken: dict[str, int] = {}
+        read = []
+        for answer in answers:
+            n = taken[answer.instance] = taken.get(answer.instance, -1) + 1
+            found = self._read.get(answer.instance, [])
+            read.append(found[n] if n < len(found) else _NodeEvidence())
+        dumps = [d for r in read for d in r.dumps]
+        ranks = [row for r in read for row in r.ranks]
+        traces = [t for r in read for t in r.traces]
+        ras = next((r.ras for r in read if r.ras is not None), None)
+        return _decide(self.job, answers, dumps, ranks, traces, ras, instances, problem)
+
+
 def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = (),
           problem: str | None = None) -> JobVerdict:
-    dumps: list[StackDump] = []
-    ranks: list[dict[str, object]] = []
-    traces: list[RankTrace] = []
-    ras: dict[str, Any] | None = None
+    evidence = JobEvidence(job)
     for answer in answers:
-        if not answer.answered:
+        evidence.add(answer)
+    return evidence.verdict(answers, instances, problem)
+
+
+def _read_answer(job: str, answer: NodeAnswer, found: _NodeEvidence, groups: SharedGroups) -> None:
+    node = _node_name(answer)
+    for picture in answer.body.get("jobs") or []:
+        if not isinstance(picture, dict) or picture.get("training_job") != job:
             continue
-        node = _node_name(answer)
-        for picture in answer.body.get("jobs") or []:
-            if not isinstance(picture, dict) or picture.get("training_job") != job:
+        for rank in picture.get("ranks") or []:
+            if not isinstance(rank, dict):
                 continue
-            for rank in picture.get("ranks") or []:
-                if not isinstance(rank, dict):
-                    continue
-                gpus = tuple(g for g in rank.get("gpus") or [] if isinstance(g, int))
-                number = rank.get("rank") if isinstance(rank.get("rank"), int) else None
-                threads = rank.get("threads")
-                if isinstance(threads, list) and threads:
-                    for dump in parse_pyspy_json(threads, answer.instance, number, gpus):
-                        dumps.append(StackDump(dump.member, dump.threads, dump.pid, dump.rank, dump.gpus,
-                                               dump.source, dump.count, node))
-                ranks.append({"rank": number, "node": node, "instance": answer.instance, "pid": rank.get("pid"),
-                              "gpus": list(gpus), "capture": rank.get("capture")})
-            for raw in picture.get("flight_recorder_traces") or []:
-                try:
-                    traces.append(RankTrace.from_json(raw, node))
-                except FlightRecorderError:
-                    continue
-            found = picture.get("nccl_ras")
-            if ras is None and isinstance(found, dict) and not found.get("problem"):
-                ras = found
+            gpus = tuple(g for g in rank.get("gpus") or [] if isinstance(g, int))
+            number = rank.get("rank") if isinstance(rank.get("rank"), int) else None
+            threads = rank.get("threads")
+            if isinstance(threads, list) and threads:
+                for dump in parse_pyspy_json(threads, answer.instance, number, gpus):
+                    found.dumps.append(StackDump(dump.member, dump.threads, dump.pid, dump.rank, dump.gpus,
+                                                 dump.source, dump.count, node))
+            found.ranks.append({"rank": number, "node": node, "instance": answer.instance, "pid": rank.get("pid"),
+                                "gpus": list(gpus), "capture": rank.get("capture")})
+        for raw in picture.get("flight_recorder_traces") or []:
+            try:
+                found.traces.append(RankTrace.for_matching(raw, node, groups))
+            except FlightRecorderError:
+                continue
+        ras = picture.get("nccl_ras")
+        if found.ras is None and isinstance(ras, dict) and not ras.get("problem"):
+            found.ras = ras
+
+
+def _decide(job: str, answers: Sequence[NodeAnswer], dumps: list[StackDump], ranks: list[dict[str, object]],
+            traces: list[RankTrace], ras: dict[str, Any] | None, instances: Sequence[str],
+            problem: str | None) -> JobVerdict:
     analysis = analyze(dumps)
     silent = [a for a in answers if not a.answered]
     decided = verdict(analysis, spans_other_nodes=bool(silent))
@@ -110,11 +176,11 @@ def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = ()
     instance_of = {(r["node"], r["pid"]): r["instance"] for r in ranks}
     odd = []
     for member in analysis.outliers:
-        found, group = by_member.get(member), where.get(member)
-        if found is None or group is None:
+        dump, group = by_member.get(member), where.get(member)
+        if dump is None or group is None:
             continue
-        odd.append({"member": member, "rank": found.rank, "node": found.node, "pid": found.pid,
-                    "gpus": list(found.gpus), "instance": instance_of.get((found.node, found.pid)),
+        odd.append({"member": member, "rank": dump.rank, "node": dump.node, "pid": dump.pid,
+                    "gpus": list(dump.gpus), "instance": instance_of.get((dump.node, dump.pid)),
                     "activity": group.activity.name, "where": group.where})
     for row in ranks:
         member = f"rank {row['rank']}" if row["rank"] is not None else f"pid {row['pid']}"

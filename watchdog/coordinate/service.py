@@ -30,7 +30,7 @@ from watchdog.http_server import Auth, HardenedServer, QuietHandler, is_loopback
 from watchdog.webhook import PayloadError, training_jobs
 
 from . import job_bundle
-from .job_verdict import JobVerdict, merge
+from .job_verdict import JobEvidence, JobVerdict
 from .nodes import NodeClient, PrometheusError, instances_of
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -69,8 +69,9 @@ class Coordinator:
             instances, problem = [], str(exc)
         if not instances and problem is None:
             problem = f"Prometheus knows no instance exporting ranks of training job {job!r}"
-        answers = self.client.ask_all(instances, job)
-        result = merge(job, answers, instances, problem)
+        evidence = JobEvidence(job)
+        answers = self.client.ask_all(instances, job, evidence.keep)
+        result = evidence.verdict(answers, instances, problem)
         result.seconds = time.monotonic() - started
         try:
             bundle: str | None = str(job_bundle.write(self.out, result))

@@ -47,6 +47,9 @@ MAX_RANK = 2**31 - 1
 _RANK_SUFFIX = re.compile(r"(?<!\d)(\d{1,9})$")
 
 
+SharedGroups = dict[tuple[str, tuple[object, ...]], tuple[int, ...]]  # (group, its list as read) -> its ranks
+
+
 class _Budget:
     def __init__(self, nodes: int = MAX_NODES):
         self.left = nodes
@@ -72,8 +75,8 @@ def _plain(value: object, budget: _Budget, depth: int = 0) -> object:
     return None
 
 
-def _entries(raw: object, budget: _Budget) -> tuple[dict[str, Any], ...]:
-    """The newest MAX_ENTRIES entries, each reduced to the kept fields (oldest dropped first when over)."""
+def _entries(raw: object, budget: _Budget, fields: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    """The newest MAX_ENTRIES entries, each reduced to `fields` (oldest dropped first when over)."""
     if not isinstance(raw, (list, tuple)):
         return ()
     kept: list[dict[str, Any]] = []
@@ -81,7 +84,7 @@ def _entries(raw: object, budget: _Budget) -> tuple[dict[str, Any], ...]:
         if budget.left <= 0:
             break
         if isinstance(entry, dict):
-            kept.append({k: _plain(entry[k], budget) for k in _KEPT if k in entry})
+            kept.append({k: _plain(entry[k], budget) for k in fields if k in entry})
     return tuple(reversed(kept))
 
 
@@ -123,10 +126,22 @@ class RankTrace:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], node: str | None = None) -> RankTrace:
+        return cls._read(data, node, _KEPT, None)
+
+    @classmethod
+    def for_matching(cls, data: Mapping[str, Any], node: str, shared: SharedGroups) -> RankTrace:
+        """A trace read for `analyze` alone, as the coordinator reads the thousands of a job: each entry
+        keeps only the fields matching reads (_MATCHED), and a group's rank list (every rank of the job
+        lists the default group's ranks, all of them) is read once per job and kept once (`shared`)."""
+        return cls._read(data, node, _MATCHED, shared)
+
+    @classmethod
+    def _read(cls, data: Mapping[str, Any], node: str | None, fields: tuple[str, ...],
+              shared: SharedGroups | None) -> RankTrace:
         try:
             budget = _Budget()
             return cls(_rank_number(data["rank"]), _text(data.get("version", "")),
-                       _entries(data.get("entries"), budget), _groups(data.get("groups"), budget),
+                       _entries(data.get("entries"), budget, fields), _groups(data.get("groups"), budget, shared),
                        _status(data.get("status")), _text(data.get("source", "")),
                        node if node is not None else _text(data.get("node", "")))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -136,6 +151,7 @@ class RankTrace:
 _KEPT = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
          "state", "retired", "is_p2p", "time_created_ns", "input_sizes", "output_sizes", "input_dtypes",
          "output_dtypes")
+_MATCHED = ("pg_id", "process_group", "collective_seq_id", "profiling_name", "state", "retired", "is_p2p")  # analyze
 
 
 def _loads(data: bytes, source: str) -> dict[str, Any]:
@@ -187,7 +203,7 @@ def _ranks_of(text: object, budget: _Budget) -> tuple[int, ...]:
     return tuple(found)
 
 
-def _groups(raw: object, budget: _Budget) -> dict[str, tuple[int, ...]]:
+def _groups(raw: object, budget: _Budget, shared: SharedGroups | None = None) -> dict[str, tuple[int, ...]]:
     if not isinstance(raw, dict):
         return {}
     groups = {}
@@ -198,8 +214,26 @@ def _groups(raw: object, budget: _Budget) -> dict[str, tuple[int, ...]]:
         if key is None:
             continue
         ranks = config.get("ranks") if isinstance(config, dict) else config
-        groups[key] = _ranks_of(ranks, budget)
+        groups[key] = _ranks_once(key, ranks, budget, shared)
     return groups
+
+
+def _ranks_once(name: str, ranks: object, budget: _Budget, shared: SharedGroups | None) -> tuple[int, ...]:
+    """_ranks_of, read once per distinct list when `shared` is given and charged to the budget as if read
+    again. Only a list the budget would read whole is shared. A list equal to one read before is read as
+    that one was (Python's equality: [True, 2.0] equals [1, 2]); a trace could name those ranks anyway."""
+    if shared is None or not isinstance(ranks, list) or len(ranks) >= budget.left:
+        return _ranks_of(ranks, budget)
+    try:
+        key = (name, tuple(ranks))
+        found = shared.get(key)
+    except TypeError:  # an unhashable item: read it as it is
+        return _ranks_of(ranks, budget)
+    if found is None:
+        found = shared[key] = _ranks_of(ranks, budget)
+    else:
+        budget.left -= len(ranks) + 1
+    return found
 
 
 def _status(raw: object) -> dict[str, dict[str, int]]:
@@ -234,7 +268,7 @@ def _parse(data: bytes, rank: int | None, source: str, node: str) -> RankTrace:
             raise FlightRecorderError(f"{source}: no rank in the file name (PyTorch names dumps <prefix><rank>)")
         rank = int(found.group(1))
     budget = _Budget()
-    entries = _entries(loaded["entries"], budget)
+    entries = _entries(loaded["entries"], budget, _KEPT)
     return RankTrace(rank, _text(loaded.get("version", "")), entries, _groups(loaded.get("pg_config"), budget),
                      _status(loaded.get("pg_status")), source, node)
 
@@ -364,19 +398,24 @@ def analyze(traces: Iterable[RankTrace]) -> FlightRecorderAnalysis:
             if entry.get("is_p2p") or not isinstance(seq, int) or seq <= 0:
                 continue
             per_group.setdefault(_group_key(entry), {}).setdefault(trace.rank, {})[seq] = entry
+    declared: dict[str, set[int]] = {}
+    merged: set[tuple[str, int]] = set()
+    for trace in traces:
+        for name, listed in trace.groups.items():
+            if (name, id(listed)) not in merged:  # a list shared by many traces (for_matching) once
+                merged.add((name, id(listed)))
+                declared.setdefault(name, set()).update(listed)
     findings = []
     for (name, desc), ranks in sorted(per_group.items()):
-        members = _members(name, desc, ranks.keys(), traces)
+        members = _members(name, desc, ranks.keys(), traces, declared.get(name, set()))
         findings.append(_judge_group(desc or name, members, ranks, by_rank))
     return FlightRecorderAnalysis(tuple(findings), tuple(by_rank))
 
 
-def _members(name: str, desc: str, seen: Iterable[int], traces: Sequence[RankTrace]) -> tuple[int, ...]:
-    declared: set[int] = set()
-    for trace in traces:
-        declared.update(trace.groups.get(name, ()))
+def _members(name: str, desc: str, seen: Iterable[int], traces: Sequence[RankTrace],
+             declared: set[int]) -> tuple[int, ...]:
     if desc == "default_pg" or name == "0":
-        declared.update(t.rank for t in traces)  # every rank is in the default group
+        declared = declared | {t.rank for t in traces}  # every rank is in the default group
     return tuple(sorted(declared | set(seen)))
 
 
