@@ -1,41 +1,67 @@
-"""Shared by the benchmarks: a day-long simulated node and an nvidia-smi CSV writer."""
+"""Shared by the benchmarks: a day of an 8-GPU node as nvidia-smi logs it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TextIO
 
-from watchdog.model import NodeSnapshot, iso_time
-from watchdog.sample.sim import Scenario
+from watchdog.model import iso_time
 
 DAY = 24 * 3600
 
-
-def training_day(gpus: int = 8) -> Scenario:
-    """A day of training: hourly 2-minute checkpoints where rank 0 writes while the others wait, and a
-    busy-spin hang in the last hour."""
-    others = tuple(range(1, gpus))
-    timeline: list[tuple[int, tuple[int, ...] | None, str]] = [(0, None, "startup"), (40, None, "train")]
-    for hour in range(1, 23):
-        timeline += [(hour * 3600, (0,), "checkpoint_writer"), (hour * 3600, others, "spin"),
-                     (hour * 3600 + 120, None, "train")]
-    timeline.append((23 * 3600, None, "spin"))
-    return Scenario("training_day", "one day of 8xH100 training", "h100", gpus, DAY, tuple(timeline), gpm=True)
+MESSY_HEADER = ("timestamp, index, name, utilization.gpu [%], utilization.memory [%], power.draw [W], "
+                "enforced.power.limit [W], clocks.current.sm [MHz], clocks.max.sm [MHz], memory.used [MiB], "
+                "memory.total [MiB], temperature.gpu")
 
 
-CSV_HEADER = ("timestamp, index, utilization.gpu [%], utilization.memory [%], power.draw [W], "
-              "enforced.power.limit [W], clocks.current.sm [MHz], clocks.max.sm [MHz], memory.used [MiB], "
-              "memory.total [MiB], temperature.gpu")
+def write_messy_day(out: TextIO, gpus: int = 8, seconds: int = DAY, seed: int = 7, spin_seconds: int = 3600) -> int:
+    """A day of 8xH100 training as nvidia-smi really logs it (`-l 1`, the shape of the logs in
+    ../shared/realdata): each GPU's row its own millisecond timestamp, a `name` column and units,
+    utilization wandering 40-99% with power, memory traffic and clocks moving with it, a 20-40 s
+    checkpoint after roughly every other 2-7 minute stretch of training (rank 0 writes, the others wait
+    in a barrier at full utilization and low power), and a busy-spin hang for the last `spin_seconds`. Returns the
+    number of GPU-samples written."""
+    import random
 
-
-def write_smi_csv(out: TextIO, snapshots: Iterable[NodeSnapshot]) -> None:
-    """As `nvidia-smi --query-gpu=... --format=csv -l 1` writes it."""
-    out.write(CSV_HEADER + "\n")
-    for snap in snapshots:
-        stamp = iso_time(snap.time_seconds, naive=True).replace("-", "/").replace("T", " ")
-        for g in snap.gpus:
-            out.write(f"{stamp}, {g.index}, {round((g.utilization_ratio or 0) * 100)} %, "
-                      f"{round((g.memory_utilization_ratio or 0) * 100)} %, {g.power_watts:.2f} W, "
-                      f"{g.power_limit_watts:.2f} W, {(g.sm_clock_hertz or 0) / 1e6:.0f} MHz, "
-                      f"{(g.sm_clock_max_hertz or 0) / 1e6:.0f} MHz, {(g.memory_used_bytes or 0) >> 20} MiB, "
-                      f"{(g.memory_total_bytes or 0) >> 20} MiB, {g.temperature_celsius:.0f}\n")
+    rng = random.Random(seed)
+    out.write(MESSY_HEADER + "\n")
+    name = "NVIDIA H100 80GB HBM3"
+    hang = seconds - spin_seconds
+    phases: list[tuple[int, str]] = [(0, "startup"), (45, "train")]  # (start second, what the job does)
+    t = 45
+    while t < hang:
+        t += rng.randint(120, 420)
+        if t >= hang:
+            break
+        if rng.random() < 0.5:
+            phases.append((t, "checkpoint"))
+            t += rng.randint(20, 40)
+            phases.append((t, "train"))
+    phases.append((hang, "spin"))
+    base = 1.9e9
+    written = 0
+    phase = 0
+    temps = [35.0] * gpus
+    for second in range(seconds + 1):
+        while phase + 1 < len(phases) and phases[phase + 1][0] <= second:
+            phase += 1
+        what = phases[phase][1]
+        stamp = base + second + rng.uniform(0.0, 0.02)
+        for gpu in range(gpus):
+            stamp += rng.uniform(0.001, 0.004)  # nvidia-smi prints each GPU's row as it reads it
+            if what == "train":
+                util = rng.randint(40, 99)
+                power = 120 + util * 5.6 + rng.uniform(-25, 25)
+                mem_util, clock = int(util * rng.uniform(0.3, 0.6)), rng.choice((1980, 1980, 1965, 1950))
+            elif what == "checkpoint" and gpu == 0:
+                util, power, mem_util, clock = rng.randint(0, 8), rng.uniform(110, 160), rng.randint(0, 3), 1980
+            elif what in ("checkpoint", "spin"):
+                util, power, mem_util, clock = 100, rng.uniform(118, 135), 0, 1980
+            else:  # startup: loading, compiling
+                util, power, mem_util, clock = rng.choice((0, 0, 0, 2, 15)), rng.uniform(70, 110), 0, 1980
+            temps[gpu] += (30 + power / 14 - temps[gpu]) * 0.05
+            used = 73_000 + (gpu * 37 + second // 600) % 900 if what != "startup" else 2_000 + second * 1500
+            day = iso_time(stamp, naive=True).replace("-", "/").replace("T", " ")
+            out.write(f"{day}, {gpu}, {name}, {util} %, {mem_util} %, {power:.2f} W, 700.00 W, "
+                      f"{clock} MHz, 1980 MHz, {min(used, 81_559)} MiB, 81559 MiB, {temps[gpu]:.0f}\n")
+            written += 1
+    return written

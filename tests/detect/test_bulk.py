@@ -9,19 +9,22 @@ import itertools
 import random
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, realdata
 from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
-from watchdog.model import EpisodeEvent, GpuSample, NodeSnapshot, SnapshotBlock
+from watchdog.model import EpisodeEvent, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import sim
 from watchdog.sample.replay import open_trace
 
 sys.path.insert(0, str(REPO / "bench"))
 
+from common import write_messy_day  # noqa: E402
 from corpus import HANGS, HEALTHY, _behaviour_at, make, snapshots  # noqa: E402
+from perturb import PERTURBATIONS, apply  # noqa: E402
 
 _STATE = ("idle_watts", "busy_watts", "_busy_at", "now", "latest", "host_first_at", "host_seen_at", "moved_at",
           "long_sum", "_idle_block")
@@ -164,3 +167,27 @@ def test_a_real_log_agrees() -> None:
     path = realdata("telemetry", "grantwilkins-training_profile", "h100-traces", "ckpt1.csv")
     with open_trace(str(path)) as trace:
         assert_same(Config(), list(trace.snapshots))
+
+
+def test_a_messy_log_agrees(tmp_path: Path) -> None:
+    """A log as nvidia-smi writes it (bench/replay_throughput.py's day, two hours of it): each GPU's row
+    its own millisecond timestamp, utilization wandering 40-99%, checkpoints every few minutes, a spin at
+    the end. Read back by the CSV reader, whose own blocks agree too."""
+    path = tmp_path / "messy.csv"
+    with path.open("w") as f:
+        write_messy_day(f, seconds=7200, seed=11, spin_seconds=600)
+    with open_trace(str(path)) as trace:
+        items = list(trace.stretches)
+    stream = list(each_snapshot(items))
+    assert len({g.utilization_ratio for s in stream for g in s.gpus}) > 50
+    assert assert_same(Config(), stream) > len(stream) // 2
+    a, expected, found = one_by_one(Config(), stream)
+    assert any(e.signature.value == "busy_spin" and e.severity.value == "critical" for e in expected)
+    _assert_bulk_same(Config(), items, a, expected, found)
+
+
+@pytest.mark.parametrize("name", sorted(PERTURBATIONS))
+def test_perturbed_traces_agree(name: str) -> None:
+    """Each of bench/perturb.py's messes at its strongest, on a checkpointing job and on a hang."""
+    for cls, seed in (("checkpoint_rank0", 6), ("hang_odd", 7)):
+        assert_same(Config(), list(apply(snapshots(make(cls, seed), messy=False), [name], seed, 2)))

@@ -8,7 +8,7 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from watchdog.model import GpuHealth, GpuSample, SnapshotBlock
@@ -16,7 +16,18 @@ from watchdog.model import GpuHealth, GpuSample, SnapshotBlock
 _MIN_SAMPLES = 10  # kept whatever their age: a window of -l 5 samples still has enough to judge
 _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the idle estimate
 _BUSY_SECONDS = 50.0  # time constant of the busy level's average
+_DECAY = -1.0 / _BUSY_SECONDS
 _UNIT = 1 << 40  # the long window sums utilization in these fixed-point steps: exact, in any order
+
+
+def _weights(elapsed: Sequence[float]) -> Iterator[float]:
+    """The busy average's weight for each sample `elapsed` seconds after the one before it:
+    1 - exp(-min(elapsed, 10) / _BUSY_SECONDS), an average over about _BUSY_SECONDS of work whatever the
+    sampling interval. Worked out a column at a time (a log with per-row timestamps has a step of its
+    own at every sample)."""
+    if max(elapsed, default=0.0) > 10.0:
+        elapsed = list(map(min, elapsed, itertools.repeat(10.0)))
+    return map(operator.sub, itertools.repeat(1.0), map(math.exp, map(operator.mul, elapsed, itertools.repeat(_DECAY))))
 
 
 def _fixed(ratio: float) -> int:
@@ -175,10 +186,19 @@ class GpuWindow:
         self._long_sum += sum(fixed)
         old = _older(history, times[-1] - self.long_seconds)
         if old:
-            self._long_sum -= sum(map(_FIXED, itertools.islice(history, old)))
-            self._long = deque(itertools.islice(history, old, None))
+            leaving = list(map(_FIXED, itertools.islice(history, old)))
+            self._long_sum -= sum(leaving)
+            for _ in leaving:
+                history.popleft()
         if min(utils) >= 0.5 and None not in powers:
             self._learn_working(times, powers, limits)
+        elif 0.0 not in utils:  # no idle sample: the block clears, and only samples of real work teach
+            self._idle_block.clear()
+            mask = list(map(operator.le, itertools.repeat(0.5), utils))
+            if None in powers:
+                mask = list(map(operator.and_, mask, map(operator.is_not, powers, itertools.repeat(None))))
+            if any(mask):
+                self._learn_working(*(list(itertools.compress(column, mask)) for column in (times, powers, limits)))
         else:
             for t, util, power, limit in zip(times, utils, powers, limits):
                 if power is not None and (util == 0.0 or util >= 0.5 or self._idle_block):
@@ -216,15 +236,14 @@ class GpuWindow:
         busy, busy_at = self.busy_watts, self._busy_at
         if busy is None or busy_at is None:
             busy, busy_at, working, stamps = working[0], stamps[0], working[1:], stamps[1:]
-        steps = set(map(operator.sub, stamps, [busy_at, *stamps[:-1]]))
-        if len(steps) == 1:  # the usual even sampling: one weight for every step
-            alpha = self._alpha(steps.pop())
+        steps = list(map(operator.sub, stamps, [busy_at, *stamps[:-1]]))
+        if steps and min(steps) == max(steps):  # the usual even sampling: one weight for every step
+            alpha = self._alpha(steps[0])
             for power in working:
                 busy += alpha * (power - busy)
-        else:
-            for t, power in zip(stamps, working):
-                busy = busy + self._alpha(t - busy_at) * (power - busy)
-                busy_at = t
+        else:  # per-row timestamps: a weight per step
+            for weight, power in zip(_weights(steps), working):
+                busy = busy + weight * (power - busy)
         self.busy_watts, self._busy_at = busy, stamps[-1] if stamps else busy_at
 
     def _learn(self, t: float, util: float, power: float, limit: float | None) -> None:
@@ -260,7 +279,7 @@ class GpuWindow:
         """The busy average's weight for a sample `elapsed` after the previous one (remembered: the
         sampling interval rarely changes)."""
         if elapsed != self._alpha_for[0]:
-            self._alpha_for = (elapsed, 1.0 - math.exp(-min(elapsed, 10.0) / _BUSY_SECONDS))
+            self._alpha_for = (elapsed, next(_weights((elapsed,))))
         return self._alpha_for[1]
 
     @property
