@@ -234,7 +234,9 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
     assert len(list((bundle / "stacks").iterdir())) == 4
     doctor = {d["check"]: d for d in json.loads((bundle / "doctor.json").read_text())}
     assert {"driver", "p2p", "kernel", "timeouts", "flight_recorder"} <= doctor.keys()  # node and job checks
-    assert metric(daemon, 'stall_watchdog_stack_captures_total{result="ok"}') == 4
+    # The first look showed a hang: a second look, stacks.confirm_seconds later, confirmed it.
+    assert metric(daemon, 'stall_watchdog_stack_captures_total{result="ok"}') == 8
+    assert "The same at a second look" in alert["summary"]
     # One severity everywhere: the episode's state, the alert, the bundle and its page.
     assert metric(daemon, 'stall_watchdog_episode_state{gpu="4",signature="waiting"}') == 3
     summary = json.loads((bundle / "summary.json").read_text())
@@ -261,3 +263,19 @@ def test_a_hang_that_relapses_is_one_page_and_one_bundle(tmp_path: Path) -> None
     assert "relapsed" in summary and summary["event"]["event"] == "relapsed"
     (path, body), = receiver.requests
     assert body["alert"]["severity"] == "critical"
+
+
+def test_a_suspicion_that_ends_without_an_alert_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The checkpoint scenario's 30 s pause of every rank is suspected (its stacks would be looked at) and
+    ends before zero_util's for_seconds: what the incident side held for it is dropped, as nothing will
+    ever resolve it (a daemon up for months suspects thousands of such pauses)."""
+    daemon = build(daemon_config(tmp_path, source={"scenario": "checkpoint", "start_offset_seconds": 690}),
+                   sim.SimSource(sim.SCENARIOS["checkpoint"], 1.0, 690, clock=stepping_clock()))
+    held = set()
+    for _ in range(80):
+        daemon.tick()
+        held |= set(daemon.incidents.open)
+    daemon.shutdown(timeout=10)
+    assert any(key.startswith("zero_util@") for key in held), held
+    assert daemon.incidents.open == {}
+    assert metric(daemon, "stall_watchdog_episodes_total") is None  # it never alerted

@@ -225,6 +225,10 @@ class StacksConfig(_Section):
     recheck_seconds: Seconds = Field(
         60.0, description="While a stall episode is open and not critical, look at the stacks again this often "
         "(a rank that stopped moving between two looks makes it critical).")
+    confirm_seconds: Annotated[float, Field(ge=0, le=60)] = Field(
+        3.0, description="When the first look at a stall's stacks shows a hang, look again this long after it: the "
+        "same ranks in the same places, with no host progress on a rank the others wait for in between, confirm "
+        "the hang and make the episode critical at once, before its for_seconds. 0: one look only.")
     flight_recorder_wait_seconds: Annotated[float, Field(ge=0, le=120)] = Field(
         5.0, description="How long to wait for the Flight Recorder dumps asked for before reading what came.")
     nccl_ras: bool = Field(

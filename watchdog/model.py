@@ -189,6 +189,7 @@ class Finding:
     progress: Progress = Progress.UNKNOWN
     still_seconds: float = 0.0
     culprits_busy: bool = False  # waiting: a culprit GPU is not idle (at work on something else)
+    early: bool = False  # on the newest samples of a spin only: suspected, alerted only once the stacks confirm it
 
     @property
     def episode_key(self) -> str:
@@ -204,10 +205,11 @@ class Verdict:
     severity: Severity | None
     sentence: str
     headline: str = ""
+    confirmed: bool = False  # a hang seen again at a second look, nothing moved between (stacks/confirm.py)
 
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "severity": self.severity.value if self.severity else None,
-                "headline": self.headline, "sentence": self.sentence}
+                "headline": self.headline, "sentence": self.sentence, "confirmed": self.confirmed}
 
 
 class EventKind(str, enum.Enum):

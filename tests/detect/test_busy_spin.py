@@ -117,3 +117,26 @@ def test_the_sliding_window_readings_are_those_of_the_window(seed: int) -> None:
         w.memo.clear()
         assert (busy_spin.evaluate(w, CFG), busy_spin.pinned(w, CFG)) == slid
     assert compared > 300
+
+
+RANK = {"pids": (4242,)}  # a process on the GPU: its stacks can be looked at
+LIVE_BUSY = {**BUSY, "memory_utilization_ratio": 0.45, "sm_activity_ratio": 0.8, **RANK}
+
+
+@pytest.mark.parametrize(("spun", "early"), [(5, None), (7, None), (8, True), (12, True), (20, False)])
+def test_a_spin_on_its_newest_samples_is_early_evidence(spun: int, early: bool | None) -> None:
+    """Live, the work before a spin keeps the window's memory traffic and SM activity up (vetoes) until the
+    spin fills most of it; its newest samples alone, all pinned, are early evidence, dated from the spin's
+    first sample."""
+    w = window([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * spun)
+    evidence = busy_spin.evaluate(w, CFG)
+    if early is None:
+        assert evidence is None
+        return
+    assert evidence is not None and evidence.early is early
+    assert evidence.since == 60.0
+
+
+def test_no_early_evidence_while_the_newest_samples_still_work_or_without_processes() -> None:
+    assert busy_spin.evaluate(window([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * 11 + [LIVE_BUSY]), CFG) is None
+    assert busy_spin.evaluate(window([LIVE_BUSY] * 60, [LIVE_SPIN] * 12), CFG) is None  # a log: no stacks to see

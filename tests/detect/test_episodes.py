@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from watchdog.config import Config, EpisodeTiming, JobConfig, WaitingConfig
 from watchdog.detect.episodes import EpisodeTracker
-from watchdog.model import EventKind, Finding, Severity, Signature
+from watchdog.model import EventKind, Finding, Severity, Signature, Verdict
 
 TIMING = {sig: getattr(Config().detectors, sig.value) for sig in Signature}
 
@@ -201,3 +201,51 @@ def test_a_restart_boundary_ends_the_old_incarnations_stall_and_forgets_its_paus
     later = [e for t in range(406, 480) for e in engine.observe(sim.snapshot_at(scenario, t, rng, 1.9e9 + t, new))]
     refired = [e for e in later if e.event is EventKind.FIRED]
     assert refired and refired[0].key != fired[0].key and refired[0].onset_seconds >= 1.9e9 + 405
+
+
+def test_an_early_spin_is_suspected_at_once_and_never_alerted_on_telemetry_alone() -> None:
+    """A spin seen on its newest samples only (busy_spin's early evidence) is suspected for its stacks to be
+    looked at; without stacks that confirm it, the tracker decides on the windows' findings alone, as if
+    the early ones were not there: the same episode, the same clock."""
+    tracker = EpisodeTracker(TIMING)
+    early = dataclasses.replace(spin(since=100.0), early=True)
+    (suspected,) = tracker.update(108.0, [early])
+    assert suspected.event is EventKind.SUSPECTED and suspected.key == "busy_spin@100"
+    assert [e for t in range(109, 140) for e in tracker.update(float(t), [early])] == []  # past for_seconds
+    assert tracker.episodes == {}
+    (fired,) = tracker.update(140.0, [spin(since=100.0)])  # taken over, not suspected again; dated from 100
+    assert fired.event is EventKind.FIRED and fired.key == suspected.key and fired.onset_seconds == 100.0
+
+
+def test_early_findings_do_not_keep_an_episode_open() -> None:
+    """A fired episode whose windows no longer show it ends as it would with no finding at all."""
+    ends = []
+    for later in ([], [dataclasses.replace(spin(since=140.0), early=True)]):
+        tracker = EpisodeTracker(TIMING, NO_HOLD)
+        fired = [e for t in range(100, 140) for e in tracker.update(float(t), [spin(since=100.0)])]
+        assert [e.event for e in fired] == [EventKind.SUSPECTED, EventKind.FIRED]
+        ends.append([(e.at_seconds, e.event) for t in range(140, 170)
+                     for e in tracker.update(float(t), later, lambda gpus: True) if e.key == fired[0].key])
+    assert ends[0] == ends[1] and [event for _, event in ends[0]] == [EventKind.RESOLVED]
+
+
+def test_a_hang_confirmed_by_two_looks_fires_critical_before_for_seconds() -> None:
+    tracker = EpisodeTracker(TIMING)
+    early = dataclasses.replace(spin(since=100.0), early=True)
+    (suspected,) = tracker.update(108.0, [early])
+    seen_once = Verdict("hang", Severity.CRITICAL, "every rank in all_reduce", "8 ranks wait in all_reduce")
+    assert tracker.note_stacks(suspected.key, seen_once)
+    assert tracker.update(110.0, [early]) == []  # one look is not enough before for_seconds
+    assert tracker.note_stacks(suspected.key, dataclasses.replace(seen_once, confirmed=True))
+    (fired,) = tracker.update(113.0, [early])
+    assert fired.event is EventKind.FIRED and fired.severity is Severity.CRITICAL
+    assert "twice, with nothing moving between" in fired.summary
+
+
+def test_a_confirmed_wait_on_a_blocked_rank_fires_critical_at_once() -> None:
+    tracker = EpisodeTracker(TIMING)
+    (suspected,) = tracker.update(109.0, [waiting(since=100.0)])
+    tracker.note_stacks(suspected.key, Verdict("hang", Severity.CRITICAL, "rank 4 in Queue.get", "rank 4 is stuck",
+                                               confirmed=True))
+    (fired,) = tracker.update(114.0, [waiting(since=100.0)])
+    assert fired.event is EventKind.FIRED and fired.severity is Severity.CRITICAL

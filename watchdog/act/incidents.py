@@ -1,7 +1,9 @@
 """What happens around an episode, all off the sampling loop:
 
 suspected  look at the affected job's stacks (py-spy, host activity) and hand the verdict back to the
-           detectors, so the episode's severity is decided with it before anything is alerted
+           detectors, so the episode's severity is decided with it before anything is alerted; a look
+           that shows a hang is followed by a second one stacks.confirm_seconds later, which confirms it
+           (stacks/confirm.py) and makes the episode critical at once
 (open)     look again every stacks.recheck_seconds while the episode is not critical
 fired      write the incident bundle (the stacks already captured, the doctor's findings, the telemetry)
            and alert with the episode's severity and sentence, as the detectors decided them
@@ -26,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from watchdog import logfmt
@@ -52,9 +54,10 @@ from watchdog.model import (
     runbook_url,
 )
 from watchdog.sample.nvml_inventory import Inventory
-from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
+from watchdog.sample.ranks import Job, RankDiscovery, RankInfo, group_jobs
 from watchdog.sample.workload import common
 from watchdog.stacks.capture import StackCapturer
+from watchdog.stacks.confirm import confirm
 from watchdog.stacks.picture import StackPicture, capture_job
 
 _MAX_PENDING = 4
@@ -176,6 +179,13 @@ class IncidentHandler:
         if bundle is not None:
             self._submit(self.bundles.rewrite_verdict, bundle, event)
 
+    def forget(self, open_keys: set[str]) -> None:
+        """Drop what is held for episodes that ended without ever alerting (suspected only: a pause that
+        passed, a spin seen early that went): nothing will resolve them, and each holds its stacks."""
+        with self._lock:
+            for key in [k for k, state in self.open.items() if k not in open_keys and state.severity is None]:
+                del self.open[key]
+
     def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None:
         """Look again at the stacks of these open, not yet critical episodes when their last look is old."""
         now = self.monotonic()
@@ -236,21 +246,42 @@ class IncidentHandler:
     # -- off the loop ------------------------------------------------------------------------------
     def _capture(self, key: str, state: _Open, on_gpus: NodeSnapshot, done: Future[None]) -> None:
         try:
+            read_at = time.monotonic()  # the ranks' host activity is read now: a second look counts from here
             ranks = self.discovery.from_snapshot(on_gpus)
             s = self.config.stacks
-            pictures = [capture_job(job, self.capturer, self.discovery, s, self.node)
-                        for job in group_jobs(ranks)]
-            for picture in pictures:
-                for capture in picture.captures:
-                    self.counters.inc("stack_captures_total", capture.result)
+            jobs = group_jobs(ranks)
+            pictures = [capture_job(job, self.capturer, self.discovery, s, self.node) for job in jobs]
+            self._count(pictures)
             state.ranks, state.pictures = ranks, pictures
             if ranks:
                 state.job = ranks[0].job_key
                 state.workload = common(r.workload for r in ranks)
             if pictures and self.on_verdict is not None:
                 self.on_verdict(key, pictures[0].verdict)
+            if pictures and pictures[0].verdict.kind == "hang" and s.confirm_seconds > 0 and not self.stopping.wait(
+                    s.confirm_seconds):
+                confirmed = self._look_again(jobs[0], pictures[0], read_at)
+                if confirmed is not None:
+                    state.pictures = [confirmed, *pictures[1:]]
+                    if self.on_verdict is not None:
+                        self.on_verdict(key, confirmed.verdict)
         finally:
             done.set_result(None)
+
+    def _look_again(self, job: Job, first: StackPicture, read_at: float) -> StackPicture | None:
+        """The second look at a hang (stacks/confirm.py): the stacks only, the host activity counted since
+        the first look read it. The first look's picture with the confirmed verdict, or None."""
+        again = self.config.stacks.model_copy(update={"observe_seconds": 0.0, "flight_recorder": False,
+                                                      "nccl_ras": False})
+        second = capture_job(job, self.capturer, self.discovery, again, self.node, read_at=read_at)
+        self._count([second])
+        verdict = confirm(first, second, time.monotonic() - read_at)
+        return replace(first, verdict=verdict) if verdict is not None else None
+
+    def _count(self, pictures: Sequence[StackPicture]) -> None:
+        for picture in pictures:
+            for capture in picture.captures:
+                self.counters.inc("stack_captures_total", capture.result)
 
     def _investigate(self, event: EpisodeEvent, state: _Open, snapshot: NodeSnapshot,
                      telemetry: Sequence[NodeSnapshot]) -> None:

@@ -35,6 +35,11 @@ from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 _WEAK = ("power_flat", "power_fell")
 _MIN_SAMPLES = 8  # the flatness of fewer samples means little
 _MAX_SPAN_SECONDS = 40.0  # a spin is critical within a minute at any sampling interval
+# A window that still holds the work before a spin vetoes it (memory traffic, SM activity) until the spin
+# fills most of it. When the window finds nothing on a GPU whose processes are known (their stacks can be
+# looked at), its newest samples alone, all pinned, are judged too: such evidence is `early`, enough to
+# suspect the stall and look at its stacks, never to alert on by itself (detect/episodes.py).
+_EARLY_SAMPLES = 8
 
 
 def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
@@ -53,8 +58,31 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     count = view.recent_count(span)
     if count < 3:
         return None
-
     readings = _readings(view, count)
+    found = _legs(view, cfg, readings)
+    early = False
+    if found is None and count > _EARLY_SAMPLES and latest.pids:
+        newest = _newest(view, _EARLY_SAMPLES)
+        if newest.utils and newest.utils[0] >= floor:  # the spin's own samples, without the work before it
+            found, early = _legs(view, cfg, newest), True
+    if found is None:
+        return None
+    legs, facts, weak = found
+    utils = readings.utils
+    if not early and len(utils) == count and utils[0] >= floor:  # every sample holds: run_start's answer
+        since = view.samples[len(view.samples) - count][0]
+    else:
+        window = view.recent(span)
+        since = run_start([t for t, _ in window], [s.utilization_ratio is not None and s.utilization_ratio >= floor
+                                                    for _, s in window])
+    return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=legs, facts=facts, weak=weak, early=early)
+
+
+def _legs(view: GpuView, cfg: BusySpinConfig, readings: _Readings
+          ) -> tuple[tuple[str, ...], dict[str, float | str], bool] | None:
+    """The legs that fire over these readings, the facts they quote, and whether they are weak; None when
+    a veto holds or too few legs fire."""
+    latest, floor = view.latest, cfg.utilization_min_ratio
     if readings.throttled:
         return None  # throttled: slow, not spinning
     utils, power, mem, activity = readings.utils, readings.power, readings.memory, readings.activity
@@ -111,13 +139,15 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     weak = not substantive and {"power_fell", "power_flat"} <= set(legs)
     if len(legs) < cfg.min_legs or not (substantive or weak):
         return None
-    if len(utils) == count and utils[0] >= floor:  # every sample holds: run_start's answer, without its pass
-        since = view.samples[len(view.samples) - count][0]
-    else:
-        window = view.recent(span)
-        since = run_start([t for t, _ in window], [s.utilization_ratio is not None and s.utilization_ratio >= floor
-                                                    for _, s in window])
-    return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=tuple(legs), facts=facts, weak=weak)
+    return tuple(legs), facts, weak
+
+
+def _newest(view: GpuView, count: int) -> _Readings:
+    """The readings of the view's newest `count` samples alone (not kept: the window's are)."""
+    readings = _Readings()
+    for _, sample in itertools.islice(view.samples, len(view.samples) - count, None):
+        readings.take(sample)
+    return readings
 
 
 class _Readings:

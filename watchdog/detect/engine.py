@@ -68,6 +68,7 @@ class DetectorEngine:
         self._present: tuple[int, ...] = ()
         self._pids: dict[int, tuple[int, ...]] = {}  # each GPU's processes, as last seen with any
         self._last_evaluation: float | None = None
+        self._was_steady = False  # observe_many's last stretch was ingested in bulk
         self._sections = [(name, fn, getattr(d, name)) for name, fn in self.detectors.items()]
         self._enabled = [name for name, _, section in self._sections if section.enabled]
         self._steady = self._steady_table()
@@ -176,9 +177,14 @@ class DetectorEngine:
         samples are built only for the ticks that are evaluated and for what the windows keep."""
         events: list[EpisodeEvent] = []
         start, count = 0, len(snapshots)
+        halve = self._was_steady  # after a steady stretch: the change that ends it is looked for by halves
         while start < count:
             stop = min(count, start + _BULK_TICKS)
             runs = self._steady_runs(snapshots, start, stop)
+            while runs is None and halve and stop - start > _STEP_TICKS:
+                stop = start + (stop - start) // 2
+                runs = self._steady_runs(snapshots, start, stop)
+            halve = runs is not None
             if runs is not None:
                 before_last, last = snapshot_times(snapshots, stop - 2, stop)
                 events += self._ingest(before_last, last, runs)
@@ -187,6 +193,7 @@ class DetectorEngine:
                 for snapshot in snapshot_range(snapshots, start, stop):
                     events.extend(self.observe(snapshot))
             start = stop
+        self._was_steady = halve
         return events
 
     def _steady_runs(self, stream: Sequence[NodeSnapshot] | SnapshotBlock, start: int, stop: int
@@ -240,7 +247,7 @@ class DetectorEngine:
         for t in times:
             if evaluated is None or t - evaluated >= interval:
                 evaluated = t
-                if tracker.episodes:
+                if tracker.open:
                     events += tracker.update(t, [])
         if evaluated != self._last_evaluation:
             self._last_evaluation = evaluated

@@ -1,7 +1,10 @@
 """Episodes with hysteresis: ok -> suspect -> stalled -> recovered -> resolved, and the one severity each
 carries.
 
-A condition must hold for `for_seconds` (counted from its first sample) before it fires; a wait on GPUs
+A condition must hold for `for_seconds` (counted from its first sample) before it fires, unless its
+stacks were seen blocked at two looks seconds apart (stacks/confirm.py: a confirmed hang fires critical at
+once). A spin seen on its newest samples only, while the window still holds the work before it (an
+`early` finding), is suspected at once but judged only with such stacks. A wait on GPUs
 at work (not idle) must also have been seen on the ticks for 15 s of that (a window that dates it back
 names culprits that may only be slower to show the spin). Once past
 `for_seconds` the severity is judged every tick from all the evidence (detect/severity.py): the
@@ -67,11 +70,27 @@ class Episode:
         return self.finding.signature in STACK_SIGNATURES
 
 
+@dataclass(slots=True)
+class _Early:
+    """A stall seen on early findings only (before the detectors' windows show it): suspected, so its stacks
+    are looked at; it becomes an episode when they confirm a hang, or when the windows show it."""
+
+    identity: str
+    onset: float
+    stacks: Verdict | None = None
+
+
+def _confirmed(stacks: Verdict | None) -> bool:
+    """A hang seen at two looks with nothing moving between (stacks/confirm.py): no need to wait."""
+    return stacks is not None and stacks.kind == "hang" and stacks.confirmed
+
+
 class EpisodeTracker:
     def __init__(self, timing: Mapping[Signature, EpisodeTiming], config: Config | None = None):
         self._timing = timing
         self.config = config or Config()
         self.episodes: dict[str, Episode] = {}
+        self._early: dict[str, _Early] = {}
         self._resolved_at: dict[str, float] = {}
         self.pauses = PauseMemory()
 
@@ -100,13 +119,24 @@ class EpisodeTracker:
         self.pauses = PauseMemory()
         return events
 
+    @property
+    def open(self) -> bool:
+        """Whether an episode, or a stall only suspected on early findings, is open: an update with no
+        finding may end it."""
+        return bool(self.episodes or self._early)
+
+    def identities(self) -> set[str]:
+        """The identities (EpisodeEvent.key) of the open episodes and of the stalls only suspected early."""
+        return {ep.identity for ep in self.episodes.values()} | {seen.identity for seen in self._early.values()}
+
     def note_stacks(self, named: str, verdict: Verdict) -> bool:
         """The stacks' verdict for the open episode an event named (EpisodeEvent.key); weighed in from the
         next update on. False when that episode has ended meanwhile."""
-        for episode in self.episodes.values():
-            if episode.identity == named:
-                episode.stacks = verdict
-                return True
+        for held in (self.episodes, self._early):
+            for episode in held.values():
+                if episode.identity == named:
+                    episode.stacks = verdict
+                    return True
         return False
 
     def _event(self, kind: EventKind, ep: Episode, now: float, severity: Severity) -> EpisodeEvent:
@@ -138,7 +168,18 @@ class EpisodeTracker:
         events: list[EpisodeEvent] = []
         if self.pauses.watched_since is None:
             self.pauses.watched_since = now
-        findings = list(findings)
+        everything = list(findings)
+        early = {f.episode_key: f for f in everything if f.early}
+        for key, finding in early.items():  # a hang the stacks confirmed: an episode now, on early findings too
+            suspected = self._early.get(key)
+            if suspected is not None and key not in self.episodes and _confirmed(suspected.stacks):
+                del self._early[key]
+                self.episodes[key] = Episode(finding, suspected.onset, suspected.identity, suspected.onset,
+                                             suspected.onset, now, stacks=suspected.stacks)
+        # An early finding counts only for an episode its stacks confirmed: everything else is decided on the
+        # windows' findings alone, as without it.
+        findings = [f for f in everything if not f.early or (
+            f.episode_key in self.episodes and _confirmed(self.episodes[f.episode_key].stacks))]
         present = {finding.episode_key for finding in findings}
         for finding in findings:
             key = finding.episode_key
@@ -146,7 +187,10 @@ class EpisodeTracker:
             if ep is None:
                 onset = max(min(finding.since, now), self._resolved_at.get(key, finding.since))
                 ep = self.episodes[key] = Episode(finding, onset, f"{key}@{onset:.0f}", onset, onset, now)
-                if finding.signature in STACK_SIGNATURES:
+                suspected = self._early.pop(key, None)
+                if suspected is not None and suspected.identity == ep.identity:  # suspected: its stacks carry on
+                    ep.stacks = suspected.stacks
+                elif finding.signature in STACK_SIGNATURES:
                     events.append(self._event(EventKind.SUSPECTED, ep, now, finding.severity))
             ep.finding = finding
             if ep.recovered_at is not None:  # a relapse: the same episode, judged on the new stall's clock
@@ -159,7 +203,7 @@ class EpisodeTracker:
             elapsed = now - ep.stall_since
             timing = self._timing[finding.signature]
             seen = now - ep.seen_at
-            if now - ep.signature_since < timing.for_seconds or (
+            if (now - ep.signature_since < timing.for_seconds and not _confirmed(ep.stacks)) or (
                     finding.culprits_busy and seen < min(timing.for_seconds, _SEEN_SECONDS)):
                 continue
             # Counted past for_seconds only: at the onset the odd GPU's window still holds the work before it.
@@ -183,6 +227,22 @@ class EpisodeTracker:
                 ep.absent_since = now
             if self._ended(ep, now, recovered):
                 events += self._end(key, ep, now)
+        return events + self._suspect_early(early, now)
+
+    def _suspect_early(self, early: Mapping[str, Finding], now: float) -> list[EpisodeEvent]:
+        """Stalls seen on early findings only, with no episode: suspected (their stacks are looked at) until
+        the finding goes, an episode takes them over, or their stacks confirm a hang (next update)."""
+        for key in [k for k in self._early if k not in early or k in self.episodes]:
+            del self._early[key]
+        events = []
+        for key, finding in early.items():
+            if key in self.episodes or key in self._early or finding.signature not in STACK_SIGNATURES:
+                continue
+            onset = max(min(finding.since, now), self._resolved_at.get(key, finding.since))
+            identity = f"{key}@{onset:.0f}"
+            self._early[key] = _Early(identity, onset)
+            events.append(self._event(EventKind.SUSPECTED, Episode(finding, onset, identity, onset, onset, now),
+                                      now, finding.severity))
         return events
 
     def _ended(self, ep: Episode, now: float, recovered: Recovered | None) -> bool:

@@ -17,6 +17,7 @@ class Evidence:
     legs: tuple[str, ...] = ()
     facts: dict[str, float | str] = field(default_factory=dict)
     weak: bool = False  # busy_spin on power_fell and power_flat alone: counts only with the whole job
+    early: bool = False  # busy_spin on its newest samples only: suspect it, confirm with the stacks (busy_spin.py)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -96,7 +96,7 @@ def job_findings(
     evidenced = len(strong) + len(weak)
     if s and not z and not rest and 2 * evidenced >= len(job) and (strong or len(s) == len(job)):
         return [Finding(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(s), since=max(e.since for e in spin_ev),
-                        legs=_merged_legs(spin_ev), facts=_spin_facts(spin_ev))]
+                        legs=_merged_legs(spin_ev), facts=_spin_facts(spin_ev), early=any(e.early for e in spin_ev))]
     if z and not rest and len(s) < len(z):
         facts: dict[str, float | str] = {}
         held = _mean_fact(zero_ev, "memory_used_bytes")
@@ -119,7 +119,8 @@ def job_findings(
             progress, still = Progress.UNKNOWN, 0.0
         return [Finding(Signature.WAITING, Severity.WARNING, tuple(job), since=max(e.since for e in spin_ev),
                         culprit_gpus=tuple(sorted(culprits)), legs=_merged_legs(spin_ev), facts=facts,
-                        progress=progress, still_seconds=still, culprits_busy=bool(rest))]
+                        progress=progress, still_seconds=still, culprits_busy=bool(rest),
+                        early=any(e.early for e in spin_ev))]
     return []
 
 

@@ -49,7 +49,8 @@ def judge(finding: Finding, onset: float, elapsed: float, timing: EpisodeTiming,
         return Judgement(finding.severity, "")
     job, d = config.job, config.detectors
     if stacks is not None and stacks.kind == "hang":
-        return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked")
+        return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked" + (
+            ", twice, with nothing moving between" if stacks.confirmed else ""))
     still, moving = finding.progress is Progress.STILL, finding.progress is Progress.MOVING
     if sig is Signature.BUSY_SPIN:
         if stacks is not None and stacks.kind in ("waiting", "remote"):

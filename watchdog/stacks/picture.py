@@ -115,11 +115,14 @@ def with_job_evidence(decided: Verdict, fr: FlightRecorderAnalysis | None, ras: 
 
 
 def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg: StacksConfig,
-                node: str = "") -> StackPicture:
+                node: str = "", read_at: float | None = None) -> StackPicture:
     """Everything the ranks of one job on this node can tell, gathered at once: the stacks (py-spy),
     the host activity over `observe_seconds`, the Flight Recorder dumps (asked through the debug pipe
-    and read back) and NCCL RAS's view of the whole job (two queries, in the background meanwhile)."""
+    and read back) and NCCL RAS's view of the whole job (two queries, in the background meanwhile).
+    `read_at`: the monotonic time the job's ranks' activity was read, when that was before this call (a
+    second look over ranks found at the first): the host activity then covers the time since."""
     started, asked_at = time.monotonic(), time.time()
+    since = started if read_at is None else read_at
     ranks = job.ranks
     ras: list[RasFinding] = []
     where = nccl_ras.where_to_ask([r.env for r in ranks]) if cfg.nccl_ras else None
@@ -132,7 +135,7 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg
     remaining = cfg.observe_seconds - (time.monotonic() - started)
     if remaining > 0:
         time.sleep(remaining)
-    observed = time.monotonic() - started
+    observed = time.monotonic() - since
     host: dict[str, HostActivity] = {}
     dumps: list[StackDump] = []
     for rank, capture in zip(ranks, captures):

@@ -1,0 +1,35 @@
+"""A second look at a hang, to confirm it before the episode's signature has held for its for_seconds.
+
+The first look at a stall's stacks (when it is suspected) may catch the ranks at a moment that passes: a
+data loader a little slow, a collective about to return. When that look shows a hang, the ranks are
+looked at again `stacks.confirm_seconds` later. The hang is confirmed when the second look shows it
+too, every rank of the first look is seen again where it was, and no rank the others wait for made
+progress on the host across both looks (the second look's host activity counts from the first's
+reading, so its verdict weighs the whole time). A confirmed hang makes the episode critical at once
+(detect/episodes.py): the evidence is taken while the job is still there to look at, before a framework
+aborts the step (TorchTitan after 100 s, Megatron's in-process restart after 60-90 s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from watchdog.model import Verdict
+from watchdog.stacks.analysis import Analysis
+from watchdog.stacks.picture import StackPicture
+
+
+def _places(analysis: Analysis) -> dict[str, str]:
+    """Where each rank is: its group's place (functions and files, not lines)."""
+    return {member: group.where for member, group in analysis.group_by_member().items()}
+
+
+def confirm(first: StackPicture, second: StackPicture, seconds_apart: float) -> Verdict | None:
+    """The second look's verdict, confirmed; None when the two looks do not agree on a hang."""
+    if first.verdict.kind != "hang" or second.verdict.kind != "hang":
+        return None
+    before, after = _places(first.analysis), _places(second.analysis)
+    if not before or any(after.get(member) != where for member, where in before.items()):
+        return None
+    return replace(second.verdict, confirmed=True,
+                   sentence=f"{second.verdict.sentence}. The same at a second look {seconds_apart:.0f} s later")
