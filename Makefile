@@ -40,11 +40,14 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/detector_tick.py
 	$(BIN)/python bench/capture_stacks.py
 	$(BIN)/python bench/daemon_cost.py
+	$(BIN)/python bench/live_verdict.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/pod_resources.py
 	$(BIN)/python bench/hostile_costs.py
 	$(BIN)/python bench/act_restart.py
+	$(BIN)/python bench/prometheus_fleet.py  # the real prometheus (Debian: apt-get install prometheus)
+	$(BIN)/python bench/coordinator_scale.py
 	$(BIN)/python bench/nvml_cost.py  # on a machine with a GPU; says so and stops without one
 
 clean:

@@ -3,8 +3,11 @@ the faithful fake of pynvml with 8 GPUs and real processes on them, ticking as f
 its clocks advance a second per tick. Every 10 minutes the node does something worth an episode (all
 ranks spin, one rank stalls while the others wait, a GPU throttles, a checkpoint), so a day holds
 hundreds; GPU 5 falls off the bus for 10 minutes in hour 5 and comes back; the webhook receiver
-answers 503 for all of hour 10. Memory should stay flat: the benchmark prints the resident memory at
-the start, every simulated hour and the end, with the episodes, alerts and bundles of each hour.
+answers 503 for all of hour 10. The ranks are real Python processes (blocked in a queue), so every
+suspected stall has its stacks captured with py-spy (and looked at again when they show a hang), and
+the configuration file is rewritten and reloaded (SIGHUP's path) every 30 simulated minutes. Memory
+should stay flat: the benchmark prints the resident memory at the start, every simulated hour and the
+end, with the episodes, alerts, stack captures, reloads and bundles of each hour.
 
     python bench/soak.py [HOURS]      (24 by default; about a minute per simulated hour here)
 """
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -86,7 +90,8 @@ def drive(gpus: list[FakeGpu], t: int) -> None:
 def main() -> None:
     hours = int(sys.argv[1]) if len(sys.argv) > 1 else 24
     logfmt.log.setLevel(logfmt.ERROR)  # the daemon's own episode lines: hundreds of them
-    ranks = [subprocess.Popen(["sleep", str(hours * 3600)]) for _ in range(GPUS)]
+    stuck = Path(__file__).resolve().parent.parent / "tests" / "targets" / "stuck.py"
+    ranks = [subprocess.Popen([sys.executable, str(stuck), "queue"]) for _ in range(GPUS)]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     clock = {"now": START}
@@ -94,24 +99,32 @@ def main() -> None:
                     bus_id=f"00000000:{n + 7:02x}:00.0") for n, rank in enumerate(ranks)]
     try:
         with tempfile.TemporaryDirectory() as folder:
-            config = parse_config({
-                "bundles": {"directory": folder, "capture_stacks": False},
+            settings = {
+                "bundles": {"directory": str(Path(folder) / "incidents"), "capture_stacks": True},
                 "alerts": {"receivers": [{"type": "webhook", "name": "soak",
                                           "url": f"http://127.0.0.1:{server.server_port}/"}],
                            "max_attempts": 2, "backoff_seconds": 0.05, "rate_limit_per_minute": 1000},
-            })
+            }
+            config = parse_config(settings)
+            config_file = Path(folder) / "config.yaml"
             source = NvmlSource(nvml=FakeNvml(gpus), call_timeout_seconds=2.0, clock=lambda: clock["now"])
             source.open()
             daemon = build(config, source, monotonic=lambda: clock["now"] - START, wall=lambda: clock["now"])
+            daemon.config_path = str(config_file)
+            reloads = 0
             process = psutil.Process()
             print(f"soak: {hours} simulated hours of 1 Hz ticks, {GPUS} GPUs, events every {CYCLE // 60} min")
-            last = {"episodes": 0.0, "alerts": 0.0, "cpu": process.cpu_times().user + process.cpu_times().system,
-                    "wall": time.monotonic()}
+            last = {"episodes": 0.0, "alerts": 0.0, "captures": 0.0,
+                    "cpu": process.cpu_times().user + process.cpu_times().system, "wall": time.monotonic()}
             for t in range(hours * 3600 + 1):
                 if t == 10 * 3600 or t == 11 * 3600:
                     Receiver.down = t == 10 * 3600
                 drive(gpus, t)
                 clock["now"] = START + t
+                if t % 1800 == 900:  # a new threshold, as an operator's edit and SIGHUP would bring it
+                    settings["detectors"] = {"throttle": {"clear_seconds": 10.0 + t // 1800 % 2}}
+                    config_file.write_text(yaml.safe_dump(settings))
+                    reloads += daemon.reload()
                 daemon.tick()
                 if t % 3600 == 0:
                     gc.collect()
@@ -120,13 +133,16 @@ def main() -> None:
                     alerts = sum(v for (receiver, result), v in counts.get("alerts_total", {}).items()
                                  if result == "sent")
                     cpu = process.cpu_times().user + process.cpu_times().system
-                    bundles = sum(1 for p in Path(folder).iterdir() if p.is_dir())
+                    captures = sum(counts.get("stack_captures_total", {}).values())
+                    incidents = Path(folder) / "incidents"
+                    bundles = sum(1 for p in incidents.iterdir() if p.is_dir()) if incidents.is_dir() else 0
                     note = " (the receiver was down)" if t == 11 * 3600 else ""
                     print(f"  after {t // 3600:>2} h: RSS {process.memory_info().rss / 2**20:5.1f} MiB | "
                           f"{episodes - last['episodes']:3.0f} episodes, {alerts - last['alerts']:3.0f} alerts "
-                          f"delivered{note}, {bundles} bundles kept | {(cpu - last['cpu']) / 3600 * 1000:.2f} ms CPU "
-                          f"per tick", flush=True)
-                    last.update(episodes=episodes, alerts=alerts, cpu=cpu)
+                          f"delivered{note}, {captures - last['captures']:3.0f} stack captures, {reloads} reloads "
+                          f"so far, {bundles} bundles kept | {(cpu - last['cpu']) / 3600 * 1000:.2f} ms CPU per "
+                          f"tick", flush=True)
+                    last.update(episodes=episodes, alerts=alerts, cpu=cpu, captures=captures)
             daemon.shutdown(timeout=10)
             counts = daemon.counters.snapshot()
             print(f"end: RSS {process.memory_info().rss / 2**20:.1f} MiB after {hours * 3600 + 1} ticks in "

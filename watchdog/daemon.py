@@ -171,6 +171,7 @@ class Daemon:
             events = self._guarded("detect", self._detect, snapshot) or []
             for event in events:
                 self._guarded("act", self._act, event, snapshot)
+            self._guarded("act", self.incidents.forget, self.engine.tracker.identities())
             self._guarded("act", self.incidents.recheck, self._unsettled(), snapshot)
             self._guarded("act", self.incidents.consider, snapshot)
         self._guarded("export", self._publish, snapshot, self.monotonic() - started)
@@ -332,3 +333,4 @@ class Daemon:
         if self.discovery.pods is not None:
             self.discovery.pods.close()
         self.source.close()
+        self.host.close()

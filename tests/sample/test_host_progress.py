@@ -67,10 +67,46 @@ def test_a_busy_process_moves_and_a_sleeping_one_does_not() -> None:
 
 def test_a_reused_pid_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same pid with another start time is another process: no rate from the old one's counters."""
-    readings = iter([(100, 50.0, 0, 0), (100, 50.5, 10, 0), (999, 0.1, 0, 0), (999, 0.6, 0, 0)])
-    monkeypatch.setattr(host_progress, "proc_counters", lambda pid: next(readings))
+    readings = iter([(100, 50.0, 0), (100, 50.5, 10), (999, 0.1, 0), (999, 0.6, 0)])
+
+    class Scripted:
+        """A process whose /proc counters read as scripted."""
+
+        def __init__(self, pid: int) -> None:
+            self.at, (self.start, self.cpu_seconds, self.io_bytes) = 0.0, next(readings)
+
+        def counters(self) -> tuple[int, float, int]:
+            return next(readings)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(host_progress, "_Process", Scripted)
     clock = iter(float(n) for n in range(10))
     progress = HostProgress(monotonic=lambda: next(clock))
     snapshot = NodeSnapshot(0.0, (GpuSample(0, pids=(4242,)),))
     rates = [progress.annotate(snapshot).gpus[0].host_cpu_ratio for _ in range(4)]
     assert rates == [None, 0.5, None, 0.5]
+
+
+def test_files_stay_open_while_a_process_is_on_a_gpu_and_close_when_it_ends() -> None:
+    """Each reading is a pread of files kept open; a process that ended answers an error, is no longer
+    read, and its files are closed (none left behind however many processes come and go)."""
+    before = len(os.listdir("/proc/self/fd"))
+    clock = iter(float(n) for n in range(100))
+    progress = HostProgress(monotonic=lambda: next(clock))
+    children = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    snapshot = NodeSnapshot(0.0, tuple(GpuSample(n, pids=(c.pid,)) for n, c in enumerate(children)))
+    for _ in range(3):
+        rates = [g.host_cpu_ratio for g in progress.annotate(snapshot).gpus]
+    assert rates == [0.0, 0.0, 0.0]
+    assert len(os.listdir("/proc/self/fd")) == before + 6  # stat and io of each
+    children[1].kill()
+    children[1].wait()
+    assert [g.host_cpu_ratio for g in progress.annotate(snapshot).gpus] == [0.0, None, 0.0]
+    assert len(os.listdir("/proc/self/fd")) == before + 4
+    progress.annotate(NodeSnapshot(0.0, ()))  # every process left the GPUs
+    assert len(os.listdir("/proc/self/fd")) == before
+    for child in children:
+        child.kill()
+        child.wait()

@@ -5,47 +5,99 @@ A rank that writes a checkpoint or evaluates on the host moves; a rank blocked i
 collective that will never complete does not. The counters are two small /proc reads per process
 (`/proc/<pid>/stat` and `/proc/<pid>/io`: rchar and wchar, socket and cache traffic included). Only the
 GPU's own processes count, not their children: a DataLoader worker that still runs does not make the
-rank waiting on it move.
+rank waiting on it move. Both files stay open while their process is on a GPU, and each reading is one
+pread of each (procfs renders them afresh at offset 0): at 64 GPUs an open and a close per file and tick
+were most of the reading's cost. A file of a process that has ended answers an error, and is opened again
+(a reused pid is told apart by its start time).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from watchdog.model import NodeSnapshot
-from watchdog.sample.ranks import proc_counters
+from watchdog.model import GpuSample, NodeSnapshot
+from watchdog.sample.ranks import io_counters, stat_counters
 
 
-@dataclass
-class _Seen:
-    start: int  # the process's start time: a pid reused by another process starts afresh
-    at: float
-    cpu_seconds: float
-    io_bytes: int | None
+class _Process:
+    """One process on a GPU: its /proc/<pid>/stat and /proc/<pid>/io, open (io None where it is not ours to
+    read), and its counters as last read."""
+
+    __slots__ = ("stat", "io", "start", "at", "cpu_seconds", "io_bytes")
+
+    def __init__(self, pid: int):
+        self.stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            self.io: int | None = os.open(f"/proc/{pid}/io", os.O_RDONLY)
+        except PermissionError:
+            self.io = None
+        except OSError:
+            os.close(self.stat)
+            raise
+        self.start, self.at, self.cpu_seconds, self.io_bytes = 0, 0.0, 0.0, None  # not read yet
+        self.start, self.cpu_seconds, self.io_bytes = self.counters()
+
+    def counters(self) -> tuple[int, float, int | None]:
+        """(start time, CPU seconds, rchar + wchar) now, as ranks.proc_counters reads them."""
+        start, cpu = stat_counters(os.pread(self.stat, _MAX_BYTES, 0))
+        if self.io is None:
+            return start, cpu, None
+        read, write = io_counters(os.pread(self.io, _MAX_BYTES, 0))
+        return start, cpu, read + write
+
+    def close(self) -> None:
+        os.close(self.stat)
+        if self.io is not None:
+            os.close(self.io)
+
+
+_MAX_BYTES = 4096  # both files are a few hundred bytes
+# The two readings side by side in a sample: set without _replace, which goes through every field by name.
+_CPU = GpuSample._fields.index("host_cpu_ratio")
+assert GpuSample._fields[_CPU + 1] == "host_io_bytes_per_second"
+_new = tuple.__new__
 
 
 class HostProgress:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic):
         self._monotonic = monotonic
-        self._seen: dict[int, _Seen] = {}
+        self._processes: dict[int, _Process] = {}
+
+    def close(self) -> None:
+        for pid in list(self._processes):
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        process = self._processes.pop(pid, None)
+        if process is not None:
+            process.close()
 
     def _read(self, pid: int, now: float) -> tuple[float | None, float | None]:
         """(CPU ratio, I/O bytes per second) of one process since it was last read; None for a first look."""
-        seen = self._seen.get(pid)
-        try:
-            start, cpu, read, write = proc_counters(pid)
-        except (OSError, ValueError, IndexError):  # gone, or not a process we may look at
-            self._seen.pop(pid, None)
+        process = self._processes.get(pid)
+        if process is not None:
+            try:
+                start, cpu, io_bytes = process.counters()
+            except (OSError, ValueError, IndexError):  # ended: its pid may be another process's now
+                self._forget(pid)
+                process = None
+        if process is None:
+            try:
+                self._processes[pid] = _Process(pid)
+            except (OSError, ValueError, IndexError):  # gone, or not a process we may look at
+                return None, None
+            self._processes[pid].at = now
             return None, None
-        io_bytes = read + write if read is not None and write is not None else None
-        self._seen[pid] = _Seen(start, now, cpu, io_bytes)
-        if seen is None or now <= seen.at or seen.start != start:
+        if start != process.start or now <= process.at:  # another process than the one read before: afresh
+            process.start, process.at, process.cpu_seconds, process.io_bytes = start, now, cpu, io_bytes
             return None, None
-        elapsed = now - seen.at
-        io_rate = (io_bytes - seen.io_bytes) / elapsed if io_bytes is not None and seen.io_bytes is not None else None
-        return max(0.0, cpu - seen.cpu_seconds) / elapsed, io_rate
+        elapsed = now - process.at
+        before_cpu, before_io = process.cpu_seconds, process.io_bytes
+        process.at, process.cpu_seconds, process.io_bytes = now, cpu, io_bytes
+        io_rate = (io_bytes - before_io) / elapsed if io_bytes is not None and before_io is not None else None
+        return max(0.0, cpu - before_cpu) / elapsed, io_rate
 
     def annotate(self, snapshot: NodeSnapshot) -> NodeSnapshot:
         """The snapshot with each GPU's host_cpu_ratio and host_io_bytes_per_second filled in."""
@@ -65,7 +117,7 @@ class HostProgress:
                     cpu_total = (cpu_total or 0.0) + cpu
                 if io is not None:
                     io_total = (io_total or 0.0) + io
-            gpus.append(gpu._replace(host_cpu_ratio=cpu_total, host_io_bytes_per_second=io_total))
-        for gone in self._seen.keys() - rates.keys():
-            del self._seen[gone]
+            gpus.append(_new(GpuSample, (*gpu[:_CPU], cpu_total, io_total, *gpu[_CPU + 2:])))
+        for gone in self._processes.keys() - rates.keys():
+            self._forget(gone)
         return NodeSnapshot(snapshot.time_seconds, tuple(gpus))

@@ -108,19 +108,25 @@ def proc_counters(pid: int, proc_root: str = "/proc") -> tuple[int, float, int |
     of /proc/<pid>/stat and /proc/<pid>/io (rchar and wchar None where io is not ours to read). The
     start time tells a reused pid from the process that had it. OSError when the process is gone.
     Plain reads, not psutil: the daemon does this for every rank every second."""
-    stat = _read(f"{proc_root}/{pid}/stat")
+    start, cpu = stat_counters(_read(f"{proc_root}/{pid}/stat"))
+    try:
+        read, write = io_counters(_read(f"{proc_root}/{pid}/io"))
+    except PermissionError:
+        return start, cpu, None, None
+    return start, cpu, read, write
+
+
+def stat_counters(stat: bytes) -> tuple[int, float]:
+    """(start time in clock ticks since boot, CPU seconds) from the text of /proc/<pid>/stat."""
     # "pid (comm) S ppid ...": the comm may hold spaces and parentheses; the state follows the last ')'
     fields = stat[stat.rindex(b")") + 2:].split()
-    cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15
-    start = int(fields[19])  # starttime: field 22
-    read: int | None = None
-    write: int | None = None
-    try:
-        io = _read(f"{proc_root}/{pid}/io").split(b"\n", 2)
-        read, write = int(io[0].split()[1]), int(io[1].split()[1])  # rchar, wchar
-    except PermissionError:
-        pass
-    return start, cpu, read, write
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # starttime; utime + stime
+
+
+def io_counters(io: bytes) -> tuple[int, int]:
+    """(rchar, wchar) from the text of /proc/<pid>/io."""
+    lines = io.split(b"\n", 2)
+    return int(lines[0].split()[1]), int(lines[1].split()[1])
 
 
 def _read(path: str) -> bytes:
