@@ -167,8 +167,11 @@ class IncidentHandler:
                 self._submit(self.bundles.record_end, state.bundle, event)
             with self._lock:
                 gone = self.open.pop(key, None)
+                now = self.monotonic()
                 if gone is not None:
-                    self.resolved.append((self.monotonic(), gone))
+                    self.resolved.append((now, gone))
+                while self.resolved and now - self.resolved[0][0] > _ENDED_KEPT_SECONDS:  # no longer asked for
+                    self.resolved.popleft()
 
     def _rewrite(self, state: _Open, event: EpisodeEvent) -> None:
         """The bundle's verdict rewritten for this event: now, or once the bundle is written."""
