@@ -72,8 +72,8 @@ def test_a_reused_pid_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     class Scripted:
         """A process whose /proc counters read as scripted."""
 
-        def __init__(self, pid: int) -> None:
-            self.at, (self.start, self.cpu_seconds, self.io_bytes) = 0.0, next(readings)
+        def __init__(self, pid: int, keep_open: bool = True) -> None:
+            self.kept, self.at, (self.start, self.cpu_seconds, self.io_bytes) = keep_open, 0.0, next(readings)
 
         def counters(self) -> tuple[int, float, int]:
             return next(readings)
@@ -110,3 +110,28 @@ def test_files_stay_open_while_a_process_is_on_a_gpu_and_close_when_it_ends() ->
     for child in children:
         child.kill()
         child.wait()
+
+
+def test_past_max_open_processes_are_read_without_keeping_their_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node with more GPU processes than MAX_OPEN cannot take the daemon's descriptors: the others are
+    opened at each reading, and read the same."""
+    monkeypatch.setattr(host_progress, "MAX_OPEN", 2)
+    before = len(os.listdir("/proc/self/fd"))
+    clock = iter(float(n) for n in range(100))
+    progress = HostProgress(monotonic=lambda: next(clock))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    children = [subprocess.Popen(["sleep", "30"]) for _ in range(3)] + [busy]
+    snapshot = NodeSnapshot(0.0, tuple(GpuSample(n, pids=(c.pid,)) for n, c in enumerate(children)))
+    try:
+        progress.annotate(snapshot)
+        time.sleep(0.5)
+        gpus = progress.annotate(snapshot).gpus
+        assert len(os.listdir("/proc/self/fd")) == before + 4  # two processes' stat and io
+        assert [g.host_cpu_ratio for g in gpus[:3]] == [0.0, 0.0, 0.0]
+        assert gpus[3].host_cpu_ratio is not None and gpus[3].host_cpu_ratio > 0  # read, not kept open
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    progress.close()
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -8,39 +8,47 @@ GPU's own processes count, not their children: a DataLoader worker that still ru
 rank waiting on it move. Both files stay open while their process is on a GPU, and each reading is one
 pread of each (procfs renders them afresh at offset 0): at 64 GPUs an open and a close per file and tick
 were most of the reading's cost. A file of a process that has ended answers an error, and is opened again
-(a reused pid is told apart by its start time).
+(a reused pid is told apart by its start time). At most MAX_OPEN processes keep their files open, so a node
+with thousands of GPU processes cannot take the daemon's descriptors; the others are opened at each reading.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
 
 from watchdog.model import GpuSample, NodeSnapshot
-from watchdog.sample.ranks import io_counters, stat_counters
+from watchdog.sample.ranks import io_counters, proc_counters, stat_counters
 
 
 class _Process:
-    """One process on a GPU: its /proc/<pid>/stat and /proc/<pid>/io, open (io None where it is not ours to
-    read), and its counters as last read."""
+    """One process on a GPU: its /proc/<pid>/stat and /proc/<pid>/io, kept open (io None where it is not
+    ours to read) or, past MAX_OPEN processes, opened at each reading; and its counters as last read."""
 
-    __slots__ = ("stat", "io", "start", "at", "cpu_seconds", "io_bytes")
+    __slots__ = ("pid", "kept", "stat", "io", "start", "at", "cpu_seconds", "io_bytes")
 
-    def __init__(self, pid: int):
-        self.stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    def __init__(self, pid: int, keep_open: bool = True):
+        self.pid, self.kept = pid, keep_open
+        self.stat: int | None = None
+        self.io: int | None = None
+        self.at = 0.0
         try:
-            self.io: int | None = os.open(f"/proc/{pid}/io", os.O_RDONLY)
-        except PermissionError:
-            self.io = None
-        except OSError:
-            os.close(self.stat)
+            if keep_open:
+                self.stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+                with contextlib.suppress(PermissionError):  # another user's process: its CPU, not its I/O
+                    self.io = os.open(f"/proc/{pid}/io", os.O_RDONLY)
+            self.start, self.cpu_seconds, self.io_bytes = self.counters()
+        except BaseException:
+            self.close()
             raise
-        self.start, self.at, self.cpu_seconds, self.io_bytes = 0, 0.0, 0.0, None  # not read yet
-        self.start, self.cpu_seconds, self.io_bytes = self.counters()
 
     def counters(self) -> tuple[int, float, int | None]:
         """(start time, CPU seconds, rchar + wchar) now, as ranks.proc_counters reads them."""
+        if self.stat is None:
+            start, cpu, read, write = proc_counters(self.pid)
+            return start, cpu, read + write if read is not None and write is not None else None
         start, cpu = stat_counters(os.pread(self.stat, _MAX_BYTES, 0))
         if self.io is None:
             return start, cpu, None
@@ -48,11 +56,13 @@ class _Process:
         return start, cpu, read + write
 
     def close(self) -> None:
-        os.close(self.stat)
-        if self.io is not None:
-            os.close(self.io)
+        for fd in (self.stat, self.io):
+            if fd is not None:
+                os.close(fd)
+        self.stat = self.io = None
 
 
+MAX_OPEN = 256  # processes whose files stay open (two descriptors each); the rest are opened at each reading
 _MAX_BYTES = 4096  # both files are a few hundred bytes
 # The two readings side by side in a sample: set without _replace, which goes through every field by name.
 _CPU = GpuSample._fields.index("host_cpu_ratio")
@@ -68,6 +78,9 @@ class HostProgress:
     def close(self) -> None:
         for pid in list(self._processes):
             self._forget(pid)
+
+    def _kept(self) -> int:
+        return sum(1 for process in self._processes.values() if process.kept)
 
     def _forget(self, pid: int) -> None:
         process = self._processes.pop(pid, None)
@@ -85,7 +98,7 @@ class HostProgress:
                 process = None
         if process is None:
             try:
-                self._processes[pid] = _Process(pid)
+                self._processes[pid] = _Process(pid, keep_open=self._kept() < MAX_OPEN)
             except (OSError, ValueError, IndexError):  # gone, or not a process we may look at
                 return None, None
             self._processes[pid].at = now
