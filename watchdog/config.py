@@ -229,6 +229,10 @@ class StacksConfig(_Section):
         3.0, description="When the first look at a stall's stacks shows a hang, look again this long after it: the "
         "same ranks in the same places, with no host progress on a rank the others wait for in between, confirm "
         "the hang and make the episode critical at once, before its for_seconds. 0: one look only.")
+    confirm_min_seconds: Annotated[float, Field(ge=0, le=600)] = Field(
+        15.0, description="A hang the second look confirmed is critical before its signature's for_seconds only "
+        "once the stall has lasted this long (a rank can wait seconds on a slow data loader or a subprocess), and "
+        "not when it is a pause of a length this job has recovered from.")
     flight_recorder_wait_seconds: Annotated[float, Field(ge=0, le=120)] = Field(
         5.0, description="How long to wait for the Flight Recorder dumps asked for before reading what came.")
     nccl_ras: bool = Field(

@@ -12,6 +12,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 from tests.fakes.loopback import Quiet, serving
 from tests.fakes.nccl_ras import job, json_report, text_report
@@ -178,3 +180,16 @@ def test_answers_are_read_as_they_come_and_kept_within_the_bundle_budget(tmp_pat
             assert written["answer"] == answers[n].body and written["status"] == 200
         else:
             assert written["omitted"] == f"the answer ({answers[n].size} bytes) would pass the job bundle's budget"
+
+
+def test_nodes_asked_at_once_stay_within_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from watchdog.coordinate import nodes
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
+    assert nodes.parallel() == 1024 - 128
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (100, 4096))
+    assert nodes.parallel() == 1
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert nodes.parallel() == nodes.MAX_PARALLEL

@@ -237,8 +237,9 @@ def test_a_hang_confirmed_by_two_looks_fires_critical_before_for_seconds() -> No
     assert tracker.note_stacks(suspected.key, seen_once)
     assert tracker.update(110.0, [early]) == []  # one look is not enough before for_seconds
     assert tracker.note_stacks(suspected.key, dataclasses.replace(seen_once, confirmed=True))
-    (fired,) = tracker.update(113.0, [early])
-    assert fired.event is EventKind.FIRED and fired.severity is Severity.CRITICAL
+    assert tracker.update(113.0, [early]) == []  # confirmed, but the stall is 13 s old: a slow loader could be
+    (fired,) = tracker.update(115.0, [early])  # stacks.confirm_min_seconds
+    assert fired.event is EventKind.FIRED and fired.severity is Severity.CRITICAL and fired.key == suspected.key
     assert "twice, with nothing moving between" in fired.summary
 
 
@@ -247,5 +248,41 @@ def test_a_confirmed_wait_on_a_blocked_rank_fires_critical_at_once() -> None:
     (suspected,) = tracker.update(109.0, [waiting(since=100.0)])
     tracker.note_stacks(suspected.key, Verdict("hang", Severity.CRITICAL, "rank 4 in Queue.get", "rank 4 is stuck",
                                                confirmed=True))
-    (fired,) = tracker.update(114.0, [waiting(since=100.0)])
+    assert tracker.update(114.0, [waiting(since=100.0)]) == []
+    (fired,) = tracker.update(115.0, [waiting(since=100.0)])
     assert fired.event is EventKind.FIRED and fired.severity is Severity.CRITICAL
+
+
+CONFIRMED = Verdict("hang", Severity.CRITICAL, "every rank in all_reduce", "8 ranks wait in all_reduce", confirmed=True)
+
+
+def test_a_confirmation_ends_with_the_stall_it_was_of() -> None:
+    """After recovery, an early finding within the relapse hold is not a relapse on the old confirmation."""
+    tracker = EpisodeTracker(TIMING)
+    (suspected,) = tracker.update(108.0, [dataclasses.replace(spin(since=100.0), early=True)])
+    tracker.note_stacks(suspected.key, CONFIRMED)
+    events = [e for t in range(109, 130) for e in tracker.update(float(t), [spin(since=100.0)])]
+    assert [e.event for e in events] == [EventKind.FIRED]
+    events = [e for t in range(130, 150) for e in tracker.update(float(t), [], lambda gpus: True)]
+    assert events == []  # recovered, held for a relapse
+    early = dataclasses.replace(spin(since=150.0), early=True)
+    assert [e for t in range(150, 170) for e in tracker.update(float(t), [early], lambda gpus: False)] == []
+
+
+def test_an_early_finding_on_the_gpus_of_an_open_stall_is_that_stall() -> None:
+    tracker = EpisodeTracker(TIMING)
+    assert [e.event for t in range(100, 135) for e in tracker.update(float(t), [waiting(since=100.0)])] == [
+        EventKind.SUSPECTED, EventKind.FIRED]
+    early = dataclasses.replace(spin(since=135.0), early=True)
+    assert [e for t in range(135, 150) for e in tracker.update(float(t), [waiting(since=100.0), early])] == []
+
+
+def test_an_early_suspicion_taken_over_keeps_its_identity_and_stacks() -> None:
+    """The windows date the stall later than the early look did: still one identity, and the confirmation
+    noted under it counts."""
+    tracker = EpisodeTracker(TIMING)
+    (suspected,) = tracker.update(108.0, [dataclasses.replace(spin(since=100.0), early=True)])
+    assert tracker.update(110.0, [spin(since=103.0)]) == []
+    assert tracker.note_stacks(suspected.key, CONFIRMED)
+    (fired,) = tracker.update(118.0, [spin(since=103.0)])
+    assert fired.key == suspected.key and fired.severity is Severity.CRITICAL

@@ -68,3 +68,12 @@ def test_ranks_seen_elsewhere_at_the_second_look_are_not_confirmed(tmp_path: Pat
     assert first.verdict.kind == second.verdict.kind == "hang"
     assert confirm(first, second, apart) is None
     assert confirm(second, second, apart) is not None  # the same places: confirmed
+
+
+def test_a_rank_not_captured_at_a_look_leaves_the_hang_unconfirmed(tmp_path: Path) -> None:
+    """The rank py-spy could not read may be the one that moves: no confirmation without every rank."""
+    with gloo_job("dataloader", tmp_path, odd_rank=2) as processes:
+        first, second, apart = two_looks([p.pid for p in processes], 0.5)
+    assert confirm(first, second, apart) is not None
+    lost = replace(second.captures[1], result="timeout", dump=None)
+    assert confirm(first, replace(second, captures=[second.captures[0], lost, *second.captures[2:]]), apart) is None

@@ -183,11 +183,12 @@ class IncidentHandler:
             self._submit(self.bundles.rewrite_verdict, bundle, event)
 
     def forget(self, open_keys: set[str]) -> None:
-        """Drop what is held for episodes that ended without ever alerting (suspected only: a pause that
-        passed, a spin seen early that went): nothing will resolve them, and each holds its stacks."""
+        """Move on what is held for episodes that ended without ever alerting (suspected only: a pause that
+        passed, a spin seen early that went): nothing will resolve them. Like resolved ones, they are kept
+        for a last look (Slurm's epilog) for _ENDED_KEPT_SECONDS, at most _ENDED_KEPT of them."""
         with self._lock:
             for key in [k for k, state in self.open.items() if k not in open_keys and state.severity is None]:
-                del self.open[key]
+                self.resolved.append((self.monotonic(), self.open.pop(key)))  # a scheduler's last look may ask
 
     def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None:
         """Look again at the stacks of these open, not yet critical episodes when their last look is old."""
@@ -259,27 +260,28 @@ class IncidentHandler:
             if ranks:
                 state.job = ranks[0].job_key
                 state.workload = common(r.workload for r in ranks)
+            if pictures and pictures[0].verdict.kind == "hang" and s.confirm_seconds > 0:
+                # A first look's hang is only a candidate: the second look decides what is handed back (a
+                # confirmed hang, or what it saw instead: a rank that moved meanwhile was not hung).
+                if self.stopping.wait(s.confirm_seconds):
+                    return
+                pictures = [self._look_again(jobs[0], pictures[0], read_at), *pictures[1:]]
+                state.pictures = pictures
             if pictures and self.on_verdict is not None:
                 self.on_verdict(key, pictures[0].verdict)
-            if pictures and pictures[0].verdict.kind == "hang" and s.confirm_seconds > 0 and not self.stopping.wait(
-                    s.confirm_seconds):
-                confirmed = self._look_again(jobs[0], pictures[0], read_at)
-                if confirmed is not None:
-                    state.pictures = [confirmed, *pictures[1:]]
-                    if self.on_verdict is not None:
-                        self.on_verdict(key, confirmed.verdict)
         finally:
             done.set_result(None)
 
-    def _look_again(self, job: Job, first: StackPicture, read_at: float) -> StackPicture | None:
+    def _look_again(self, job: Job, first: StackPicture, read_at: float) -> StackPicture:
         """The second look at a hang (stacks/confirm.py): the stacks only, the host activity counted since
-        the first look read it. The first look's picture with the confirmed verdict, or None."""
+        the first look read it. The first look's picture with the confirmed verdict, or with the second
+        look's own verdict when it does not confirm."""
         again = self.config.stacks.model_copy(update={"observe_seconds": 0.0, "flight_recorder": False,
                                                       "nccl_ras": False})
         second = capture_job(job, self.capturer, self.discovery, again, self.node, read_at=read_at)
         self._count([second])
         verdict = confirm(first, second, time.monotonic() - read_at)
-        return replace(first, verdict=verdict) if verdict is not None else None
+        return replace(first, verdict=verdict if verdict is not None else second.verdict)
 
     def _count(self, pictures: Sequence[StackPicture]) -> None:
         for picture in pictures:

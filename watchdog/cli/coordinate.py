@@ -9,13 +9,14 @@ import threading
 
 from watchdog import http_client, logfmt, secrets
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
-from watchdog.coordinate.nodes import NodeClient
+from watchdog.coordinate.nodes import NodeClient, raise_fd_limit
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.http_server import Auth, parse_address
 
 
 def cmd_coordinate(args: argparse.Namespace) -> int:
     logfmt.setup()
+    raise_fd_limit()
     try:
         token = secrets.read(args.node_token_file, None, "--node-token")
         if token:

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import json
 import re
+import resource
 import threading
 import time
 import urllib.parse
@@ -86,6 +87,29 @@ class NodeAnswer:
     def to_json(self) -> dict[str, object]:
         return {"instance": self.instance, "status": self.status, "error": self.error,
                 "seconds": round(self.seconds, 3), "node": self.body.get("node"), "bundle": self.body.get("bundle")}
+
+
+def parallel() -> int:
+    """Nodes asked at once: MAX_PARALLEL, within the process's file descriptors (one connection each, and
+    _SPARE_FDS left for the service itself: its listening socket, Prometheus, the bundle being written)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_PARALLEL
+    return max(1, min(MAX_PARALLEL, soft - _SPARE_FDS))
+
+
+_SPARE_FDS = 128
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft limit on file descriptors to what a 1,024-node job needs, within the hard limit (a
+    service started with the common default of 1,024 would otherwise ask fewer nodes at once)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_PARALLEL + _SPARE_FDS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard),
+                                                        hard))
 
 
 @contextlib.contextmanager
@@ -167,5 +191,5 @@ class NodeClient:
             with reading, _collector_paused():
                 return read(parse()) if read is not None else parse()
 
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(instances)), thread_name_prefix="fanout") as pool:
+        with ThreadPoolExecutor(max_workers=min(parallel(), len(instances)), thread_name_prefix="fanout") as pool:
             return list(pool.map(one, instances))

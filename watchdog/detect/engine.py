@@ -300,9 +300,17 @@ class DetectorEngine:
         if underused:
             findings.append(underuse_finding(underused))
         if spin or zero:
-            waiting_on = self.config.detectors.waiting.enabled
-            bs = self.config.detectors.busy_spin
-            pinned = [i for i, v in views.items() if i not in spin and i not in zero and busy_spin.pinned(v, bs)]
-            findings.extend(f for f in job_findings(views, spin, zero, pinned)
-                            if waiting_on or f.signature is not Signature.WAITING)
+            early = any(e.early for e in spin.values())
+            findings.extend(self._job(views, {i: e for i, e in spin.items() if not e.early} if early else spin, zero))
+            if early:  # early evidence adds a suspicion, never hides or changes what the windows find
+                known = {f.episode_key for f in findings}
+                findings.extend(f for f in self._job(views, spin, zero) if f.early and f.episode_key not in known)
         return findings
+
+    def _job(self, views: dict[int, GpuWindow], spin: dict[int, Evidence], zero: dict[int, Evidence]
+             ) -> list[Finding]:
+        bs = self.config.detectors.busy_spin
+        pinned = [i for i, v in views.items() if i not in spin and i not in zero and busy_spin.pinned(v, bs)]
+        waiting_on = self.config.detectors.waiting.enabled
+        return [f for f in job_findings(views, spin, zero, pinned)
+                if waiting_on or f.signature is not Signature.WAITING]

@@ -172,7 +172,8 @@ class EpisodeTracker:
         early = {f.episode_key: f for f in everything if f.early}
         for key, finding in early.items():  # a hang the stacks confirmed: an episode now, on early findings too
             suspected = self._early.get(key)
-            if suspected is not None and key not in self.episodes and _confirmed(suspected.stacks):
+            if (suspected is not None and key not in self.episodes and _confirmed(suspected.stacks)
+                    and not self._stall_on(finding)):
                 del self._early[key]
                 self.episodes[key] = Episode(finding, suspected.onset, suspected.identity, suspected.onset,
                                              suspected.onset, now, stacks=suspected.stacks)
@@ -186,9 +187,10 @@ class EpisodeTracker:
             ep = self.episodes.get(key) or self._continued(finding, present, now)
             if ep is None:
                 onset = max(min(finding.since, now), self._resolved_at.get(key, finding.since))
-                ep = self.episodes[key] = Episode(finding, onset, f"{key}@{onset:.0f}", onset, onset, now)
-                suspected = self._early.pop(key, None)
-                if suspected is not None and suspected.identity == ep.identity:  # suspected: its stacks carry on
+                suspected = self._early.pop(key, None)  # suspected early: its identity and stacks carry on
+                identity = suspected.identity if suspected is not None else f"{key}@{onset:.0f}"
+                ep = self.episodes[key] = Episode(finding, onset, identity, onset, onset, now)
+                if suspected is not None:
                     ep.stacks = suspected.stacks
                 elif finding.signature in STACK_SIGNATURES:
                     events.append(self._event(EventKind.SUSPECTED, ep, now, finding.severity))
@@ -197,13 +199,14 @@ class EpisodeTracker:
                 ep.stall_since = ep.signature_since = max(min(finding.since, now), ep.recovered_at)
                 ep.busy_ticks = ep.judged_ticks = 0
                 ep.judged = finding
+                ep.stacks = None  # the new stall's stacks are looked at afresh
                 assert ep.fired_severity is not None  # only fired critical episodes are held
                 events.append(self._event(EventKind.RELAPSED, ep, now, ep.fired_severity))
             ep.absent_since = ep.recovering_since = ep.recovered_at = None
             elapsed = now - ep.stall_since
             timing = self._timing[finding.signature]
             seen = now - ep.seen_at
-            if (now - ep.signature_since < timing.for_seconds and not _confirmed(ep.stacks)) or (
+            if (now - ep.signature_since < timing.for_seconds and not self._confirmed_early(ep, finding, elapsed)) or (
                     finding.culprits_busy and seen < min(timing.for_seconds, _SEEN_SECONDS)):
                 continue
             # Counted past for_seconds only: at the onset the odd GPU's window still holds the work before it.
@@ -229,6 +232,19 @@ class EpisodeTracker:
                 events += self._end(key, ep, now)
         return events + self._suspect_early(early, now)
 
+    def _confirmed_early(self, ep: Episode, finding: Finding, elapsed: float) -> bool:
+        """Whether a hang the stacks confirmed is judged before the signature's for_seconds: once the stall
+        has lasted stacks.confirm_min_seconds (a data loader or a subprocess can hold a rank for seconds),
+        and unless it is a pause of a length this job has recovered from."""
+        return _confirmed(ep.stacks) and elapsed >= self.config.stacks.confirm_min_seconds and not (
+            finding.signature in PAUSES and self.pauses.expected(
+                ep.stall_since, elapsed, self.config.job.recovered_pause_margin_ratio))
+
+    def _stall_on(self, finding: Finding) -> bool:
+        """An open stall episode on some of these GPUs: an early finding there is that stall, not another."""
+        gpus = set(finding.gpus)
+        return any(ep.stall and gpus.intersection(ep.finding.gpus) for ep in self.episodes.values())
+
     def _suspect_early(self, early: Mapping[str, Finding], now: float) -> list[EpisodeEvent]:
         """Stalls seen on early findings only, with no episode: suspected (their stacks are looked at) until
         the finding goes, an episode takes them over, or their stacks confirm a hang (next update)."""
@@ -236,7 +252,8 @@ class EpisodeTracker:
             del self._early[key]
         events = []
         for key, finding in early.items():
-            if key in self.episodes or key in self._early or finding.signature not in STACK_SIGNATURES:
+            if (key in self.episodes or key in self._early or finding.signature not in STACK_SIGNATURES
+                    or self._stall_on(finding)):
                 continue
             onset = max(min(finding.since, now), self._resolved_at.get(key, finding.since))
             identity = f"{key}@{onset:.0f}"
@@ -259,6 +276,7 @@ class EpisodeTracker:
                     ep.recovering_since = now
                 if now - ep.recovering_since >= clear:
                     ep.recovered_at = now
+                    ep.stacks = None  # what the stacks said was of the stall that ended
                     self._record_pause(ep, absent_since)
             else:
                 ep.recovering_since = None

@@ -1,11 +1,12 @@
 """A second look at a hang, to confirm it before the episode's signature has held for its for_seconds.
 
 The first look at a stall's stacks (when it is suspected) may catch the ranks at a moment that passes: a
-data loader a little slow, a collective about to return. When that look shows a hang, the ranks are
+rank between two writes of a checkpoint, a collective about to return. When that look shows a hang, the ranks are
 looked at again `stacks.confirm_seconds` later. The hang is confirmed when the second look shows it
-too, every rank of the first look is seen again where it was, and no rank the others wait for made
-progress on the host across both looks (the second look's host activity counts from the first's
-reading, so its verdict weighs the whole time). A confirmed hang makes the episode critical at once
+too, every rank of the job on this node was captured at both looks and is where it was, and no rank the
+others wait for made progress on the host across both looks (the second look's host activity counts from the first's
+reading, so its verdict weighs the whole time). A look that shows no hang is what the detectors get instead.
+A confirmed hang makes the episode critical once the stall has lasted stacks.confirm_min_seconds
 (detect/episodes.py): the evidence is taken while the job is still there to look at, before a framework
 aborts the step (TorchTitan after 100 s, Megatron's in-process restart after 60-90 s).
 """
@@ -16,6 +17,7 @@ from dataclasses import replace
 
 from watchdog.model import Verdict
 from watchdog.stacks.analysis import Analysis
+from watchdog.stacks.capture import OK
 from watchdog.stacks.picture import StackPicture
 
 
@@ -28,8 +30,10 @@ def confirm(first: StackPicture, second: StackPicture, seconds_apart: float) -> 
     """The second look's verdict, confirmed; None when the two looks do not agree on a hang."""
     if first.verdict.kind != "hang" or second.verdict.kind != "hang":
         return None
+    if not first.captures or any(c.result != OK for c in (*first.captures, *second.captures)):
+        return None  # a rank not seen at one of the looks may be the one that moves
     before, after = _places(first.analysis), _places(second.analysis)
-    if not before or any(after.get(member) != where for member, where in before.items()):
+    if not before or before != after:
         return None
     return replace(second.verdict, confirmed=True,
                    sentence=f"{second.verdict.sentence}. The same at a second look {seconds_apart:.0f} s later")
