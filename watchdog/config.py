@@ -228,7 +228,7 @@ class StacksConfig(_Section):
     confirm_seconds: Annotated[float, Field(ge=0, le=60)] = Field(
         3.0, description="When the first look at a stall's stacks shows a hang, look again this long after it: the "
         "same ranks in the same places, with no host progress on a rank the others wait for in between, confirm "
-        "the hang and make the episode critical at once, before its for_seconds. 0: one look only.")
+        "the hang and make the episode critical before its for_seconds (see confirm_min_seconds). 0: one look only.")
     confirm_min_seconds: Annotated[float, Field(ge=0, le=600)] = Field(
         15.0, description="A hang the second look confirmed is critical before its signature's for_seconds only "
         "once the stall has lasted this long (a rank can wait seconds on a slow data loader or a subprocess), and "

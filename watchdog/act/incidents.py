@@ -3,7 +3,7 @@
 suspected  look at the affected job's stacks (py-spy, host activity) and hand the verdict back to the
            detectors, so the episode's severity is decided with it before anything is alerted; a look
            that shows a hang is followed by a second one stacks.confirm_seconds later, which confirms it
-           (stacks/confirm.py) and makes the episode critical at once
+           (stacks/confirm.py) and makes the episode critical once it has lasted stacks.confirm_min_seconds
 (open)     look again every stacks.recheck_seconds while the episode is not critical
 fired      write the incident bundle (the stacks already captured, the doctor's findings, the telemetry)
            and alert with the episode's severity and sentence, as the detectors decided them
@@ -167,11 +167,8 @@ class IncidentHandler:
                 self._submit(self.bundles.record_end, state.bundle, event)
             with self._lock:
                 gone = self.open.pop(key, None)
-                now = self.monotonic()
                 if gone is not None:
-                    self.resolved.append((now, gone))
-                while self.resolved and now - self.resolved[0][0] > _ENDED_KEPT_SECONDS:  # no longer asked for
-                    self.resolved.popleft()
+                    self._retire(gone)
 
     def _rewrite(self, state: _Open, event: EpisodeEvent) -> None:
         """The bundle's verdict rewritten for this event: now, or once the bundle is written."""
@@ -188,7 +185,15 @@ class IncidentHandler:
         for a last look (Slurm's epilog) for _ENDED_KEPT_SECONDS, at most _ENDED_KEPT of them."""
         with self._lock:
             for key in [k for k, state in self.open.items() if k not in open_keys and state.severity is None]:
-                self.resolved.append((self.monotonic(), self.open.pop(key)))  # a scheduler's last look may ask
+                self._retire(self.open.pop(key))
+
+    def _retire(self, state: _Open) -> None:
+        """An ended incident, kept for a scheduler's last look (last_look) while it may still ask: at most
+        _ENDED_KEPT of them, none older than _ENDED_KEPT_SECONDS. Under the lock."""
+        now = self.monotonic()
+        self.resolved.append((now, state))
+        while now - self.resolved[0][0] > _ENDED_KEPT_SECONDS:
+            self.resolved.popleft()
 
     def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None:
         """Look again at the stacks of these open, not yet critical episodes when their last look is old."""

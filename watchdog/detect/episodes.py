@@ -2,8 +2,9 @@
 carries.
 
 A condition must hold for `for_seconds` (counted from its first sample) before it fires, unless its
-stacks were seen blocked at two looks seconds apart (stacks/confirm.py: a confirmed hang fires critical at
-once). A spin seen on its newest samples only, while the window still holds the work before it (an
+stacks were seen blocked at two looks seconds apart (stacks/confirm.py: a confirmed hang fires critical
+once the stall has lasted stacks.confirm_min_seconds, unless it is a pause of a length the job recovered
+from). A spin seen on its newest samples only, while the window still holds the work before it (an
 `early` finding), is suspected at once but judged only with such stacks. A wait on GPUs
 at work (not idle) must also have been seen on the ticks for 15 s of that (a window that dates it back
 names culprits that may only be slower to show the spin). Once past
