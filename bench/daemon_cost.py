@@ -66,11 +66,14 @@ def measure(gpus: int, seconds: float, folder: Path) -> None:
     started = time.monotonic()
     scrapes = []
     rss = []
+    marks = []  # (seconds since the first answer, CPU seconds used since): the phases' own shares
     while time.monotonic() - started < seconds:
         t0 = time.perf_counter()
         body = urllib.request.urlopen(url, timeout=5).read()
         scrapes.append(time.perf_counter() - t0)
         rss.append(process.memory_info().rss)
+        now = process.cpu_times()
+        marks.append((time.monotonic() - started, (now.user + now.system) - (warm.user + warm.system)))
         time.sleep(5)
     cpu_after = process.cpu_times()
     elapsed = time.monotonic() - started
@@ -87,6 +90,14 @@ def measure(gpus: int, seconds: float, folder: Path) -> None:
           f"{'met' if share < goal else 'NOT met'}), "
           f"RSS {max(rss) / 2**20:.0f} MiB (max), scrape {statistics.median(scrapes) * 1000:.1f} ms median / "
           f"{max(scrapes) * 1000:.1f} ms max, {len(body) / 1024:.0f} KiB per scrape")
+    # The same run by phase: healthy training before the spin (onset at 40 s of the daemon's time), and
+    # the spin once it is critical and its incident written (from 90 s on).
+    healthy = [m for m in marks if m[0] <= 36]
+    spinning = [m for m in marks if m[0] >= 90]
+    for label, part in (("healthy", healthy), ("spinning, critical", spinning)):
+        if len(part) >= 2 and part[-1][0] > part[0][0]:
+            print(f"      {label}: {(part[-1][1] - part[0][1]) / (part[-1][0] - part[0][0]) * 100:.2f}% of one core "
+                  f"over {part[-1][0] - part[0][0]:.0f} s")
 
 
 def main() -> None:

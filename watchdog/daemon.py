@@ -30,6 +30,7 @@ from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.counters import Counters
+from watchdog.detect import busy_spin
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.export.metrics import AlertRow, EpisodeView, Published, RankRow, WatchdogCollector, new_counters
@@ -179,7 +180,8 @@ class Daemon:
         self.notifier.watchdog()
 
     def _sample(self) -> NodeSnapshot:
-        return self.host.annotate(self.source.sample())
+        spin = self.config.detectors.busy_spin
+        return self.host.annotate(self.source.sample(), lambda gpu: busy_spin.working_now(gpu, spin))
 
     def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict

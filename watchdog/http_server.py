@@ -220,7 +220,10 @@ class _Gate:
 
     def _run(self) -> None:
         while not self.stopped:
-            for key, _ in self.selector.select(timeout=0.5):
+            # Asleep until a connection arrives (add() wakes it), speaks, or the oldest waiting one expires.
+            oldest = next(iter(self.waiting.values()), None)
+            timeout = None if oldest is None else max(0.0, oldest.since + HEAD_SECONDS - time.monotonic())
+            for key, _ in self.selector.select(timeout=timeout):
                 if key.fileobj is self.wake_read:
                     with contextlib.suppress(OSError):
                         self.wake_read.recv(4096)

@@ -135,3 +135,43 @@ def test_past_max_open_processes_are_read_without_keeping_their_files(monkeypatc
             child.wait()
     progress.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_process_on_gpus_at_work_is_read_every_fifth_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every GPU of a process is at work its rates are read every AT_WORK_SECONDS and stand in between;
+    a process on an idle GPU (or on one idle GPU among others) is read every tick, and a GPU that stops
+    working has its processes read on its first idle sample."""
+    reads: list[int] = []
+    counters = host_progress._Process.counters
+
+    def counted(self: host_progress._Process) -> tuple[int, float, int | None]:
+        reads.append(self.pid)
+        return counters(self)
+
+    monkeypatch.setattr(host_progress._Process, "counters", counted)
+    clock = iter(float(n) for n in range(100))
+    progress = HostProgress(monotonic=lambda: next(clock))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    shared, idle = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+    working = {0, 2}
+    snapshot = NodeSnapshot(0.0, (GpuSample(0, pids=(busy.pid,)), GpuSample(1, pids=(idle.pid, shared.pid)),
+                                  GpuSample(2, pids=(shared.pid,))))
+    try:
+        rates = []
+        for _ in range(12):
+            time.sleep(0.02)
+            gpus = progress.annotate(snapshot, lambda gpu: gpu.index in working).gpus
+            rates.append(gpus[0].host_cpu_ratio)
+        assert reads.count(idle.pid) == reads.count(shared.pid) == 12  # every tick
+        assert reads.count(busy.pid) == 4  # its first look, then ticks 1 (its first rate), 6 and 11
+        assert rates[0] is None and all(r is not None and r > 0 for r in rates[1:])
+        assert len(set(rates[1:6])) == 1 and len(set(rates[6:11])) == 1  # the rates as last read, standing in
+        working.discard(0)  # GPU 0 stops working: its process is read at once
+        progress.annotate(snapshot, lambda gpu: gpu.index in working)
+        assert reads.count(busy.pid) == 5
+        progress.annotate(snapshot)  # no at_work: every process read
+        assert reads.count(busy.pid) == 6
+    finally:
+        for child in (busy, shared, idle):
+            child.kill()
+            child.wait()

@@ -32,7 +32,6 @@ from watchdog.detect.evidence import Evidence, percentile, run_start
 from watchdog.detect.window import GpuRun, GpuView, span
 from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
-_WEAK = ("power_flat", "power_fell")
 _MIN_SAMPLES = 8  # the flatness of fewer samples means little
 _MAX_SPAN_SECONDS = 40.0  # a spin is critical within a minute at any sampling interval
 # A window that still holds the work before a spin vetoes it (memory traffic, SM activity) until the spin
@@ -47,12 +46,7 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     floor = cfg.utilization_min_ratio
     if latest.utilization_ratio is not None and latest.utilization_ratio < floor:
         return None  # an [N/A] reading is judged on the window's others
-    # Cheap pre-gates on the newest sample before the window pass: busy memory or busy SMs now mean
-    # real work now (a single skipped tick is absorbed by the episode's hysteresis).
-    memory_now = latest.memory_utilization_ratio
-    if memory_now is not None and memory_now > 2 * cfg.memory_utilization_max_ratio:
-        return None
-    if latest.sm_activity_ratio is not None and latest.sm_activity_ratio > 2 * cfg.sm_activity_max_ratio:
+    if working_now(latest, cfg):  # a cheap pre-gate before the window pass
         return None
     span = _span(view, cfg.window_seconds)
     count = view.recent_count(span)
@@ -62,7 +56,7 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     found = _legs(view, cfg, readings)
     early = False
     if found is None and count > _EARLY_SAMPLES and latest.pids:
-        newest = _newest(view, _EARLY_SAMPLES)
+        newest = _readings(view, _EARLY_SAMPLES, "busy_spin_newest")
         if newest.utils and newest.utils[0] >= floor:  # the spin's own samples, without the work before it
             found, early = _legs(view, cfg, newest), True
     if found is None:
@@ -78,35 +72,52 @@ def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
     return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=legs, facts=facts, weak=weak, early=early)
 
 
+def working_now(sample: GpuSample, cfg: BusySpinConfig) -> bool:
+    """Busy memory or busy SMs in this sample: real work now, whatever the window holds (a single tick
+    judged so is absorbed by the episode's hysteresis)."""
+    memory, activity = sample.memory_utilization_ratio, sample.sm_activity_ratio
+    return (memory is not None and memory > 2 * cfg.memory_utilization_max_ratio) or (
+        activity is not None and activity > 2 * cfg.sm_activity_max_ratio)
+
+
 def _legs(view: GpuView, cfg: BusySpinConfig, readings: _Readings
           ) -> tuple[tuple[str, ...], dict[str, float | str], bool] | None:
     """The legs that fire over these readings, the facts they quote, and whether they are weak; None when
-    a veto holds or too few legs fire."""
-    latest, floor = view.latest, cfg.utilization_min_ratio
+    a veto holds or too few legs fire. This runs every tick for every spinning GPU: the percentiles are
+    those of evidence.percentile (nearest rank of the sorted readings), taken by index."""
     if readings.throttled:
         return None  # throttled: slow, not spinning
-    utils, power, mem, activity = readings.utils, readings.power, readings.memory, readings.activity
-    # Nearest-rank percentiles of the sorted readings (evidence.percentile), by index: this runs every
-    # tick for every spinning GPU.
-    if not utils or utils[len(utils) // 2] < floor:
+    utils = readings.utils
+    if not utils:
         return None
+    utilization = utils[len(utils) // 2]
+    if utilization < cfg.utilization_min_ratio:
+        return None
+    latest = view.latest
     clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
     if clock is not None and clock_max and clock < cfg.clock_min_ratio * clock_max:
         return None
 
     legs: list[str] = []
-    facts: dict[str, float | str] = {"utilization": utils[len(utils) // 2]}
+    facts: dict[str, float | str] = {"utilization": utilization}
+    substantive = False  # a leg other than power_fell and power_flat fired
+    mem = readings.memory
     if mem:
-        if percentile(mem, 0.9) > cfg.memory_utilization_max_ratio:
+        if mem[min(len(mem) - 1, int(0.9 * len(mem)))] > cfg.memory_utilization_max_ratio:
             return None  # the memory controller is busy: real work
         legs.append("memory_idle")
         facts["memory_utilization"] = mem[-1]
+        substantive = True
+    activity = readings.activity
     if activity:
         mean_activity = sum(activity) / len(activity)
         if mean_activity > cfg.sm_activity_max_ratio:
             return None  # SMs are busy: real work
         legs.append("sm_activity_low")
         facts["sm_activity"] = mean_activity
+        substantive = True
+    fell = flat = False
+    power = readings.power
     if power:
         # The median, not the mean: a spinning rank still shows brief bursts of real work.
         watts = len(power)
@@ -125,29 +136,24 @@ def _legs(view: GpuView, cfg: BusySpinConfig, readings: _Readings
                 busy is None or median <= cfg.fell_max_ratio * busy):
             legs.append("power_near_idle")
             facts["idle_watts"] = idle
+            substantive = True
         if busy is not None and median <= cfg.busy_power_max_ratio * busy:
             legs.append("power_below_busy")
             facts["busy_watts"] = busy
+            substantive = True
         elif busy is not None and median <= cfg.fell_max_ratio * busy:
             legs.append("power_fell")
             facts["busy_watts"] = busy
-        spread = power[3 * watts // 4] - power[watts // 4]
-        if spread <= max(cfg.power_flat_max_ratio * median, cfg.power_flat_min_watts):
+            fell = True
+        if power[3 * watts // 4] - power[watts // 4] <= max(cfg.power_flat_max_ratio * median,
+                                                            cfg.power_flat_min_watts):
             legs.append("power_flat")
+            flat = True
 
-    substantive = [leg for leg in legs if leg not in _WEAK]
-    weak = not substantive and {"power_fell", "power_flat"} <= set(legs)
+    weak = not substantive and fell and flat
     if len(legs) < cfg.min_legs or not (substantive or weak):
         return None
     return tuple(legs), facts, weak
-
-
-def _newest(view: GpuView, count: int) -> _Readings:
-    """The readings of the view's newest `count` samples alone (not kept: the window's are)."""
-    readings = _Readings()
-    for _, sample in itertools.islice(view.samples, len(view.samples) - count, None):
-        readings.take(sample)
-    return readings
 
 
 class _Readings:
@@ -202,13 +208,14 @@ def _throttled(sample: GpuSample) -> bool:
     return bool(sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK)
 
 
-def _readings(view: GpuView, count: int) -> _Readings:
-    """The readings of the view's newest `count` samples: those kept for the last tick, slid on."""
+def _readings(view: GpuView, count: int, memo: str = "busy_spin") -> _Readings:
+    """The readings of the view's newest `count` samples: those kept under `memo` for the last tick, slid
+    on (the window's, and the newest _EARLY_SAMPLES alone)."""
     end = view.added
     start = end - count
-    readings: _Readings | None = view.memo.get("busy_spin")
+    readings: _Readings | None = view.memo.get(memo)
     if readings is None or not readings.start <= start <= readings.end:  # not a slide of what is kept
-        readings = view.memo["busy_spin"] = _Readings(start)
+        readings = view.memo[memo] = _Readings(start)
     for _ in range(start - readings.start):
         readings.drop()
     samples, new = view.samples, end - readings.end
@@ -222,9 +229,11 @@ def _readings(view: GpuView, count: int) -> _Readings:
 
 
 def _span(view: GpuView, seconds: float) -> float:
-    """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow, but
-    no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window of minutes)."""
-    return max(seconds, min(span(view, seconds, _MIN_SAMPLES), _MAX_SPAN_SECONDS))
+    """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow
+    (window.span), but no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window
+    of minutes)."""
+    stretch = span(view, seconds, _MIN_SAMPLES)
+    return stretch if stretch <= _MAX_SPAN_SECONDS else max(seconds, _MAX_SPAN_SECONDS)
 
 
 def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:

@@ -248,16 +248,17 @@ class WatchdogCollector(Collector):
     @staticmethod
     def _gpu(out: Series, gpu: GpuSample) -> None:
         labels = (str(gpu.index), gpu.uuid or "")
-        for metric, attribute in READINGS.items():
-            value = getattr(gpu, attribute)
+        for metric, slot in _READING_SLOTS:
+            value = gpu[slot]
             if value is not None:
-                out[metric].append((labels, value))
+                out[metric].append((labels, value))  # type: ignore[arg-type]  # READINGS are numbers
         if gpu.energy_joules is not None:
             out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
         if gpu.clock_event_reasons is not None:
             out["gpu_throttle"].append((labels, 1 if gpu.throttle_reasons else 0))
-        for health in _HEALTHS:
-            out["gpu_health"].append(((*labels, health.value), 1 if gpu.health is health else 0))
+        health = out["gpu_health"]
+        for each, value in _HEALTHS:
+            health.append(((*labels, value), 1 if gpu.health is each else 0))
         out["gpu_info"].append(((*labels, gpu.name or ""), 1))
 
     @staticmethod
@@ -272,13 +273,18 @@ class WatchdogCollector(Collector):
             if episode.signature is Signature.WAITING and episode.severity is not None:
                 for gpu in episode.culprit_gpus:
                     out["episode_culprit"].append(((str(gpu), episode.signature.value), 1))
+        rows = out["episode_state"]
         for gpu in gpus:
-            for signature in _SIGNATURES:
-                out["episode_state"].append(((str(gpu), signature.value), state.get((gpu, signature), 0)))
+            label = str(gpu)
+            for signature, value in _SIGNATURES:
+                rows.append(((label, value), state.get((gpu, signature), 0)))
 
 
 _REMEMBERED = 1 << 15
-_HEALTHS, _SIGNATURES = tuple(GpuHealth), tuple(Signature)  # iterated for every GPU at every scrape
+# Iterated for every GPU at every scrape: each member with its label value, and each reading's slot.
+_HEALTHS = tuple((health, health.value) for health in GpuHealth)
+_SIGNATURES = tuple((signature, signature.value) for signature in Signature)
+_READING_SLOTS = tuple((metric, GpuSample._fields.index(field_name)) for metric, field_name in READINGS.items())
 
 
 def _escaped(value: str) -> str:

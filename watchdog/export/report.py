@@ -109,9 +109,15 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
     parts.append(f'<text class="axis" x="{left}" y="{height - 3}">{html.escape(iso_time(t0, data.naive_time))}'
                  f'</text><text class="axis" x="{width - right}" y="{height - 3}" text-anchor="end">'
                  f'{html.escape(iso_time(t1, data.naive_time))}</text>')
+    series: dict[int, list[str]] = {gpu: [] for gpu in gpus}  # one pass over the samples, not one per GPU
+    for s in snaps:
+        at = f"{x(s.time_seconds):.1f},"
+        for g in s.gpus:
+            value = getattr(g, field_name)
+            if value is not None:
+                series[g.index].append(f"{at}{y(value * scale):.1f}")
     for gpu in gpus:
-        points = " ".join(f"{x(s.time_seconds):.1f},{y(getattr(g, field_name) * scale):.1f}"
-                          for s in snaps for g in s.gpus if g.index == gpu and getattr(g, field_name) is not None)
+        points = " ".join(series[gpu])
         if points:
             odd = gpu in data.culprit_gpus
             marked = ' data-culprit="true"' if odd else ""

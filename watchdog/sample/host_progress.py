@@ -10,6 +10,11 @@ pread of each (procfs renders them afresh at offset 0): at 64 GPUs an open and a
 were most of the reading's cost. A file of a process that has ended answers an error, and is opened again
 (a reused pid is told apart by its start time). At most MAX_OPEN processes keep their files open, so a node
 with thousands of GPU processes cannot take the daemon's descriptors; the others are opened at each reading.
+
+Host progress decides between a stall and a pause only where the GPU does no work of its own. A process whose
+GPUs are all at work in this sample (the caller's `at_work`: memory controller or SMs busy) is read at most
+every AT_WORK_SECONDS, its last rates standing in between: on a node of busy GPUs that is a fifth of the
+reads, and a GPU that stops working is read again on its first idle sample.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ class _Process:
     """One process on a GPU: its /proc/<pid>/stat and /proc/<pid>/io, kept open (io None where it is not
     ours to read) or, past MAX_OPEN processes, opened at each reading; and its counters as last read."""
 
-    __slots__ = ("pid", "kept", "stat", "io", "start", "at", "cpu_seconds", "io_bytes")
+    __slots__ = ("pid", "kept", "stat", "io", "start", "at", "cpu_seconds", "io_bytes", "rates")
 
     def __init__(self, pid: int, keep_open: bool = True):
         self.pid, self.kept = pid, keep_open
         self.stat: int | None = None
         self.io: int | None = None
         self.at = 0.0
+        self.rates: tuple[float | None, float | None] = (None, None)  # as last read: what stands in meanwhile
         try:
             if keep_open:
                 self.stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
@@ -62,6 +68,7 @@ class _Process:
         self.stat = self.io = None
 
 
+AT_WORK_SECONDS = 4.5  # a process on GPUs at work is read every 5th tick at 1 Hz
 MAX_OPEN = 256  # processes whose files stay open (two descriptors each); the rest are opened at each reading
 _MAX_BYTES = 4096  # both files are a few hundred bytes
 # The two readings side by side in a sample: set without _replace, which goes through every field by name.
@@ -105,17 +112,29 @@ class HostProgress:
             return None, None
         if start != process.start or now <= process.at:  # another process than the one read before: afresh
             process.start, process.at, process.cpu_seconds, process.io_bytes = start, now, cpu, io_bytes
-            return None, None
+            process.rates = (None, None)
+            return process.rates
         elapsed = now - process.at
         before_cpu, before_io = process.cpu_seconds, process.io_bytes
         process.at, process.cpu_seconds, process.io_bytes = now, cpu, io_bytes
         io_rate = (io_bytes - before_io) / elapsed if io_bytes is not None and before_io is not None else None
-        return max(0.0, cpu - before_cpu) / elapsed, io_rate
+        process.rates = (max(0.0, cpu - before_cpu) / elapsed, io_rate)
+        return process.rates
 
-    def annotate(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """The snapshot with each GPU's host_cpu_ratio and host_io_bytes_per_second filled in."""
+    def _rates(self, pid: int, now: float, idle: set[int]) -> tuple[float | None, float | None]:
+        """The process's rates: read now, or (on GPUs all at work, read less than AT_WORK_SECONDS ago) as
+        last read."""
+        process = self._processes.get(pid)
+        if pid in idle or process is None or process.rates[0] is None or now - process.at >= AT_WORK_SECONDS:
+            return self._read(pid, now)
+        return process.rates
+
+    def annotate(self, snapshot: NodeSnapshot, at_work: Callable[[GpuSample], bool] | None = None) -> NodeSnapshot:
+        """The snapshot with each GPU's host_cpu_ratio and host_io_bytes_per_second filled in. `at_work`
+        says which GPUs do real work in this sample; without it, every process is read."""
         now = self._monotonic()
         rates: dict[int, tuple[float | None, float | None]] = {}
+        idle = {pid for gpu in snapshot.gpus if at_work is None or not at_work(gpu) for pid in gpu.pids}
         gpus = []
         for gpu in snapshot.gpus:
             if not gpu.pids:
@@ -124,7 +143,7 @@ class HostProgress:
             cpu_total = io_total = None
             for pid in gpu.pids:
                 if pid not in rates:
-                    rates[pid] = self._read(pid, now)
+                    rates[pid] = self._rates(pid, now, idle)
                 cpu, io = rates[pid]
                 if cpu is not None:
                     cpu_total = (cpu_total or 0.0) + cpu

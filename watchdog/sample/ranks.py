@@ -119,14 +119,16 @@ def proc_counters(pid: int, proc_root: str = "/proc") -> tuple[int, float, int |
 def stat_counters(stat: bytes) -> tuple[int, float]:
     """(start time in clock ticks since boot, CPU seconds) from the text of /proc/<pid>/stat."""
     # "pid (comm) S ppid ...": the comm may hold spaces and parentheses; the state follows the last ')'
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat[stat.rindex(b")") + 2:].split(None, 20)  # up to starttime, the rest left whole
     return int(fields[19]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # starttime; utime + stime
 
 
 def io_counters(io: bytes) -> tuple[int, int]:
     """(rchar, wchar) from the text of /proc/<pid>/io."""
-    lines = io.split(b"\n", 2)
-    return int(lines[0].split()[1]), int(lines[1].split()[1])
+    fields = io.split(None, 4)  # "rchar: N" and "wchar: N" lead
+    if fields[0] != b"rchar:" or fields[2] != b"wchar:":
+        raise ValueError(f"not /proc/<pid>/io: {io[:40]!r}")
+    return int(fields[1]), int(fields[3])
 
 
 def _read(path: str) -> bytes:
