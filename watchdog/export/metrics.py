@@ -70,9 +70,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_temperature_celsius", "gauge", "GPU temperature.", GPU),
     MetricSpec("gpu_sm_activity_ratio", "gauge", "GPM SM activity (Hopper and later): SMs doing work.", GPU),
     MetricSpec("gpu_host_cpu_ratio", "gauge", "Host progress: CPU seconds per second used by the processes on "
-               "this GPU since the last sample.", GPU),
+               "this GPU since they were last read (every sample; every 5 s while the GPU's memory or SMs are "
+               "busy).", GPU),
     MetricSpec("gpu_host_io_bytes_per_second", "gauge", "Host progress: bytes per second the processes on this "
-               "GPU moved through read and write calls (rchar + wchar).", GPU),
+               "GPU moved through read and write calls (rchar + wchar), read as gpu_host_cpu_ratio is.", GPU),
     MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
     MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
                "slowdown.", GPU),
