@@ -83,8 +83,8 @@ def working_now(sample: GpuSample, cfg: BusySpinConfig) -> bool:
 def _legs(view: GpuView, cfg: BusySpinConfig, readings: _Readings
           ) -> tuple[tuple[str, ...], dict[str, float | str], bool] | None:
     """The legs that fire over these readings, the facts they quote, and whether they are weak; None when
-    a veto holds or too few legs fire. This runs every tick for every spinning GPU: the percentiles are
-    those of evidence.percentile (nearest rank of the sorted readings), taken by index."""
+    a veto holds or too few legs fire. This runs every tick for every spinning GPU: the medians and
+    quartiles are nearest ranks of the sorted readings (as evidence.percentile takes them), by index."""
     if readings.throttled:
         return None  # throttled: slow, not spinning
     utils = readings.utils
@@ -103,7 +103,7 @@ def _legs(view: GpuView, cfg: BusySpinConfig, readings: _Readings
     substantive = False  # a leg other than power_fell and power_flat fired
     mem = readings.memory
     if mem:
-        if mem[min(len(mem) - 1, int(0.9 * len(mem)))] > cfg.memory_utilization_max_ratio:
+        if percentile(mem, 0.9) > cfg.memory_utilization_max_ratio:
             return None  # the memory controller is busy: real work
         legs.append("memory_idle")
         facts["memory_utilization"] = mem[-1]
