@@ -9,13 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import python_target
 from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.daemon import build
 from watchdog.sample import sim
-from watchdog.sample.ranks import REDACTED, RankDiscovery
+from watchdog.sample.ranks import REDACTED, RankDiscovery, proc_counters
 
 
 def test_stopping_kills_a_hung_capture_within_the_stop_timeout(tmp_path: Path) -> None:
@@ -82,3 +83,27 @@ def test_a_short_command_is_bounded_in_bytes_and_time_whatever_it_prints_or_read
     with pytest.raises(children.CommandError, match="did not finish within 2 s"):
         children.run([sys.executable, "-c", escaped], timeout=2)
     assert time.monotonic() - started < 10
+
+
+def test_a_rank_named_like_proc_stat_fields_does_not_move_its_counters() -> None:
+    """A rank may name itself anything that fits /proc/<pid>/comm, parentheses, spaces and digits included:
+    its host-progress counters are still read from the fields after the kernel's own closing parenthesis."""
+    child = subprocess.Popen([sys.executable, "-c",
+                              "open('/proc/self/comm', 'w').write(') R 1 2 3 (9'); import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        comm = Path(f"/proc/{child.pid}/comm")
+        while ") R 1 2 3" not in comm.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ") R 1 2 3" in comm.read_text()
+        start, cpu, read, write = proc_counters(child.pid)
+        process = psutil.Process(child.pid)
+        boot = psutil.boot_time()
+        assert abs(boot + start / os.sysconf("SC_CLK_TCK") - process.create_time()) < 1.0
+        times = process.cpu_times()
+        assert abs(cpu - (times.user + times.system)) < 0.05
+        io = process.io_counters()
+        assert read is not None and write is not None and read <= io.read_chars and write <= io.write_chars
+    finally:
+        child.kill()
+        child.wait()
