@@ -152,7 +152,8 @@ class Daemon:
         self.discovery = discovery
         self.host = host  # host progress of each GPU's processes, a reading like the GPU's own
         self.verdicts = verdicts  # the stacks' verdicts, handed back by the incident workers
-        self._rank_cache: dict[int, tuple[int | None, str, Workload]] = {}  # pid -> (rank, job, workload)
+        # pid -> (its start time as host progress read it, rank, job, workload)
+        self._rank_cache: dict[int, tuple[int | None, int | None, str, Workload]] = {}
         self.dumps: DumpService | None = None  # POST /v1/dump, set by build()
 
     def dump_request(self, body: bytes) -> tuple[int, dict[str, object], int | None]:
@@ -253,23 +254,36 @@ class Daemon:
                                    tick_seconds, disk, action)
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
-        """gpu, pid, rank, job and workload for rank_info. A pid is described once (psutil and /proc), then
-        cached; the pod holding its GPU is the kubelet's latest answer (a dictionary lookup)."""
+        """gpu, pid, rank, job and workload for rank_info. A process is described once (psutil and /proc),
+        then cached by pid and start time: a reused pid is described afresh (host progress reads the start
+        time). The pod holding its GPU is the kubelet's latest answer (a dictionary lookup)."""
         if snapshot is None:
             return self.published.ranks
+        cache, start_of = self._rank_cache, self.host.start_of
         pids = {pid for g in snapshot.gpus for pid in g.pids}
-        for pid in pids - self._rank_cache.keys():
-            info = self.discovery.describe(pid)
-            self._rank_cache[pid] = (info.rank, info.job_key, info.workload) if info is not None else (
-                None, "", Workload())
-        for gone in self._rank_cache.keys() - pids:
-            del self._rank_cache[gone]
+        for pid in pids:
+            start, known = start_of(pid), cache.get(pid)
+            if known is None or known[0] != start:
+                cache[pid] = (start, *self._describe_rank(pid))
+        for gone in cache.keys() - pids:
+            del cache[gone]
         rows = []
         for g in snapshot.gpus:
             for pid in g.pids:
-                rank, job, workload = self._rank_cache[pid]
+                _, rank, job, workload = cache[pid]
                 rows.append(RankRow(g.index, pid, rank, job, self.discovery.with_pod(workload, (g.uuid or "",))))
         return tuple(rows)
+
+    def _describe_rank(self, pid: int) -> tuple[int | None, str, Workload]:
+        """(rank, job, workload) of a process on a GPU; unknown where it is gone or cannot be read. A
+        process that cannot be described costs its own labels, never the node's metrics."""
+        try:
+            info = self.discovery.describe(pid)
+        except Exception as exc:  # the boundary of one rank's description
+            self.counters.inc("component_errors_total", "ranks")
+            logfmt.event("rank_unreadable", level=logfmt.WARNING, pid=pid, error=f"{type(exc).__name__}: {exc}")
+            return None, "", Workload()
+        return (info.rank, info.job_key, info.workload) if info is not None else (None, "", Workload())
 
     # -- health --------------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:

@@ -6,11 +6,15 @@ Hostile clients cost only themselves:
   the TLS handshake runs there too, non-blocking. Half-open and slow clients never hold a worker, so
   hundreds of them cannot make a scrape fail;
 - a request whose head is in gets a worker: GETs and POSTs have separate slots (GET_SLOTS, POST_SLOTS),
-  so slow POST bodies cannot take the slots scrapes use; when all are busy the client gets a 503 at once;
-- every request has one deadline (REQUEST_SECONDS) for its head and body, not a limit per read;
+  so slow POST bodies cannot take the slots scrapes use, and one client address holds at most half of
+  each (a client that never reads its answers cannot take every slot from the scraper); when no slot is
+  free the client gets a 503 at once;
+- every request has one deadline (REQUEST_SECONDS) for its head, its body and its reply, not a limit per
+  read or write; a head over MAX_HEAD_BYTES gets a 431;
 - a body needs one well-formed Content-Length (digits only, one value), and is refused over its limit;
 - `Auth` compares basic and bearer credentials in constant time, the scheme case-insensitively;
-- every failure is one log line, never a traceback, and replies carry a length and no access log.
+- a failure is one log line, never a traceback (a flood of them: the 1st, 10th, 100th and every 1000th,
+  counted), and replies carry a length and no access log.
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ HEAD_SECONDS = 10.0
 REQUEST_SECONDS = 15.0
 GET_SLOTS = 48
 POST_SLOTS = 16
+CLIENT_SHARE = 2  # one client address holds at most 1/CLIENT_SHARE of a kind's slots
 MAX_HEAD_BYTES = 16 * 1024
 BACKLOG = 128
-CLIENT_TIMEOUT_SECONDS = 10.0  # one read or write of a worker, within REQUEST_SECONDS
+CLIENT_TIMEOUT_SECONDS = 10.0  # one read of a worker, within REQUEST_SECONDS
+_TOO_LARGE = b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 def is_loopback(host: str) -> bool:
@@ -92,7 +98,7 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.connection.settimeout(CLIENT_TIMEOUT_SECONDS)
         head = self.server.take_head(self.connection)
         self.rfile = io.BufferedReader(_Prefixed(head, self.connection))
-        self.wfile = _Writer(self.connection)  # type: ignore[assignment]
+        self.wfile = _Writer(self.connection, self.deadline)  # type: ignore[assignment]
 
     def reply(self, status: int, body: bytes, kind: str = "text/plain; charset=utf-8",
               headers: dict[str, str] | None = None) -> None:
@@ -130,12 +136,19 @@ class _Prefixed(io.RawIOBase):
 
 
 class _Writer:
+    """Sends the reply within the request's deadline: a client that does not read holds its worker no
+    longer than that."""
+
     closed = False
 
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline = sock, deadline
 
     def write(self, data: bytes) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the reply was not taken within the request's deadline")
+        self.sock.settimeout(left)  # sendall's timeout bounds the whole send
         self.sock.sendall(data)
         return len(data)
 
@@ -268,19 +281,22 @@ class _Gate:
                     self._drop(waiting)
                     return
                 waiting.head += chunk
-                if b"\r\n\r\n" in waiting.head or b"\n\n" in waiting.head:
+                end = _head_end(waiting.head)
+                if end > MAX_HEAD_BYTES or (end < 0 and len(waiting.head) > MAX_HEAD_BYTES):
+                    with contextlib.suppress(OSError, ssl.SSLError):  # a word if the socket takes it now
+                        sock.send(_TOO_LARGE)
+                    self._drop(waiting)
+                    return
+                if end >= 0:
                     self._forget(waiting)
                     self.server.dispatch(sock, waiting.address, waiting.head)
-                    return
-                if len(waiting.head) > MAX_HEAD_BYTES:
-                    self._drop(waiting)
                     return
         except (ssl.SSLWantReadError, BlockingIOError):
             return
         except ssl.SSLWantWriteError:
             return
         except (OSError, ssl.SSLError, AssertionError) as exc:
-            logfmt.event("http_client_failed", level=logfmt.INFO, error=type(exc).__name__)
+            self.server.client_failed(exc)
             self._drop(waiting)
 
     def _expire(self) -> None:
@@ -300,6 +316,12 @@ class _Gate:
         self.server.shutdown_request(waiting.sock)
 
 
+def _head_end(data: bytes) -> int:
+    """Where a request head ends (after its blank line), -1 while it has not."""
+    ends = [at + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (at := data.find(mark)) >= 0]
+    return min(ends, default=-1)
+
+
 class HardenedServer(ThreadingHTTPServer):
     """A threaded HTTP server that bounds what hostile clients can cost (see the module docstring)."""
 
@@ -312,6 +334,8 @@ class HardenedServer(ThreadingHTTPServer):
         self.tls = tls
         self.slots = {"GET": threading.BoundedSemaphore(GET_SLOTS), "POST": threading.BoundedSemaphore(POST_SLOTS)}
         self.refused = 0
+        self.client_failures = 0
+        self._clients: dict[tuple[str, str], int] = {}  # (kind, client address) -> requests being served
         self._heads: dict[int, bytes] = {}
         self._heads_lock = threading.Lock()
         super().__init__(address, handler)
@@ -331,52 +355,76 @@ class HardenedServer(ThreadingHTTPServer):
     def dispatch(self, sock: socket.socket, address: Any, head: bytes) -> None:
         """A connection whose request head is in: a worker thread if its kind has a free slot, else 503."""
         method = head.split(b" ", 1)[0].upper()
-        slots = self.slots["POST" if method not in (b"GET", b"HEAD") else "GET"]
-        if not slots.acquire(blocking=False):
-            self.refused += 1
-            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
-                logfmt.event("http_connection_refused", level=logfmt.WARNING, reason="every worker busy",
-                             refused=self.refused)
-            with contextlib.suppress(OSError):
-                sock.setblocking(True)
-                sock.settimeout(1.0)
-                sock.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n")
-            self.shutdown_request(sock)
-            return
+        kind = "POST" if method not in (b"GET", b"HEAD") else "GET"
+        client = (kind, str(address[0]) if isinstance(address, tuple) and address else "")
+        slots = self.slots[kind]
         with self._heads_lock:
-            self._heads[id(sock)] = head
+            mine = self._clients.get(client, 0)
+            if mine >= (GET_SLOTS if kind == "GET" else POST_SLOTS) // CLIENT_SHARE:
+                reason = "this client's share of the workers busy"
+            elif not slots.acquire(blocking=False):
+                reason = "every worker busy"
+            else:
+                reason = ""
+                self._clients[client] = mine + 1
+                self._heads[id(sock)] = head
+        if reason:
+            self._refuse(sock, reason)
+            return
         try:
-            thread = threading.Thread(target=self._work, args=(sock, address, slots), daemon=True)
+            thread = threading.Thread(target=self._work, args=(sock, address, slots, client), daemon=True)
             thread.start()
         except BaseException:
-            slots.release()
-            with self._heads_lock:
-                self._heads.pop(id(sock), None)
-            self.shutdown_request(sock)
+            self._done(sock, slots, client)
+
+    def _refuse(self, sock: socket.socket, reason: str) -> None:
+        self.refused += 1
+        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+            logfmt.event("http_connection_refused", level=logfmt.WARNING, reason=reason, refused=self.refused)
+        with contextlib.suppress(OSError):
+            sock.setblocking(True)
+            sock.settimeout(1.0)
+            sock.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n")
+        self.shutdown_request(sock)
+
+    def _done(self, sock: socket.socket, slots: threading.BoundedSemaphore, client: tuple[str, str]) -> None:
+        with self._heads_lock:
+            self._heads.pop(id(sock), None)
+            left = self._clients.pop(client, 1) - 1
+            if left:
+                self._clients[client] = left
+        self.shutdown_request(sock)
+        slots.release()
+
+    def client_failed(self, exc: BaseException | None) -> None:
+        """A client's connection failed (it hung up, a TLS handshake broke): its business, said in one
+        line, and only now and then in a flood."""
+        self.client_failures += 1
+        if self.client_failures in (1, 10, 100) or self.client_failures % 1000 == 0:
+            logfmt.event("http_client_failed", level=logfmt.INFO, error=type(exc).__name__,
+                         failures=self.client_failures)
 
     def take_head(self, sock: socket.socket) -> bytes:
         with self._heads_lock:
             return self._heads.pop(id(sock), b"")
 
-    def _work(self, sock: socket.socket, address: Any, slots: threading.BoundedSemaphore) -> None:
+    def _work(self, sock: socket.socket, address: Any, slots: threading.BoundedSemaphore,
+              client: tuple[str, str]) -> None:
         try:
             sock.setblocking(True)
             self.finish_request(sock, address)
         except (OSError, ssl.SSLError) as exc:
-            logfmt.event("http_client_failed", level=logfmt.INFO, error=type(exc).__name__)
+            self.client_failed(exc)
         except Exception:
             self.handle_error(sock, address)
         finally:
-            with self._heads_lock:
-                self._heads.pop(id(sock), None)
-            self.shutdown_request(sock)
-            slots.release()
+            self._done(sock, slots, client)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # One line, never a traceback: a client that hangs up mid-response is the client's business.
         import sys
 
-        logfmt.event("http_client_failed", level=logfmt.INFO, error=type(sys.exc_info()[1]).__name__)
+        self.client_failed(sys.exc_info()[1])
 
     def server_close(self) -> None:
         gate = getattr(self, "gate", None)  # absent when listening failed

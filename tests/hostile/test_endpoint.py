@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import REPO, need_tool
 from tests.export.test_server import get, serve
+from watchdog import http_server
 
 
 def self_signed(tmp: Path) -> tuple[str, str]:
@@ -145,3 +146,89 @@ def test_a_flood_of_half_sent_requests_past_the_descriptor_limit(tmp_path: Path)
     assert "Traceback" not in stderr and "Too many open files" not in stderr, stderr[-3000:]
     assert "event=reloaded" in stderr
     assert stderr.count("\n") < 200, "one line per failure, and not one per connection"
+
+
+class _Big(http_server.QuietHandler):
+    """/big: an answer far larger than a socket's buffers; anything else a short one."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.reply(200, b"x" * (8 << 20) if self.path == "/big" else b"ok")
+
+
+def _serve_big() -> tuple[http_server.HardenedServer, int]:
+    server = http_server.HardenedServer(("127.0.0.1", 0), _Big, None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def _get_from(source: str, port: int, path: str = "/") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_clients_that_never_read_their_answers_cannot_take_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More non-reading clients of a large answer than there are GET workers, from one address: another
+    address is still served at once, and the readers' workers are freed at the request's deadline."""
+    monkeypatch.setattr(http_server, "REQUEST_SECONDS", 3.0)
+    server, port = _serve_big()
+    held = []
+    try:
+        for _ in range(http_server.GET_SLOTS + 12):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /big HTTP/1.0\r\nHost: x\r\n\r\n")
+            held.append(s)
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert _get_from("127.0.0.2", port).startswith(b"HTTP/1.0 200")
+        assert time.monotonic() - started < 2
+        assert _get_from("127.0.0.1", port).startswith(b"HTTP/1.0 503")  # this address has its share in use
+        time.sleep(http_server.REQUEST_SECONDS + 1)  # the readers' deadlines pass: their workers are free
+        assert _get_from("127.0.0.1", port).startswith(b"HTTP/1.0 200")
+    finally:
+        for s in held:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_head_over_the_limit_gets_a_431_even_when_it_ends_in_its_last_read() -> None:
+    server, port = _serve_big()
+    try:
+        padding = "X-Pad: " + "a" * (http_server.MAX_HEAD_BYTES + 1000) + "\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(f"GET / HTTP/1.0\r\nHost: x\r\n{padding}\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.0 431")
+        assert _get_from("127.0.0.1", port).startswith(b"HTTP/1.0 200")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_flood_of_failing_clients_is_a_few_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """Clients that reset their connection mid-head: each counted, said the 1st, 10th and 100th time."""
+    import logging
+    import struct
+
+    caplog.set_level(logging.INFO, logger="stall_watchdog")
+    server, port = _serve_big()
+    try:
+        for _ in range(120):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET / HTTP/1.0\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # a reset, not a close
+        deadline = time.monotonic() + 10
+        while server.client_failures < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.client_failures >= 100
+        lines = [r.getMessage() for r in caplog.records if "http_client_failed" in r.getMessage()]
+        assert len(lines) == 3 and "failures=100" in lines[-1]
+    finally:
+        server.shutdown()
+        server.server_close()

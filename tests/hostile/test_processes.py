@@ -16,6 +16,7 @@ from tests.conftest import python_target
 from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.daemon import build
 from watchdog.sample import sim
+from watchdog.sample.host_progress import AT_WORK_SECONDS
 from watchdog.sample.ranks import REDACTED, RankDiscovery, proc_counters
 
 
@@ -107,3 +108,99 @@ def test_a_rank_named_like_proc_stat_fields_does_not_move_its_counters() -> None
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_rank_whose_threads_name_themselves_in_invalid_utf8_is_still_described() -> None:
+    """A thread's name is whatever bytes it set (prctl, /proc/self/task/<tid>/comm), invalid UTF-8 and a
+    parenthesis included: the rank is described (its threads counted by state), found by a scan, and its
+    thread names never reach the verdict."""
+    script = ("import threading, time\n"
+              "def named():\n"
+              "    open(f'/proc/self/task/{threading.get_native_id()}/comm', 'wb').write(b'x\\xff\\xfe) R 1')\n"
+              "    time.sleep(30)\n"
+              "threading.Thread(target=named, daemon=True).start()\n"
+              "open('/proc/self/comm', 'wb').write(b'\\xc3(\\xff')\n"
+              "time.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-c", script],
+                             env={**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                b"\xff\xfe" in (task / "comm").read_bytes() for task in Path(f"/proc/{child.pid}/task").iterdir()):
+            time.sleep(0.05)
+        discovery = RankDiscovery()
+        info = discovery.describe(child.pid)
+        assert info is not None and info.activity is not None and info.rank == 1
+        assert sum(info.activity.threads.values()) == 2 and set(info.activity.threads) <= set("RSDZTtXIPWK")
+        assert child.pid in {rank.pid for rank in discovery.scan()}
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _on_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """A new process on a pid that has just been freed (the kernel hands out the next pid after
+    ns_last_pid); None when other processes keep taking it first."""
+    for _ in range(50):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        child = subprocess.Popen(argv, env=env)
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait()
+    return None
+
+
+def test_a_reused_pid_is_described_afresh(tmp_path: Path) -> None:
+    """rank_info names the process on the pid now: when a rank ends and another process (another job's
+    rank) gets its pid, the labels follow as soon as host progress reads the pid again (at once on an idle
+    GPU, within AT_WORK_SECONDS on one at work)."""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("choosing the next pid needs root (writes /proc/sys/kernel/ns_last_pid)")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    first = subprocess.Popen(sleeper, env={**os.environ, "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "jobA"})
+    pid, second = first.pid, None
+    try:
+        pids = {gpu: [pid] for gpu in range(8)}
+        config = daemon_config(tmp_path, source={"scenario": "spin_hang", "pids": pids})
+        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()),
+                       monotonic=stepping_clock(1000.0))
+        daemon.tick()
+        assert {(row.rank, row.job) for row in daemon.published.ranks} == {(3, "run:jobA")}
+        time.sleep(0.1)  # /proc's start times count in clock ticks (10 ms): the two processes must not share one
+        first.kill()
+        first.wait()
+        second = _on_pid(pid, sleeper, {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "jobB"})
+        assert second is not None, f"pid {pid} could not be handed to a new process"
+        labels = []
+        for _ in range(int(AT_WORK_SECONDS) + 2):  # a second of the daemon's clock a tick
+            daemon.tick()
+            labels.append({(row.rank, row.job) for row in daemon.published.ranks})
+        assert labels[-1] == {(0, "run:jobB")} and {(3, "run:jobA")} not in labels[int(AT_WORK_SECONDS) + 1:], labels
+    finally:
+        for process in (first, second):
+            if process is not None:
+                process.kill()
+                process.wait()
+
+
+def test_a_process_that_cannot_be_described_costs_its_labels_not_the_metrics(tmp_path: Path) -> None:
+    """Whatever a rank does to its /proc files, a description that fails leaves the node's metrics whole:
+    the process is published without rank or job, and the failure is counted and said."""
+
+    class Failing(RankDiscovery):
+        def describe(self, pid: int, *args: object, **kwargs: object) -> None:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a rank's bytes")
+
+    with python_target("queue", tmp_path) as rank:
+        pids = {gpu: [rank.pid] for gpu in range(8)}
+        config = daemon_config(tmp_path, source={"scenario": "spin_hang", "pids": pids})
+        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()),
+                       discovery=Failing())
+        daemon.tick()
+        exposition = daemon.exposition().decode()
+    assert daemon.component_up.get("export") is True
+    assert 'gpu_utilization_ratio{gpu="0"' in exposition
+    assert "stall_watchdog_last_sample_timestamp_seconds" in exposition
+    assert daemon.counters.get("component_errors_total", "ranks") == 1
+    assert {(row.pid, row.rank, row.job) for row in daemon.published.ranks} == {(rank.pid, None, "")}

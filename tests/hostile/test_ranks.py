@@ -323,3 +323,22 @@ def test_ras_replies_built_to_backtrack_are_read_in_linear_time() -> None:
         with contextlib.suppress(nccl_ras.RasError):
             nccl_ras.behind(nccl_ras.parse(reply))
         assert time.monotonic() - started < 2, reply[:40]
+
+
+def test_a_job_id_claimed_past_any_reason_is_bounded_and_still_tells_jobs_apart() -> None:
+    """TORCHELASTIC_RUN_ID, MASTER_ADDR and SLURM_JOB_ID are the rank's to set: a 131,000-character or
+    unprintable claim becomes a bounded, printable job key (a metric and alert label), and two claims that
+    share a long head stay two jobs."""
+    from watchdog.sample.ranks import JOB_KEY_MAX
+
+    def key(**env: str) -> str:
+        return RankInfo(1, 0.0, (), (), env, None).job_key
+
+    long_a, long_b = "j" * 131_000, "j" * 130_999 + "k"
+    for claim in ({"TORCHELASTIC_RUN_ID": long_a}, {"MASTER_ADDR": long_a, "MASTER_PORT": "29500"},
+                  {"SLURM_JOB_ID": long_a}, {"TORCHELASTIC_RUN_ID": "job\nlevel=error fake=1"}):
+        found = key(**claim)
+        assert len(found) <= JOB_KEY_MAX + len("master:") and found.isprintable(), found[:80]
+    assert key(TORCHELASTIC_RUN_ID=long_a) != key(TORCHELASTIC_RUN_ID=long_b)
+    assert key(TORCHELASTIC_RUN_ID=long_a) == key(TORCHELASTIC_RUN_ID=long_a)
+    assert key(TORCHELASTIC_RUN_ID="job-42") == "run:job-42"  # an ordinary id is kept as it is

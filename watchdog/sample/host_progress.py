@@ -94,6 +94,12 @@ class HostProgress:
         if process is not None:
             process.close()
 
+    def start_of(self, pid: int) -> int | None:
+        """The process's start time (clock ticks since boot) as last read; None for a pid not read. A pid
+        whose start changes is another process."""
+        process = self._processes.get(pid)
+        return process.start if process is not None else None
+
     def _read(self, pid: int, now: float) -> tuple[float | None, float | None]:
         """(CPU ratio, I/O bytes per second) of one process since it was last read; None for a first look."""
         process = self._processes.get(pid)

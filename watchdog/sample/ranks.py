@@ -9,6 +9,7 @@ A process that exits, a reused pid or an unreadable /proc file is counted and re
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections import Counter
@@ -139,6 +140,19 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+JOB_KEY_MAX = 200  # characters of a job key (a metric and alert label)
+
+
+def _job_key(kind: str, claim: str) -> str:
+    """A job key from what a rank's environment claims: the claim as it is when it is printable and short,
+    else its printable head and a digest of the whole, so that two long claims stay two jobs."""
+    if len(claim) <= JOB_KEY_MAX and claim.isprintable():
+        return f"{kind}:{claim}"
+    digest = hashlib.sha256(claim.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    head = "".join(c if c.isprintable() else "?" for c in claim[:JOB_KEY_MAX - len(digest) - 1])
+    return f"{kind}:{head}~{digest}"
+
+
 @dataclass(frozen=True)
 class RankInfo:
     pid: int
@@ -172,11 +186,11 @@ class RankInfo:
         """Ranks of one job share this: the elastic run id, else the rendezvous address, else Slurm's job."""
         env = self.env
         if env.get("TORCHELASTIC_RUN_ID") and env["TORCHELASTIC_RUN_ID"] != "none":
-            return f"run:{env['TORCHELASTIC_RUN_ID']}"
+            return _job_key("run", env["TORCHELASTIC_RUN_ID"])
         if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-            return f"master:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+            return _job_key("master", f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
         if env.get("SLURM_JOB_ID"):
-            return f"slurm:{env['SLURM_JOB_ID']}"
+            return _job_key("slurm", env["SLURM_JOB_ID"])
         return "unlaunched"  # no launcher variables: the processes chosen (or on the GPUs) form one picture
 
     @property
@@ -273,11 +287,14 @@ class RankDiscovery:
             return {}
         for task in tasks:
             try:
-                stat = (task / "stat").read_text()
+                stat = _read(str(task / "stat"))
             except OSError:
                 continue  # the thread ended while we looked
-            # "tid (comm) S ...": the comm may hold spaces and parentheses; the state follows the last ')'
-            states[stat.rpartition(")")[2].split()[0]] += 1
+            # "tid (comm) S ...": the comm is whatever bytes the thread named itself (spaces, parentheses,
+            # invalid UTF-8); the state follows the last ')'
+            state = stat.rpartition(b")")[2].split(None, 1)
+            if state:
+                states[state[0].decode("ascii", "replace")] += 1
         return dict(states)
 
     def activity(self, process: psutil.Process) -> HostActivity:
