@@ -3,7 +3,8 @@ really logs it (bench/common.py write_messy_day: each GPU row its own millisecon
 column and units, training utilization wandering 40-99% with power moving with it, 20-40 s checkpoints
 after about every other 2-7 minute stretch, a spin for the last hour), process start to exit with
 detection, in both trace formats (the JSON Lines recording is the same day, read back from the log), side
-by side with the floor of Python's csv module reading the same CSV and converting two of its columns;
+by side with the floor of Python's csv module reading the same CSV and converting two of its columns
+(and that of msgspec, the JSON parser of a replay, parsing every line of the recording);
 the default replay reads the trace in a second process, and `--jobs 1` in one. Then where the time goes
 (reading, detecting one snapshot at a time and as a replay does), and many traces at once
 (`replay a b c ...`: one worker per core) against one worker.
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -46,6 +49,18 @@ def csv_floor(path: Path) -> float:
         for row in rows:
             float(row[util].split()[0])
             float(row[power].split()[0])
+    return time.perf_counter() - started
+
+
+def json_floor(path: Path) -> float:
+    """Seconds for msgspec, the JSON parser a replay uses, to parse every line of the recording into plain
+    Python values, without the recording's schema and checks: the floor of the JSON Lines replay, as the
+    csv module's is of the CSV one."""
+    decode = msgspec.json.Decoder().decode
+    started = time.perf_counter()
+    with path.open("rb") as f:
+        for line in f:
+            decode(line)
     return time.perf_counter() - started
 
 
@@ -105,7 +120,7 @@ def main() -> None:
               f"{os.cpu_count()} cores; the best of 3 rounds")
         # Rounds of every measurement in turn, so that each replay has a floor measured moments before it:
         # a shared machine's speed drifts by a third over a few minutes, and the ratio is what carries.
-        kinds = {"floor": lambda: (csv_floor(log), "")}
+        kinds = {"floor": lambda: (csv_floor(log), ""), "json floor": lambda: (json_floor(jsonl), "")}
         for key, path in (("csv", log), ("jsonl", jsonl)):
             kinds[key] = lambda path=path: end_to_end(str(path))
             kinds[key + " one"] = lambda path=path: end_to_end(str(path), "--jobs", "1")
@@ -115,6 +130,8 @@ def main() -> None:
         assert len(outputs) == 1 and len({r[key][1] for r in rounds for key in ("jsonl", "jsonl one")}) == 1
         floor = fastest["floor"]
         print(f"csv-module floor (read + convert 2 columns): {floor:.2f} s, {samples / floor:,.0f} GPU-samples/s")
+        print(f"JSON floor (msgspec parses each line of the recording, no schema): {fastest['json floor']:.2f} s, "
+              f"{samples / fastest['json floor']:,.0f} GPU-samples/s")
         for name, key, goal in (("nvidia-smi CSV", "csv", 0), ("JSON Lines", "jsonl", 400_000)):
             seconds, alone = fastest[key], fastest[key + " one"]
             ratios = sorted(r[key][0] / r["floor"][0] for r in rounds)
