@@ -46,13 +46,14 @@ class Slurm:
             pairs["Reason"] = shown.split(" Reason=", 1)[1].strip()
         return pairs
 
-    def wait_job(self, job_id: str, state: str, seconds: float = 60) -> dict[str, str]:
+    def wait_job(self, job_id: str, states: tuple[str, ...], seconds: float = 60) -> dict[str, str]:
+        """The job as shown once its state is one of `states`; an assertion error after `seconds`."""
         deadline = time.monotonic() + seconds
         while True:
             shown = self.job(job_id)
-            if shown.get("JobState") == state:
+            if shown.get("JobState") in states:
                 return shown
-            assert time.monotonic() < deadline, f"job {job_id} is {shown.get('JobState')}, not {state}"
+            assert time.monotonic() < deadline, f"job {job_id} is {shown.get('JobState')}, not one of {states}"
             time.sleep(0.5)
 
 

@@ -73,14 +73,9 @@ def _requeued_and_drained(slurm: Slurm, tmp_path: Path, job: str, pid: int) -> N
     assert job in (slurm.folder / "prolog.ran").read_text().split()  # deploy/slurm/prolog.sh ran for it
     daemon = act_on(tmp_path, slurm, pid, job="requeue", drain=True)
     assert daemon.counters.get("actions_total", "slurm", "done") == 1
-    shown = slurm.job(job)
+    # requeued: once Slurm has cleaned up its old run (COMPLETING), waiting or running again
+    shown = slurm.wait_job(job, ("PENDING", "REQUEUED", "REQUEUE_HOLD", "RUNNING"), seconds=30)
     assert shown["Restarts"] == "1", shown
-    deadline = time.monotonic() + 30
-    while shown["JobState"] == "COMPLETING":  # the requeued job's old run is still being cleaned up
-        assert time.monotonic() < deadline, shown
-        time.sleep(0.3)
-        shown = slurm.job(job)
-    assert shown["JobState"] in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "RUNNING"), shown
     node = slurm.node_state()
     assert "DRAIN" in node["State"] and node["Reason"].startswith("stall-watchdog: hang of job " + job), node
     deadline = time.monotonic() + 30
