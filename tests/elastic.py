@@ -1,6 +1,6 @@
 """A real torchrun job (tests/targets/elastic_job.py) on simulated GPUs that follow it.
 
-torchrun's elastic agent starts 4 workers and restarts them (--max-restarts 2) when one fails. The
+torchrun's elastic agent starts 4 workers (or as many as asked) and restarts them (--max-restarts 2) when one fails. The
 simulated node has one GPU per worker, holding that worker's pid (found live: the agent's children
 with LOCAL_RANK), and reads like a training GPU while the job makes progress and like a hang (the odd
 GPU idle with memory held, the others spinning) when no rank has finished a step for a few seconds.
@@ -30,12 +30,13 @@ STILL_SECONDS = 3.0  # no step finished for this long: the GPUs read as hung
 
 
 @contextmanager
-def torchrun_job(work: Path, hangs: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+def torchrun_job(work: Path, hangs: str, workers: int = WORKERS, odd_rank: int = ODD_RANK,
+                 **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """torchrun --nproc-per-node 4 --max-restarts 2 over the elastic target; killed with its workers at the end."""
     agent = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORKERS}",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
          "--max-restarts=2", "--monitor-interval=0.5", str(TARGET), str(work)],
-        env={**os.environ, "HANGS": hangs, "ODD_RANK": str(ODD_RANK), "OMP_NUM_THREADS": "1", **env},
+        env={**os.environ, "HANGS": hangs, "ODD_RANK": str(odd_rank), "OMP_NUM_THREADS": "1", **env},
         stdout=(work / "torchrun.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield agent
@@ -81,24 +82,25 @@ def last_progress(work: Path) -> float:
 
 
 class FollowingSource:
-    """Four simulated H100s that follow the job: training while it steps, hung while it does not."""
+    """Simulated H100s, one per worker, that follow the job: training while it steps, hung while it does not."""
 
     driver_version: str | None = "simulated"
 
-    def __init__(self, agent: subprocess.Popen[bytes], work: Path, interval: float = 1.0):
-        self.agent, self.work, self.interval = agent, work, interval
+    def __init__(self, agent: subprocess.Popen[bytes], work: Path, interval: float = 1.0, workers: int = WORKERS,
+                 odd_rank: int = ODD_RANK):
+        self.agent, self.work, self.interval, self.workers = agent, work, interval, workers
         self.t = 0.0
         self.rng = random.Random(7)
-        self.training = sim.Scenario("following", "", "h100", WORKERS, 1, ((0, None, "train"),), gpm=True)
-        self.hung = sim.Scenario("following", "", "h100", WORKERS, 1,
-                                 ((0, None, "spin"), (0, (ODD_RANK,), "zero")), gpm=True)
-        self.starting = sim.Scenario("following", "", "h100", WORKERS, 1, ((0, None, "startup"),), gpm=True)
+        self.training = sim.Scenario("following", "", "h100", workers, 1, ((0, None, "train"),), gpm=True)
+        self.hung = sim.Scenario("following", "", "h100", workers, 1,
+                                 ((0, None, "spin"), (0, (odd_rank,), "zero")), gpm=True)
+        self.starting = sim.Scenario("following", "", "h100", workers, 1, ((0, None, "startup"),), gpm=True)
         self.hung_since: float | None = None  # wall time the GPUs started to read as hung
         self.stepped: tuple[float, dict[int, list[int]]] = (0.0, {})  # the last progress and who made it
 
     @property
     def gpu_count(self) -> int:
-        return WORKERS
+        return self.workers
 
     def open(self) -> None:
         return None

@@ -485,8 +485,8 @@ class ActionsConfig(_Section):
     max_per_job: Annotated[int, Field(ge=1, le=100)] = Field(
         2, description="At most this many actions on one training job within budget_window_seconds.")
     budget_window_seconds: Seconds = Field(6 * 3600.0, description="The window of max_per_job.")
-    cooldown_seconds: SecondsOrZero = Field(300.0, description="No action on this node sooner than this after the "
-                                            "last one.")
+    cooldown_seconds: SecondsOrZero = Field(300.0, description="No action on a job sooner than this after the last "
+                                            "one on it (another job is not held).")
     deterministic_within_seconds: SecondsOrZero = Field(
         1800.0, description="A hang that comes back on the same job within this long after an action is called "
         "deterministic: the daemon alerts and does not act again (a restart would only hang again).")

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from prometheus_client.registry import CollectorRegistry
 
-from watchdog import logfmt
+from watchdog import logfmt, privileges
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import AlertDispatcher, Receiver
 from watchdog.act.bundles import BundleStore
@@ -89,6 +89,8 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                     monotonic, wall, HostProgress(monotonic), verdicts)
     for problem in action_problems(config.actions):  # the action fails when it is due; said now, at start
         logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
+    for short in privileges.shortfalls(stacks=True, terminate=False):
+        logfmt.event("privileges_short", level=logfmt.WARNING, problem=short.text())
     # The incidents' capturer serves the dumps too: py-spy is found once, and one abort stops every capture.
     daemon.dumps = DumpService(config, counters, incidents.capturer, discovery, bundles,
                                lambda: daemon.published.snapshot, incidents.node, monotonic,

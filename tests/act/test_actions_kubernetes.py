@@ -1,6 +1,7 @@
 """The `kubernetes` action's requests, against a local HTTP server that answers as the API server does and
 checks each request's method, path, headers and body as the API defines them (there is no cluster here):
-a pod delete is a DELETE of the pod with DeleteOptions; a taint is a GET of the node, then a JSON merge
+a pod delete is a DELETE of the pod with DeleteOptions whose preconditions carry the UID of the pod the ranks
+run in (a pod of that name with another UID is not deleted: 409); a taint is a GET of the node, then a JSON merge
 patch carrying its resourceVersion (a concurrent change gets 409, not lost) that keeps the other taints."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from watchdog.act.actions import DONE, FAILED, SKIPPED, Actions, Target
 from watchdog.model import Workload
 
 TOKEN = "k8s-token-for-tests"
+POD_UID = "0f8a3c2e-1b2d-4e5f-8a9b-0c1d2e3f4a5b"
 
 
 class ApiServer(Served):
@@ -25,6 +27,7 @@ class ApiServer(Served):
 
     def __init__(self) -> None:
         self.pods = {("training", "llm-worker-0")}
+        self.uids = {("training", "llm-worker-0"): POD_UID}
         self.node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-7",
                                      "resourceVersion": "41"},
                                      "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}}
@@ -56,6 +59,10 @@ class ApiServer(Served):
                     return self.answer_json(400, {"kind": "Status", "code": 400})
                 if (parts[4], parts[6]) not in outer.pods:
                     return self.answer_json(404, {"kind": "Status", "code": 404})
+                wanted = (body.get("preconditions") or {}).get("uid")
+                if wanted is not None and wanted != outer.uids.get((parts[4], parts[6])):
+                    return self.answer_json(409, {"kind": "Status", "code": 409, "reason": "Conflict",
+                                                  "message": f"Precondition failed: UID in precondition: {wanted}"})
                 outer.pods.discard((parts[4], parts[6]))
                 return self.answer_json(200, {"kind": "Pod", "metadata": {"name": parts[6], "namespace": parts[4]}})
 
@@ -93,8 +100,8 @@ def actions(tmp: Path, api: ApiServer, **kubernetes: Any) -> Actions:
     return Actions(config.actions)
 
 
-def target(workload: Workload) -> Target:
-    return Target("run:llm", (), workload, {}, None, "gpu-node-7")
+def target(workload: Workload, pod_uid: str | None = POD_UID) -> Target:
+    return Target("run:llm", (), workload, {}, None, "gpu-node-7", pod_uid)
 
 
 def test_the_pod_is_deleted_and_the_node_tainted_as_the_api_defines(tmp_path: Path, api: ApiServer,
@@ -107,6 +114,7 @@ def test_the_pod_is_deleted_and_the_node_tainted_as_the_api_defines(tmp_path: Pa
     assert api.pods == set()
     delete = next(s for s in api.seen if s[0] == "DELETE")
     assert delete[1] == "/api/v1/namespaces/training/pods/llm-worker-0" and delete[3]["gracePeriodSeconds"] == 30
+    assert delete[3]["preconditions"] == {"uid": POD_UID}
     taints = api.node["spec"]["taints"]
     assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in taints  # the others' taints are kept
     assert [t["effect"] for t in taints if t["key"] == "stall-watchdog.io/hang"] == ["NoSchedule"]
@@ -142,6 +150,18 @@ def test_a_pod_only_a_rank_claims_is_never_deleted(tmp_path: Path, api: ApiServe
     claimed = Workload(namespace="training", pod="llm-worker-0", claimed=("namespace", "pod"))
     [step] = actions(tmp_path, api).run(target(claimed), dry=False)
     assert step.result == SKIPPED and api.seen == [] and api.pods == {("training", "llm-worker-0")}
+
+
+def test_a_pod_is_deleted_only_while_it_is_the_one_the_ranks_run_in(tmp_path: Path, api: ApiServer) -> None:
+    """No pod UID from the ranks' own cgroup (a process outside any pod on a GPU the kubelet gave to a pod):
+    nothing is asked. A pod of the same name recreated meanwhile (another UID): the API server refuses."""
+    held = Workload(namespace="training", pod="llm-worker-0")
+    [step] = actions(tmp_path, api).run(target(held, pod_uid=None), dry=False)
+    assert step.result == SKIPPED and "no pod proven" in step.detail and api.seen == []
+    api.uids[("training", "llm-worker-0")] = "11111111-2222-3333-4444-555555555555"
+    [step] = actions(tmp_path, api).run(target(held), dry=False)
+    assert step.result == FAILED and "HTTP 409" in step.detail
+    assert api.pods == {("training", "llm-worker-0")}
 
 
 def test_dry_run_sends_nothing_and_says_what_it_would_do(tmp_path: Path, api: ApiServer) -> None:

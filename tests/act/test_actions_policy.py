@@ -62,7 +62,7 @@ def test_a_relapse_soon_after_an_action_is_deterministic_and_later_it_is_not() -
     assert policy.decide(cfg(deterministic_within_seconds=600), hang(onset=800.0), ledger).name == "act"
 
 
-def test_the_budget_per_job_and_the_cooldown_per_node() -> None:
+def test_the_budget_and_the_cooldown_are_per_job() -> None:
     ledger = policy.Ledger()
     for at in (-5000.0, -3000.0):
         ledger.record(at, "run:a")
@@ -71,8 +71,35 @@ def test_the_budget_per_job_and_the_cooldown_per_node() -> None:
     assert policy.decide(cfg(max_per_job=3, budget_window_seconds=7200, deterministic_within_seconds=0), hang(),
                          ledger).name == "act"
     ledger.record(900.0, "run:other")
-    decided = policy.decide(cfg(cooldown_seconds=300, deterministic_within_seconds=0, max_per_job=5), hang(), ledger)
-    assert decided.name == "cooldown" and not decided.final
+    relaxed = cfg(cooldown_seconds=300, deterministic_within_seconds=0, max_per_job=5)
+    assert policy.decide(relaxed, hang(), ledger).name == "act"  # another job's action holds nobody else
+    ledger.record(900.0, "run:a")
+    decided = policy.decide(relaxed, hang(), ledger)
+    assert decided.name == "cooldown" and not decided.final and "this job was acted on" in decided.reason
+
+
+def test_the_ledger_outlives_the_daemon_and_a_bad_file_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    first = policy.Ledger(path)
+    first.record(700.0, "slurm:4242")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    again = policy.Ledger(path)  # the daemon restarted
+    assert again.on_job("slurm:4242") == [700.0] and again.problem is None
+    assert policy.decide(cfg(), hang(onset=800.0, job="slurm:4242"), again).name == "deterministic"
+    path.write_text("[" * 100_000)  # deep nesting: no RecursionError, an empty ledger and the reason
+    broken = policy.Ledger(path)
+    assert broken.on_job("slurm:4242") == [] and "not a ledger" in (broken.problem or "")
+    path.write_bytes(b"x" * (1 << 20))
+    assert "cap" in (policy.Ledger(path).problem or "")
+    assert policy.Ledger(tmp_path / "absent.json").problem is None
+
+
+def test_no_proven_job_and_a_sign_of_life_hold_an_action() -> None:
+    ledger = policy.Ledger()
+    none = policy.decide(cfg(), dataclasses.replace(hang(), target=None, unproven="pid 5: not a rank"), ledger)
+    assert none.name == "no_target" and none.said and not none.final and "pid 5: not a rank" in none.reason
+    alive = policy.decide(cfg(), dataclasses.replace(hang(), alive="rank 0 moved 4.0 MB of I/O in 1.0 s"), ledger)
+    assert alive.name == "alive" and not alive.final and "4.0 MB" in alive.reason
 
 
 def test_the_fleet_breaker_holds_above_its_share_and_when_it_cannot_see() -> None:
@@ -88,12 +115,20 @@ class PromApi(Served):
 
     def __init__(self) -> None:
         self.answer: Any = "0.25"
+        self.raw: bytes | None = None  # a whole answer of its own, in place of the query result
         self.queries: list[str] = []
         outer = self
 
         class Handler(Quiet):
             def do_GET(self) -> None:  # noqa: N802
                 outer.queries.append(self.path)
+                if outer.raw is not None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(outer.raw)))
+                    self.end_headers()
+                    self.wfile.write(outer.raw)
+                    return
                 result = [] if outer.answer is None else [{"metric": {"__name__": fleet.RECORD},
                                                            "value": [time.time(), outer.answer]}]
                 self.answer_json(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
@@ -117,6 +152,16 @@ def test_the_fleet_share_is_asked_of_prometheus(prom: PromApi) -> None:
     assert share is None and "rules.yml" in why
     prom.answer = "NaN"
     assert fleet.acted_ratio(config)[0] is None
+    prom.answer = True  # a JSON true where Prometheus writes a number as a string
+    assert fleet.acted_ratio(config)[0] is None
+    prom.answer = "0.25"
+    for raw in (b'{"status": "error", "errorType": "bad_data", "error": "parse error", "data": {"resultType": '
+                b'"vector", "result": [{"metric": {}, "value": [1, "0.0"]}]}}', b"true", b"[" * 50_000 + b"]" * 50_000,
+                b'{"status": "success", "data": {"resultType": "matrix", "result": []}}'):
+        prom.raw = raw
+        share, why = fleet.acted_ratio(config)
+        assert share is None and why, raw[:40]
+    prom.raw = None
     with serving(prom.handler) as gone:
         pass  # a port that was served and is closed now
     share, why = fleet.acted_ratio(FleetConfig(prometheus_url=gone, timeout_seconds=1))
@@ -134,16 +179,17 @@ def test_a_policy_that_cannot_work_is_refused_with_its_key() -> None:
         parse_config({"actions": {"do": ["slurm", "slurm"]}})
 
 
-def watch(tmp: Path, pid: int, receiver: Receiver, **actions: Any) -> Daemon:
-    """The daemon over zero_util_hang with a real hung process on GPU 0, until the episode is critical and
-    has lasted after_seconds, plus a while for the decision."""
+def watch(tmp: Path, pid: int, receiver: Receiver, extra_pids: list[int] | None = None, **actions: Any) -> Daemon:
+    """The daemon over zero_util_hang with a real hung process on GPU 0 (and `extra_pids` beside it), until the
+    episode is critical and has lasted after_seconds, plus a while for the decision."""
     offset = HANG_AT - 5
+    pids = {0: [pid, *(extra_pids or [])]}
     config = daemon_config(
-        tmp, source={"scenario": "zero_util_hang", "start_offset_seconds": offset, "pids": {0: [pid]}},
+        tmp, source={"scenario": "zero_util_hang", "start_offset_seconds": offset, "pids": pids},
         bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
         alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]},
         actions={"after_seconds": 10, "pause_file": str(tmp / "pause"), **actions})
-    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, {0: [pid]},
+    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, pids,
                                          clock=stepping_clock(1.9e9 + offset)))
     critical_for = 0
     for _ in range(900):  # host progress is measured on the real clock: still ranks turn it critical
@@ -173,7 +219,8 @@ def test_dry_run_ends_nothing_and_the_alert_says_what_would_have_been_done(tmp_p
         assert rank.poll() is None, "dry_run ended the rank"
     receiver.close()
     said = [s for s in summaries(receiver) if s.startswith("DRY RUN:")]
-    assert len(said) == 1 and said[0].startswith("DRY RUN: would terminate rank 0 of job run:dry after "), said
+    assert len(said) == 1, said
+    assert said[0].startswith("DRY RUN: would terminate rank 0 of job run:dry (started by pid "), said
     assert daemon.counters.get("actions_total", "terminate_ranks", "dry_run") == 1
     assert daemon.counters.get("actions_total", "terminate_ranks", "done") == 0
     assert 'mode="dry_run"' in action_state(daemon)

@@ -112,3 +112,35 @@ def test_a_job_id_only_the_rank_claims_is_never_requeued(slurm: Slurm, tmp_path:
     assert daemon.counters.get("actions_total", "slurm", "skipped") == 1
     assert slurm.job(victim)["Restarts"] == "0"
     slurm.run("scancel", victim)
+
+
+def test_a_cgroup_a_user_named_after_a_job_gets_no_job_requeued(slurm: Slurm, tmp_path: Path) -> None:
+    """A process in a cgroup of a user's delegated subtree named `job_<id>.scope`, after a real running job:
+    only slurmstepd's own hierarchy names a Slurm job, so the job is neither requeued nor the node drained."""
+    import subprocess
+    victim, _ = hung_job(slurm, tmp_path)
+    root = Path("/sys/fs/cgroup/freezer")
+    forged = root / "user.slice" / "user-1001.slice" / "user@1001.service" / "app.slice" / f"job_{victim}.scope"
+    ready = tmp_path / "ready-forged"
+    outsider = subprocess.Popen([sys.executable, str(TARGETS / "stuck.py"), "queue", str(ready)],
+                                env={"PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": "1"})
+    try:
+        forged.mkdir(parents=True)
+        (forged / "cgroup.procs").write_text(str(outsider.pid))
+        assert f"/job_{victim}.scope" in Path(f"/proc/{outsider.pid}/cgroup").read_text()
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        daemon = act_on(tmp_path, slurm, outsider.pid, job="requeue", drain=True)
+    finally:
+        outsider.kill()
+        outsider.wait()
+        for folder in (forged, *forged.parents):
+            if folder == root:
+                break
+            folder.rmdir()
+    assert daemon.counters.get("actions_total", "slurm", "skipped") == 1
+    assert slurm.job(victim)["Restarts"] == "0"
+    assert "DRAIN" not in slurm.node_state()["State"]
+    slurm.run("scancel", victim)

@@ -110,17 +110,30 @@ def test_dashboard_is_grafana_json_with_queries() -> None:
     assert per_gpu and all('gpu=~"$gpu"' in q for q in per_gpu)  # the GPU picker filters every GPU panel
 
 
-def test_the_actions_drop_in_verifies_with_the_unit_and_adds_only_cap_kill(tmp_path: Path) -> None:
-    """deploy/systemd/actions.conf, as systemd reads it: the unit with the drop-in beside it."""
+def verified_with_the_unit(tmp: Path, name: str) -> str:
+    """deploy/systemd/<name> as systemd reads it, the unit with the drop-in beside it: its text, once
+    `systemd-analyze verify` finds nothing wrong with either."""
     unit = (DEPLOY / "systemd" / "stall-watchdog.service").read_text()
-    drop_in = (DEPLOY / "systemd" / "actions.conf").read_text()
+    drop_in = (DEPLOY / "systemd" / name).read_text()
     installed = str(Path(sys.executable).with_name("stall-watchdog"))
-    (tmp_path / "stall-watchdog.service").write_text(unit.replace("/opt/stall-watchdog/bin/stall-watchdog", installed))
-    (tmp_path / "stall-watchdog.service.d").mkdir()
-    (tmp_path / "stall-watchdog.service.d" / "actions.conf").write_text(drop_in)
-    result = subprocess.run([tool("systemd-analyze"), "verify", str(tmp_path / "stall-watchdog.service")],
+    (tmp / "stall-watchdog.service").write_text(unit.replace("/opt/stall-watchdog/bin/stall-watchdog", installed))
+    (tmp / "stall-watchdog.service.d").mkdir()
+    (tmp / "stall-watchdog.service.d" / name).write_text(drop_in)
+    result = subprocess.run([tool("systemd-analyze"), "verify", str(tmp / "stall-watchdog.service")],
                             capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "actions.conf" not in result.stderr, result.stderr
+    assert result.returncode == 0 and name not in result.stderr, result.stderr
+    return drop_in
+
+
+def test_the_actions_drop_in_verifies_with_the_unit_and_adds_only_cap_kill_to_its_set(tmp_path: Path) -> None:
+    """deploy/systemd/actions.conf, as systemd reads it: the unit with the drop-in beside it."""
+    drop_in = verified_with_the_unit(tmp_path, "actions.conf")
     caps = {line.split("=", 1)[1] for line in drop_in.splitlines() if line.startswith(("Ambient", "CapabilityB"))}
-    assert caps == {"CAP_SYS_PTRACE CAP_KILL"}
+    assert caps == {"CAP_SYS_PTRACE CAP_DAC_READ_SEARCH CAP_KILL"}
+
+
+def test_the_dump_token_drop_in_verifies_with_the_unit(tmp_path: Path) -> None:
+    """deploy/systemd/dump-token.conf hands the dynamic user the token the Slurm epilog sends."""
+    drop_in = verified_with_the_unit(tmp_path, "dump-token.conf")
+    assert "LoadCredential=dump.token:/etc/stall-watchdog/dump.token" in drop_in.splitlines()
+    assert "/etc/stall-watchdog/dump.token" in (DEPLOY / "slurm" / "epilog.sh").read_text()

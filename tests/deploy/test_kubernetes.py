@@ -77,7 +77,7 @@ def test_least_privilege_and_no_less() -> None:
         assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
         requested = {**container["resources"].get("limits", {}), **container["resources"].get("requests", {})}
         assert not any(name.startswith("nvidia.com/") for name in requested)  # sees every GPU, holds none
-    assert main_container()["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+    assert main_container()["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH"]
     assert "add" not in spec["initContainers"][0]["securityContext"]["capabilities"]  # the doctor needs none
     mounts = {m["name"]: m for m in main_container()["volumeMounts"]}
     assert mounts["sys"]["readOnly"] is True and mounts["sys"]["mountPath"] == "/sys"
@@ -231,6 +231,8 @@ def test_the_optional_actions_component_grants_the_kubernetes_action_exactly_wha
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "stall-watchdog", "namespace": "stall-watchdog"}]
     spec = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert spec["automountServiceAccountToken"] is True
+    [daemon] = [c for c in spec["containers"] if c["name"] == "stall-watchdog"]
+    assert daemon["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH", "KILL"]
     # The code asks for no more than the role grants: every request the action makes is one of these.
     from watchdog.act import actions
     source = Path(actions.__file__).read_text()

@@ -3,6 +3,7 @@ prolog or an epilog) against the real doctor and a live daemon serving /v1/dump 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -60,10 +61,10 @@ def test_the_prolog_drains_on_an_error_and_only_then(tmp_path: Path) -> None:
     assert missing.returncode == 0 and "not draining" in missing.stderr
 
 
-def start(tmp: Path, pids: dict[int, list[int]], capture: bool) -> tuple[Daemon, Endpoint]:
+def start(tmp: Path, pids: dict[int, list[int]], capture: bool, **dump: object) -> tuple[Daemon, Endpoint]:
     config = daemon_config(tmp, source={"scenario": "odd_rank", "start_offset_seconds": 295, "pids": pids},
                            bundles={"capture_stacks": capture}, stacks={"observe_seconds": 0.3},
-                           dump={"cooldown_seconds": 0})
+                           dump={"cooldown_seconds": 0, **dump})
     daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
     daemon.tick()
     endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)
@@ -126,6 +127,39 @@ def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path
     assert summary["ended"] is True and "ranks are gone" in summary["note"]
     [job] = summary["jobs"]
     assert job["outliers"] == ["rank 2"] and len(job["ranks"]) == 4
+
+
+DEFAULT_TOKEN = Path("/etc/stall-watchdog/dump.token")  # where epilog.sh looks when slurmd names none
+
+
+def test_the_epilog_sends_the_token_from_its_default_place(tmp_path: Path) -> None:
+    """slurmd passes an epilog no variable of ours: with dumps behind a token (the default: no open loopback),
+    the epilog finds it at /etc/stall-watchdog/dump.token and is answered, and without it says what to do."""
+    made = not DEFAULT_TOKEN.exists()
+    if made:
+        DEFAULT_TOKEN.parent.mkdir(parents=True, exist_ok=True)
+        DEFAULT_TOKEN.write_text("epilog-token-for-tests\n")
+        DEFAULT_TOKEN.chmod(0o600)
+    try:
+        with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB}) as ranks:
+            daemon, endpoint = start(tmp_path, {g: [p.pid] for g, p in enumerate(ranks)}, capture=False,
+                                     open_on_loopback=False, token_file=str(DEFAULT_TOKEN))
+            [result] = epilogs(daemon, endpoint, JOB)
+        assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
+        daemon, endpoint = start(tmp_path, {}, capture=False, open_on_loopback=False, token_file=str(DEFAULT_TOKEN))
+        try:  # a token file that is not there: refused, and the epilog says where the token goes
+            refused = run_script("epilog.sh", slurm_env("epilog", STALL_WATCHDOG_URL=endpoint.base_url,
+                                                        STALL_WATCHDOG_TOKEN_FILE=str(tmp_path / "absent")))
+        finally:
+            endpoint.stop()
+            daemon.shutdown()
+    finally:
+        if made:
+            DEFAULT_TOKEN.unlink()
+            with contextlib.suppress(OSError):
+                DEFAULT_TOKEN.parent.rmdir()
+    assert refused.returncode == 0 and "refused the dump (HTTP 401)" in refused.stderr, refused.stderr
+    assert "epilog-token" not in refused.stderr + result.stderr
 
 
 def test_the_epilog_never_fails_the_job(tmp_path: Path) -> None:

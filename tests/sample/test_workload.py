@@ -49,6 +49,11 @@ def test_a_real_process_started_by_slurm_is_named_by_its_job(slurm_rank: subproc
      Workload(slurm_job_id="99", slurm_step="extern")),
     ("0::/system.slice/slurmstepd.scope/job_7\n", Workload(slurm_job_id="7")),
     ("0::/user.slice/user-1000.slice/session-3.scope\n", Workload()),
+    # a cgroup a user made (a delegated subtree, a container's scope) or a spelling slurmstepd never uses
+    ("0::/user.slice/user-1001.slice/user@1001.service/app.slice/job_4242.slice\n", Workload()),
+    ("0::/user.slice/user-1001.slice/user@1001.service/app.slice/job_4242.scope\n", Workload()),
+    ("0::/docker/job_5.scope\n", Workload()),
+    ("0::/system.slice/slurmstepd.scope/job_04242/step_0\n", Workload()),
     ("0::/\n", Workload()),
     ("", Workload()),
 ])

@@ -3,6 +3,7 @@
   queue   blocks in a data loader's queue.get (idle)
   busy    spins in a tight loop and, on SIGTERM, prints the longest gap between two iterations in ms
           (how long the process was paused, for the capture benchmark)
+  deaf    blocks like queue, and ignores SIGTERM (only SIGKILL ends it)
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def busy() -> None:
 
 def main() -> None:
     mode = sys.argv[1]
+    if mode == "deaf":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if len(sys.argv) > 2:
         Path(sys.argv[2]).write_text("ready")
     if mode == "busy":

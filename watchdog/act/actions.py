@@ -1,24 +1,27 @@
 """The actions that end a confirmed hang, each bounded in time, each reporting one Step:
 
-terminate_ranks  SIGTERM the job's ranks on the episode's GPUs (never this daemon, PID 1, a process whose
-                 pid was reused, or one of another job), SIGKILL after actions.grace_seconds. Under torchrun's
-                 elastic agent the workers restart and resume from their checkpoint.
+terminate_ranks  SIGTERM the job's ranks on the episode's GPUs through a pidfd opened and checked against
+                 the rank's start time (a pid reused since it was listed is never signalled), SIGKILL after
+                 actions.grace_seconds; a rank is gone when its pidfd says it exited (a zombie is gone).
+                 Under torchrun's elastic agent the workers restart and resume from their checkpoint.
 slurm            `scontrol requeue` (or `scancel`) the job's Slurm job; optionally drain this node with a
                  reason of our own (and resume it later, only if that reason is still ours).
 kubernetes       delete the ranks' pods (their controller recreates them); optionally taint this node.
 command          an argv with the episode JSON on stdin, as the command receiver runs it.
 
-A Slurm job id, a namespace or a pod that only a rank's own environment claims (Workload.claimed) is never
-acted on: a rank could name any job or pod of the cluster that way.
+The ranks, the Slurm job and the pod come from act/membership.py: proven, never claimed. Before each step,
+and while a grace period runs, `stop` is asked (the pause file, a reload out of act mode, the evidence
+bundle gone): what has not been done then is not done.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
+import select
 import shutil
+import signal
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -26,13 +29,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from watchdog import children, http_client, secrets
+from watchdog import children, http_client, privileges, secrets
 from watchdog.config import ActionsConfig
 from watchdog.model import Workload, iso_time, number_runs
 from watchdog.sample.ranks import RankInfo
 
-DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED = "done", "failed", "timed_out", "dry_run", "skipped"
-RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED)
+DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED = "done", "failed", "timed_out", "dry_run", "skipped", "stopped"
+RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED)
+_POLL_SECONDS = 0.2
+_SCONTROL_CACHE_SECONDS = 30.0
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SLURM_JOB = re.compile(r"^\d{1,12}(_\d{1,9})?$")
 
@@ -49,6 +54,10 @@ class Skipped(Exception):
     """An action that does not apply to this hang (no Slurm job, no pod): said, not failed."""
 
 
+class Stopped(Exception):
+    """An action stopped between two of its steps (paused, reloaded out of act, the evidence gone)."""
+
+
 @dataclass(frozen=True)
 class Target:
     """What an action acts on: the hung job's ranks on this node, where they run, the episode."""
@@ -59,6 +68,7 @@ class Target:
     episode: dict[str, object]  # the episode JSON the command action gets on stdin
     bundle: str | None
     node: str
+    pod_uid: str | None = None  # the pod UID the ranks' own cgroup names: a delete is conditional on it
 
     def rank_text(self) -> str:
         """'ranks 0-3', 'pids 812, 813' where ranks have no number."""
@@ -88,18 +98,28 @@ class Actions:
     cfg: ActionsConfig
     wall: Callable[[], float] = time.time
     drained: set[str] = field(default_factory=set)  # nodes this daemon drained (for resume)
+    _slurm_seen: dict[str, tuple[float, str]] = field(default_factory=dict)  # job -> (monotonic, scontrol's answer)
 
-    def run(self, target: Target, dry: bool) -> list[Step]:
+    def run(self, target: Target, dry: bool, stop: Callable[[], str | None] = lambda: None) -> list[Step]:
+        """Each configured action in order. `stop()` says why to stop now (or None): asked before each action
+        and during terminate_ranks' grace period; the actions not done are said as stopped."""
         steps = []
         for name in self.cfg.do:
             started, clock = self.wall(), time.monotonic()
             if dry:
                 steps.append(Step(name, DRY_RUN, started, 0.0, "would " + self.describe(name, target)))
                 continue
+            why = stop()
+            if why is not None:
+                steps.append(Step(name, STOPPED, started, 0.0, f"not done: {why}"))
+                continue
             try:
-                detail, result = getattr(self, name)(target), DONE
+                detail, result = (self.terminate_ranks(target, stop) if name == "terminate_ranks"
+                                  else getattr(self, name)(target)), DONE
             except Skipped as exc:
                 detail, result = str(exc), SKIPPED
+            except Stopped as exc:
+                detail, result = str(exc), STOPPED
             except ActionError as exc:
                 detail, result = str(exc), TIMED_OUT if exc.timed_out else FAILED
             steps.append(Step(name, result, started, time.monotonic() - clock, detail))
@@ -123,38 +143,37 @@ class Actions:
         return f"run {os.path.basename((self.cfg.command or ['?'])[0])}"
 
     # -- terminate_ranks ---------------------------------------------------------------------------
-    def terminate_ranks(self, target: Target) -> str:
-        victims = []
-        for rank in target.ranks:
-            if rank.pid in (1, os.getpid(), os.getppid()) or rank.job_key != target.job:
-                continue
-            try:
-                process = psutil.Process(rank.pid)
-                if abs(process.create_time() - rank.create_time) > 0.01:
-                    continue  # the pid now names another process
-                victims.append(process)
-            except psutil.Error:
-                continue  # already gone
-        if not victims:
-            raise Skipped("no rank of the job is left on the episode's GPUs")
-        for process in victims:
-            try:
-                process.terminate()
-            except psutil.NoSuchProcess:
-                pass
-            except psutil.Error as exc:
-                raise ActionError(f"cannot signal pid {process.pid}: {exc}") from None
-        grace = min(self.cfg.grace_seconds, self.cfg.timeout_seconds)
-        _, alive = psutil.wait_procs(victims, timeout=grace)
-        for process in alive:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        _, still = psutil.wait_procs(alive, timeout=max(1.0, self.cfg.timeout_seconds - grace))
-        if still:
-            raise ActionError(f"pids {', '.join(str(p.pid) for p in still)} still there after SIGKILL, within "
-                              f"{self.cfg.timeout_seconds:g} s", timed_out=True)
-        killed = f"; {len(alive)} needed SIGKILL after {grace:g} s" if alive else ""
-        return f"terminated {target.rank_text()} of job {target.job} ({len(victims)} processes{killed})"
+    def terminate_ranks(self, target: Target, stop: Callable[[], str | None] = lambda: None) -> str:
+        victims: list[tuple[int, int]] = []  # (pid, pidfd)
+        try:
+            for rank in target.ranks:
+                if rank.pid in (1, os.getpid(), os.getppid()):
+                    continue
+                fd = _pidfd(rank.pid, rank.create_time)
+                if fd is not None:
+                    victims.append((rank.pid, fd))
+            if not victims:
+                raise Skipped("no rank of the job is left on the episode's GPUs")
+            for pid, fd in victims:
+                _signal(pid, fd, signal.SIGTERM)
+            grace = min(self.cfg.grace_seconds, self.cfg.timeout_seconds)
+            alive = _wait_gone(victims, grace, stop)
+            if alive:
+                why = stop()
+                if why is not None:
+                    raise Stopped(f"sent SIGTERM to {target.rank_text()}; SIGKILL not sent to pids "
+                                  f"{', '.join(str(p) for p, _ in alive)}: {why}")
+                for pid, fd in alive:
+                    _signal(pid, fd, signal.SIGKILL)
+            still = _wait_gone(alive, max(1.0, self.cfg.timeout_seconds - grace), lambda: None)
+            if still:
+                raise ActionError(f"pids {', '.join(str(p) for p, _ in still)} still there after SIGKILL, within "
+                                  f"{self.cfg.timeout_seconds:g} s", timed_out=True)
+            killed = f"; {len(alive)} needed SIGKILL after {grace:g} s" if alive else ""
+            return f"terminated {target.rank_text()} of job {target.job} ({len(victims)} processes{killed})"
+        finally:
+            for _, fd in victims:
+                os.close(fd)
 
     # -- slurm -------------------------------------------------------------------------------------
     def _slurm_node(self) -> str:
@@ -169,6 +188,30 @@ class Actions:
 
     def _scontrol(self, *args: str) -> str:
         return self._slurm_command(self.cfg.slurm.scontrol, *args)
+
+    def slurm_job_runs_as(self, job: str, uid: int) -> str | None:
+        """None when Slurm says job `job` is running (or suspended) as user `uid`; else why not. Slurm's own
+        word for what a cgroup path suggests (act/membership.py); answers are kept for a while."""
+        cached = self._slurm_seen.get(job)
+        if cached is None or time.monotonic() - cached[0] > _SCONTROL_CACHE_SECONDS:
+            try:
+                shown = self._scontrol("show", "job", job, "--oneliner")
+            except ActionError as exc:
+                shown = f"!{exc}"
+            cached = (time.monotonic(), shown)
+            self._slurm_seen[job] = cached
+            while len(self._slurm_seen) > 64:
+                self._slurm_seen.pop(next(iter(self._slurm_seen)))
+        shown = cached[1]
+        if shown.startswith("!"):
+            return f"scontrol show job {job}: {shown[1:]}"
+        fields = dict(part.split("=", 1) for part in shown.split() if "=" in part)
+        state, user = fields.get("JobState", "?"), fields.get("UserId", "")
+        if fields.get("JobId") != job or state not in ("RUNNING", "SUSPENDED"):
+            return f"Slurm says job {job} is {state}" if fields.get("JobId") == job else f"Slurm has no job {job}"
+        if not user.endswith(f"({uid})"):
+            return f"Slurm says job {job} runs as {user or 'nobody'}, not as uid {uid}"
+        return None
 
     def slurm(self, target: Target) -> str:
         s, done = self.cfg.slurm, []
@@ -239,11 +282,15 @@ class Actions:
         k, w, done = self.cfg.kubernetes, target.workload, []
         if k.delete_pods:
             trusted = not {"namespace", "pod"} & set(w.claimed)
-            if not (w.namespace and w.pod and trusted and _K8S_NAME.match(w.namespace) and _K8S_NAME.match(w.pod)):
-                raise Skipped("no pod known from the kubelet or the ranks' cgroups (a rank's HOSTNAME is not trusted)")
+            if not (w.namespace and w.pod and trusted and target.pod_uid and _K8S_NAME.match(w.namespace)
+                    and _K8S_NAME.match(w.pod)):
+                raise Skipped("no pod proven: the kubelet's allocation and the ranks' own pod cgroup must agree (a "
+                              "rank's HOSTNAME is not trusted)")
             path = (f"/api/v1/namespaces/{urllib.parse.quote(w.namespace)}/pods/{urllib.parse.quote(w.pod)}")
+            # Deleted only if it is still the pod the ranks run in: the API server checks the UID (409 if not).
             self._api("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions",
-                                       "gracePeriodSeconds": k.grace_seconds, "propagationPolicy": "Background"})
+                                       "gracePeriodSeconds": k.grace_seconds, "propagationPolicy": "Background",
+                                       "preconditions": {"uid": target.pod_uid}})
             done.append(f"deleted pod {w.namespace}/{w.pod}")
         if k.taint:
             node = os.environ.get(k.node_name_env, "")
@@ -285,7 +332,8 @@ class Actions:
 
 def problems(cfg: ActionsConfig) -> list[str]:
     """What would make a configured action fail every time, found before any hang: a program not on the
-    PATH, an unreadable token, a URL that is not one. Nothing while the mode is observe."""
+    PATH, an unreadable token, a URL that is not one, a capability the action needs. Nothing while the mode is
+    observe."""
     if cfg.mode == "observe":
         return []
     found = []
@@ -296,6 +344,8 @@ def problems(cfg: ActionsConfig) -> list[str]:
         for program in programs.get(action, []):
             if shutil.which(program, path=path) is None:
                 found.append(f"actions.{action}: {program} is not an executable found on the daemon's PATH")
+    if "terminate_ranks" in cfg.do:
+        found += [short.text() for short in privileges.shortfalls(stacks=False, terminate=True)]
     if "kubernetes" in cfg.do:
         try:
             http_client.split(cfg.kubernetes.api_url)
@@ -303,6 +353,60 @@ def problems(cfg: ActionsConfig) -> list[str]:
         except (ValueError, secrets.SecretError) as exc:
             found.append(f"actions.kubernetes: {exc}")
     return found
+
+
+def _pidfd(pid: int, create_time: float) -> int | None:
+    """A pidfd for the process `pid` names, if it is still the one that started at `create_time`; None when it
+    is gone or the pid now names another process. Opened first, checked after: the pidfd then refers to the
+    process that was checked, whatever happens to the pid later."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        if abs(psutil.Process(pid).create_time() - create_time) > 0.01:
+            os.close(fd)
+            return None  # the pid names another process now
+    except psutil.Error:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _signal(pid: int, fd: int, signum: signal.Signals) -> None:
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    except ProcessLookupError:
+        pass  # exited meanwhile
+    except PermissionError:
+        raise ActionError(f"cannot signal pid {pid}: operation not permitted (the daemon needs CAP_KILL to signal "
+                          "another user's ranks: deploy/systemd/actions.conf, or the DaemonSet's actions "
+                          "overlay)") from None
+    except OSError as exc:
+        raise ActionError(f"cannot signal pid {pid}: {exc.strerror or exc}") from None
+
+
+def _wait_gone(victims: list[tuple[int, int]], seconds: float,
+               stop: Callable[[], str | None]) -> list[tuple[int, int]]:
+    """The victims still running after `seconds` (or as soon as `stop()` says why): a pidfd is readable once
+    its process has exited, a zombie included."""
+    deadline = time.monotonic() + seconds
+    alive = list(victims)
+    while alive:
+        poller = select.poll()
+        for _, fd in alive:
+            poller.register(fd, select.POLLIN)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            ready = {fd for fd, _ in poller.poll(min(left, _POLL_SECONDS) * 1000)}
+        except InterruptedError:
+            ready = set()
+        alive = [(pid, fd) for pid, fd in alive if fd not in ready]
+        if alive and stop() is not None:
+            break
+    return alive
 
 
 def _slurm_job(workload: Workload) -> str | None:

@@ -17,6 +17,7 @@ one bundle, not the loop.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -173,18 +174,19 @@ class BundleStore:
         self._update_summary(bundle, {"resolved": iso_time(event.at_seconds),
                                       "duration_seconds": round(event.at_seconds - event.onset_seconds, 3)})
 
-    def record_action(self, bundle: str, record: dict[str, object], pictures: Sequence[StackPicture] = ()) -> None:
-        """An actions decision (and each step it took) appended to the summary's `actions`; the evidence
-        captured just before acting in its own folder, before-action/ (within the bundle's size budget)."""
-        if pictures:
-            folder = Path(bundle) / private_files.unique_name("before-action")
-            budget = private_files.Budget(self.cfg.max_bundle_bytes)
-            try:
-                private_files.make_dir(folder)
-                self._pictures(folder, pictures, budget)
-                record = {**record, "evidence": folder.name}
-            except OSError as exc:
-                record = {**record, "evidence_error": exc.strerror or str(exc)}
+    def keep_evidence(self, bundle: str, pictures: Sequence[StackPicture]) -> str:
+        """The evidence captured just before acting, in a folder of its own in the bundle (before-action-*,
+        within the bundle's size budget); its name. OSError when the bundle is gone or the disk refuses:
+        then nothing is done."""
+        if not os.path.isdir(bundle) or os.path.islink(bundle):
+            raise FileNotFoundError(errno.ENOENT, "the incident bundle is gone", bundle)
+        folder = Path(bundle) / private_files.unique_name("before-action")
+        private_files.make_dir(folder)
+        self._pictures(folder, pictures, private_files.Budget(self.cfg.max_bundle_bytes))
+        return folder.name
+
+    def record_action(self, bundle: str, record: dict[str, object]) -> None:
+        """An actions decision (and each step it took) appended to the summary's `actions`."""
         summary = json.loads((Path(bundle) / "summary.json").read_text(encoding="utf-8"))
         done = summary.get("actions") if isinstance(summary.get("actions"), list) else []
         self._update_summary(bundle, {"actions": [*done, record]})

@@ -29,11 +29,33 @@ def acted_ratio(cfg: FleetConfig) -> tuple[float | None, str]:
         return None, f"Prometheus: {exc}"
     if answer.status != 200:
         return None, f"Prometheus answered HTTP {answer.status}"
+    return _share(answer.body)
+
+
+def _share(body: bytes) -> tuple[float | None, str]:
+    """The largest value of an instant-vector answer, or None and why: an answer that is not Prometheus's
+    `{"status": "success", "data": {"resultType": "vector", "result": [...]}}` with numbers in it is no answer
+    (an error status, `true`, a deep nesting: never a reason to act)."""
     try:
-        result = json.loads(answer.body)["data"]["result"]
-        values = [float(series["value"][1]) for series in result]
-    except (ValueError, KeyError, TypeError, IndexError):
-        return None, "Prometheus's answer is not a query result"
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, "Prometheus's answer is not JSON"
+    data = parsed.get("data") if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict) or parsed.get("status") != "success" or not isinstance(data, dict):
+        status = parsed.get("status") if isinstance(parsed, dict) else None
+        return None, f"Prometheus answered status {str(status)[:40]!r}, not a query result"
+    result = data.get("result")
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        return None, "Prometheus's answer is not an instant vector"
+    values = []
+    for series in result:
+        sample = series.get("value") if isinstance(series, dict) else None
+        if not (isinstance(sample, list) and len(sample) == 2 and isinstance(sample[1], str)):
+            return None, "Prometheus's answer holds a sample that is not [time, \"value\"]"
+        try:
+            values.append(float(sample[1]))
+        except ValueError:
+            return None, f"{RECORD} is not a number"
     if not values:
         return None, f"Prometheus has no {RECORD} (are deploy/prometheus/rules.yml loaded?)"
     if not all(math.isfinite(v) and v >= 0 for v in values):

@@ -29,11 +29,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from watchdog import logfmt
-from watchdog.act import fleet, policy
-from watchdog.act.actions import DONE, Actions, Step, Target
+from watchdog.act import fleet, membership, policy
+from watchdog.act.actions import DONE, SKIPPED, Actions, Step, Target
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
 from watchdog.config import Config
@@ -54,7 +55,7 @@ from watchdog.model import (
     runbook_url,
 )
 from watchdog.sample.nvml_inventory import Inventory
-from watchdog.sample.ranks import Job, RankDiscovery, RankInfo, group_jobs
+from watchdog.sample.ranks import Job, RankDiscovery, RankInfo, job_of
 from watchdog.sample.workload import common
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.confirm import confirm
@@ -65,6 +66,7 @@ _MAX_PENDING = 4
 # dump: the episodes resolved this recently are still asked.
 _ENDED_KEPT_SECONDS = 900.0
 _ENDED_KEPT = 64
+LEDGER_NAME = "actions-ledger.json"
 _RECONSIDER_SECONDS = 30.0  # a decision that held an action back (paused, cooldown...) is looked at again
 
 
@@ -81,6 +83,11 @@ def node_name(config: Config) -> str:
         logfmt.event("node_env_unset", level=logfmt.WARNING, variable=cfg.node_env,
                      action="alerts carry this host's name as their node")
     return socket.gethostname()
+
+
+def ledger_path(config: Config) -> Path:
+    """Where the actions ledger is kept: beside the incident bundles (it outlives a restart of the daemon)."""
+    return Path(config.bundles.directory) / LEDGER_NAME
 
 
 @dataclass
@@ -102,7 +109,9 @@ class _Open:
     event: EpisodeEvent | None = None  # the last firing event (an action's alert repeats it, with what was done)
     summary: str = ""  # the sentence the episode alerted with
     critical_since: float | None = None  # wall seconds it turned critical
-    decision: policy.Decision | None = None  # the actions policy's last decision
+    decision: policy.Decision | None = None  # the actions policy's last decision, over all its jobs
+    decisions: dict[str, policy.Decision] = field(default_factory=dict)  # per proven job (membership key)
+    evidence: dict[str, str] = field(default_factory=dict)  # per proven job: its before-action folder
     decided_at: float | None = None  # monotonic
     acting: bool = False
     stall_since: float | None = None  # wall seconds a relapse began
@@ -131,7 +140,9 @@ class IncidentHandler:
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self.actions = Actions(config.actions)
-        self.ledger = policy.Ledger()
+        self.ledger = policy.Ledger(ledger_path(config))
+        if self.ledger.problem:
+            logfmt.event("ledger_unreadable", level=logfmt.WARNING, problem=self.ledger.problem)
         self.acting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="action")
         self.action_state = "observe"  # for /metrics: observe, armed, acting, held, paused
         self._calm_since: float | None = None  # monotonic: no critical episode open since
@@ -258,7 +269,7 @@ class IncidentHandler:
             read_at = time.monotonic()  # the ranks' host activity is read now: a second look counts from here
             ranks = self.discovery.from_snapshot(on_gpus)
             s = self.config.stacks
-            jobs = group_jobs(ranks)
+            jobs = membership.pictured(ranks, self.actions.slurm_job_runs_as)
             pictures = [capture_job(job, self.capturer, self.discovery, s, self.node) for job in jobs]
             self._count(pictures)
             state.ranks, state.pictures = ranks, pictures
@@ -386,7 +397,7 @@ class IncidentHandler:
             if cheap.name in ("wait", "observe", "unconfirmed"):
                 continue
             state.acting, busy = True, True
-            self.acting.submit(self._act, state, self._on_gpus(state, snapshot), now).add_done_callback(self._done)
+            self.acting.submit(self._act, state, snapshot, now).add_done_callback(self._done)
         self._resume_when_calm(states, now)
         self.action_state = "acting" if busy else "paused" if paused or policy.paused(cfg) else \
             "held" if held else "armed"
@@ -407,6 +418,7 @@ class IncidentHandler:
             logfmt.event("node_resumed", node=node, reason="no critical episode since it was drained")
 
     def _hang(self, state: _Open, now: float, pictures: Sequence[StackPicture] | None = None) -> policy.Hang:
+        """What the policy weighs about the episode as a whole (the cheap look on the loop)."""
         event = state.event
         assert event is not None
         onset = max(event.onset_seconds, state.stall_since or 0.0)
@@ -417,50 +429,116 @@ class IncidentHandler:
                            policy.confirmed_by(state.pictures if pictures is None else pictures),
                            kept=pictures is None or state.bundle is not None)
 
-    def _act(self, state: _Open, on_gpus: NodeSnapshot, submitted: float) -> None:
-        """Off the loop: the evidence first (every rank's stacks, the Flight Recorder asked and read back,
-        NCCL RAS, the bundle on disk), then the decision, then each action in order; all of it recorded in
+    def _stop_reason(self, state: _Open) -> str | None:
+        """Why an action under way must stop now: paused, reloaded out of act mode, the evidence gone."""
+        cfg = self.config.actions
+        if cfg.mode != "act":
+            return f"actions.mode is now {cfg.mode}"
+        why = policy.paused(cfg)
+        if why is not None:
+            return why
+        if state.bundle is None or not os.path.isdir(state.bundle):
+            return "the incident bundle is no longer on disk"
+        return None
+
+    def _act(self, state: _Open, snapshot: NodeSnapshot, submitted: float) -> None:
+        """Off the loop: the processes on the episode's GPUs, each job among them proven (act/membership.py) and
+        its evidence taken again (every rank's stacks, the Flight Recorder asked and read back, NCCL RAS); then
+        one decision per job, the evidence on disk before any step, each action in order; all of it recorded in
         the bundle, counted, and said in the alert."""
         cfg = self.config.actions
         try:
             self._wait_for_bundle(state)
-            ranks = self.discovery.from_snapshot(on_gpus) if self.config.bundles.capture_stacks else []
-            pictures = [capture_job(job, self.capturer, self.discovery, self.config.stacks, self.node)
-                        for job in group_jobs(ranks)]
-            if ranks:
-                state.ranks, state.pictures = ranks, pictures
-                state.workload = common(r.workload for r in ranks)
-            now = on_gpus.time_seconds + (self.monotonic() - submitted)
-            hang = self._hang(state, now, pictures if ranks else state.pictures)
-            decision = policy.decide(cfg, hang, self.ledger)
-            if decision.name in ("act", "dry_run") and cfg.fleet.prometheus_url:  # the fleet, asked last
-                decision = policy.decide(cfg, hang, self.ledger, fleet.acted_ratio(cfg.fleet))
-            steps: list[Step] = []
-            if decision.name in ("act", "dry_run"):
-                target = Target(state.job, tuple(r for r in state.ranks if r.job_key == state.job), state.workload,
-                                state.event.to_json() if state.event else {}, state.bundle, self.node)
-                steps = self.actions.run(target, dry=decision.name == "dry_run")
-                if decision.name == "act":
-                    self.ledger.record(now, state.job)
-                for step in steps:
-                    self.counters.inc("actions_total", step.action, step.result)
-            state.decision = decision
-            if decision.name in ("wait", "unconfirmed"):
+            event = state.event
+            assert event is not None
+            on_gpus = self._on_gpus(state, snapshot)
+            here = {pid for gpu in on_gpus.gpus for pid in gpu.pids}
+            node_ranks = self.discovery.from_snapshot(snapshot) if self.config.bundles.capture_stacks else []
+            base = self._hang(state, snapshot.time_seconds)
+            proven, left = membership.prove(node_ranks, base.onset, self.actions.slurm_job_runs_as)
+            jobs = [job for job in proven if any(r.pid in here for r in job.ranks)]
+            left = [alone for alone in left if alone.rank.pid in here]
+            now = snapshot.time_seconds + (self.monotonic() - submitted)
+            results: list[tuple[str, policy.Decision, list[Step]]] = []  # (proven job's key, decision, steps)
+            names = {job.key: job.name() for job in jobs}
+            if not jobs:
+                unproven = "; ".join(alone.text() for alone in left[:8]) or "no live process seen on them"
+                hang = replace(self._hang(state, now), target=None, unproven=unproven)
+                results.append(("", policy.decide(cfg, hang, self.ledger), []))
+            for job in jobs:
+                decided = state.decisions.get(job.key)
+                if decided is not None and decided.final:
+                    continue
+                results.append(self._act_on(state, job, here, now, base))
+            for key, decision, _ in results:
+                state.decisions[key] = decision
+            state.decision = _overall(list(state.decisions.values()))
+            said = [(key, d, steps) for key, d, steps in results if d.name not in ("wait", "unconfirmed", "alive")]
+            if not said:
                 return
-            record = {"decision": decision.name, "reason": decision.reason, "at": now,
-                      "hang_seconds": round(now - hang.onset, 1), "steps": [st.to_json() for st in steps]}
-            if state.bundle is not None:
-                self.bundles.record_action(state.bundle, record, pictures if decision.name == "act" else ())
-            logfmt.event("action", level=logfmt.WARNING, decision=decision.name, reason=decision.reason,
-                         job=state.job, steps="; ".join(f"{st.action}={st.result}" for st in steps) or None,
-                         bundle=state.bundle)
-            if state.event is not None and (decision.said or decision.name == "act"):
-                self._alert(state.event, state, summary=action_text(decision, steps, now - hang.onset,
-                                                                     state.bundle, state.summary),
-                            action=decision.name)
+            for key, decision, steps in said:
+                record: dict[str, object] = {
+                    "job": names.get(key), "evidence": state.evidence.get(key), "decision": decision.name,
+                    "reason": decision.reason, "at": now, "hang_seconds": round(now - base.onset, 1),
+                    "acted": decision.name == "act" and acted(steps), "steps": [st.to_json() for st in steps],
+                    "left_alone": [alone.text() for alone in left]}
+                self._record(state, record)
+                logfmt.event("action", level=logfmt.WARNING, decision=decision.name, reason=decision.reason,
+                             job=names.get(key, state.job),
+                             steps="; ".join(f"{st.action}={st.result}" for st in steps) or None, bundle=state.bundle)
+            loud = [(key, d, steps) for key, d, steps in said if d.said or d.name == "act"]
+            if loud:
+                name = _overall([d for _, d, _ in loud]).name
+                if name == "act" and not all(acted(steps) for _, d, steps in loud if d.name == "act"):
+                    name = "act_failed"
+                self._alert(event, state, summary=action_text(loud, now - base.onset, state.bundle, state.summary),
+                            action=name)
         finally:
             state.decided_at = self.monotonic()
             state.acting = False
+
+    def _act_on(self, state: _Open, job: membership.ProvenJob, here: set[int], now: float,
+                base: policy.Hang) -> tuple[str, policy.Decision, list[Step]]:
+        """One proven job of the episode: its evidence, its decision, its steps."""
+        cfg = self.config.actions
+        picture = capture_job(job_of(job.key, job.ranks), self.capturer, self.discovery, self.config.stacks,
+                              self.node)
+        self._count([picture])
+        hang = replace(base, job=job.durable, now=now, confirmed=policy.confirmed_by([picture]),
+                       kept=state.bundle is not None and os.path.isdir(state.bundle),
+                       alive=policy.sign_of_life(picture))
+        decision = policy.decide(cfg, hang, self.ledger)
+        if decision.name in ("act", "dry_run") and cfg.fleet.prometheus_url:  # the fleet, asked last
+            decision = policy.decide(cfg, hang, self.ledger, fleet.acted_ratio(cfg.fleet))
+        if decision.name not in ("act", "dry_run"):
+            return job.key, decision, []
+        evidence = None
+        if decision.name == "act":
+            try:  # nothing is done without the evidence on disk
+                evidence = self.bundles.keep_evidence(state.bundle or "", [picture])
+            except OSError as exc:
+                return job.key, policy.Decision("no_evidence", "the evidence could not be kept before acting "
+                                                   f"({exc.strerror or exc}): nothing is done"), []
+        event = state.event
+        target = Target(job.name(), tuple(r for r in job.ranks if r.pid in here), job.workload,
+                        event.to_json() if event else {}, state.bundle, self.node, job.pod_uid)
+        steps = self.actions.run(target, dry=decision.name == "dry_run", stop=lambda: self._stop_reason(state))
+        if evidence is not None:
+            state.evidence[job.key] = evidence
+        if any(st.result == DONE for st in steps):
+            self.ledger.record(now, job.durable)
+        for step in steps:
+            self.counters.inc("actions_total", step.action, step.result)
+        return job.key, decision, steps
+
+    def _record(self, state: _Open, record: dict[str, object]) -> None:
+        if state.bundle is None:
+            return
+        try:
+            self.bundles.record_action(state.bundle, record)
+        except (OSError, ValueError) as exc:
+            logfmt.event("action_not_recorded", level=logfmt.ERROR, bundle=state.bundle,
+                         error=f"{type(exc).__name__}: {exc}")
 
     def _wait_for_bundle(self, state: _Open) -> None:
         """The incident bundle is written when the episode fires; an action waits for it (a bounded while)."""
@@ -502,19 +580,42 @@ def culprit_text(gpus: Sequence[int], ranks: Sequence[RankInfo]) -> str:
 
 
 
-def action_text(decision: policy.Decision, steps: Sequence[Step], lasted: float, bundle: str | None,
+def _overall(decisions: Sequence[policy.Decision]) -> policy.Decision:
+    """One decision for an episode's jobs: one still open to change if any is (so it is looked at again),
+    else the one that did most (act, then dry_run, then the rest)."""
+    if not decisions:
+        return policy.Decision("wait", "no decision yet")
+    open_ = [d for d in decisions if not d.final]
+    if open_:
+        return open_[0]
+    order = {"act": 0, "dry_run": 1}
+    return min(decisions, key=lambda d: order.get(d.name, 2))
+
+
+def acted(steps: Sequence[Step]) -> bool:
+    """Whether the steps ended the job: one done, none failed, timed out or stopped."""
+    return any(st.result == DONE for st in steps) and all(st.result in (DONE, SKIPPED) for st in steps)
+
+
+def action_text(results: Sequence[tuple[str, policy.Decision, Sequence[Step]]], lasted: float, bundle: str | None,
                 summary: str) -> str:
-    """The alert's summary once the policy decided: 'ACTED: terminated ranks 0-3 of job run:x after 2 min 10 s
-    of hang; evidence: <bundle>. <the episode's sentence>'."""
+    """The alert's summary once the policy decided, one clause per job: 'ACTED: terminated ranks 0-3 of job
+    run:x after 2 min 10 s of hang; evidence: <bundle>. <the episode's sentence>'. ACTED only where the job's
+    ranks were ended; a step that failed makes it 'NOT ACTED (failed: ...)' with the cause."""
     evidence = f"; evidence: {bundle}" if bundle else ""
     after = f"after {duration_text(lasted)} of hang"
-    if decision.name == "act":
+    heads = []
+    for _, decision, steps in results:
         done = [st.detail for st in steps if st.result == DONE]
-        failed = [f"{st.action} {st.result}: {st.detail}" for st in steps if st.result != DONE]
-        head = "ACTED: " + ("; ".join(done) or "nothing done") + f" {after}" + (
-            f" ({'; '.join(failed)})" if failed else "")
-    elif decision.name == "dry_run":
-        head = "DRY RUN: " + "; ".join(st.detail for st in steps) + f" {after}"
-    else:
-        head = f"NOT ACTED ({decision.name}): {decision.reason}"
-    return f"{head}{evidence}. {summary}".rstrip(". ") + "."
+        if decision.name == "act" and acted(steps):
+            heads.append("ACTED: " + "; ".join(done) + f" {after}")
+        elif decision.name == "act":
+            failed = [f"{st.action} {st.result}: {st.detail}" for st in steps if st.result not in (DONE, SKIPPED)]
+            skipped = [f"{st.action} skipped: {st.detail}" for st in steps if st.result == SKIPPED]
+            heads.append("NOT ACTED (failed: " + "; ".join(failed or skipped or ["nothing to do"]) + ")"
+                         + (f", though {'; '.join(done)}" if done else "") + f" {after}")
+        elif decision.name == "dry_run":
+            heads.append("DRY RUN: " + "; ".join(st.detail for st in steps) + f" {after}")
+        else:
+            heads.append(f"NOT ACTED ({decision.name}): {decision.reason}")
+    return f"{' / '.join(heads)}{evidence}. {summary}".rstrip(". ") + "."

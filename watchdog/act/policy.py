@@ -5,38 +5,50 @@ The checks run in this order, and the first that holds is the decision:
 
     observe        mode observe: nothing is ever done (and nothing is said)
     wait           not critical yet, or critical for less than after_seconds
+    no_target      no process on the episode's GPUs is proven a rank of a job (act/membership.py)
+    alive          a rank of the job shows a sign of life (its host I/O moves, its stacks are not blocked)
     unconfirmed    no live evidence (stacks blocked, host progress still) and on_telemetry_only is off
     no_evidence    the incident bundle is not on disk: nothing is done without the evidence kept
     deterministic  the job was acted on and hung again within deterministic_within_seconds: notify only
     budget         max_per_job actions on this job within budget_window_seconds
-    cooldown       this node acted less than cooldown_seconds ago
+    cooldown       this job was acted on less than cooldown_seconds ago
     paused         actions.paused, or the pause file exists
     breaker        too many nodes of the fleet acted lately (or the fleet could not be asked)
     dry_run        mode dry_run: say what would be done
     act            do it
 
-A decision is final for its episode when it is act, dry_run or deterministic; the others are looked at
-again while the episode lasts (a pause lifted, a cooldown over, evidence that arrived).
+A decision is made for each proven job of an episode (one episode over two jobs is two decisions) and is
+final for it when it is act, dry_run or deterministic; the others are looked at again while the episode
+lasts (a pause lifted, a cooldown over, evidence that arrived). The ledger of actions is keyed on what
+survives a job's restart (its Slurm job, its pod, its user and command: ProvenJob.durable) and kept on disk,
+so a daemon's restart forgets nothing.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from watchdog import private_files, rank_files
 from watchdog.config import ActionsConfig
 from watchdog.model import Severity, duration_text
 from watchdog.stacks.picture import StackPicture
 
 FINAL = frozenset({"act", "dry_run", "deterministic"})
 # Decisions said in an alert (the first time they are reached): what a person would want to know.
-SAID = frozenset({"dry_run", "deterministic", "budget", "cooldown", "paused", "breaker", "no_evidence"})
+SAID = frozenset({"dry_run", "deterministic", "budget", "cooldown", "paused", "breaker", "no_evidence",
+                  "no_target"})
 _KEPT = 256  # actions remembered (per node: a handful a day at most)
+_LEDGER_MAX_BYTES = 256 * 1024
 _STILL_CPU_RATIO = 0.02  # a rank using less CPU than this over the observation makes no host progress
 _STILL_IO_BYTES = 64 * 1024
+_LIVE_IO_BYTES_PER_SECOND = 64 * 1024  # a rank moving more than this is doing something (a checkpoint: MB/s)
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,9 @@ class Hang:
     critical_since: float | None  # wall seconds the episode turned critical; None while not critical
     confirmed: bool  # the live evidence shows the ranks blocked
     kept: bool = True  # the incident bundle (the evidence) is on disk
+    alive: str | None = None  # a sign of life of any rank of the job, said as a clause
+    target: str | None = ""  # None: no proven job on the GPUs, and why in `unproven`
+    unproven: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,23 +82,46 @@ class Decision:
 
 
 class Ledger:
-    """The actions this node took: (wall time, job). Bounded; thread-safe (the loop reads, a worker writes)."""
+    """The actions this node took: (wall time, durable job key). Bounded; thread-safe (the loop reads, a worker
+    writes). With a `path`, kept on disk (one private file, replaced whole at each action) and read back at
+    start: a daemon that restarts still knows what it did."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str | Path | None = None) -> None:
         self._done: deque[tuple[float, str]] = deque(maxlen=_KEPT)
         self._lock = threading.Lock()
+        self.path = Path(path) if path is not None else None
+        self.problem: str | None = None  # why the file could not be read or written, said once
+        if self.path is not None:
+            self._load(self.path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            raw = rank_files.read_given(path, _LEDGER_MAX_BYTES, timeout_seconds=5.0)
+        except rank_files.RankFileError as exc:
+            if not exc.missing:
+                self.problem = str(exc)
+            return
+        try:
+            entries = json.loads(raw)
+            loaded = [(float(at), str(job)) for at, job in entries if isinstance(job, str)]
+        except (ValueError, TypeError, RecursionError):
+            self.problem = f"{path}: not a ledger of actions; starting an empty one"
+            return
+        self._done.extend((at, job) for at, job in loaded if math.isfinite(at))
 
     def record(self, at: float, job: str) -> None:
         with self._lock:
             self._done.append((at, job))
+            entries = list(self._done)
+        if self.path is not None:
+            try:
+                private_files.write_json(self.path, entries, replace=True)
+            except OSError as exc:
+                self.problem = f"{self.path}: {exc.strerror or exc}"
 
     def on_job(self, job: str) -> list[float]:
         with self._lock:
             return [at for at, who in self._done if who == job]
-
-    def last(self) -> float | None:
-        with self._lock:
-            return self._done[-1][0] if self._done else None
 
 
 def confirmed_by(pictures: Sequence[StackPicture]) -> bool:
@@ -100,6 +138,19 @@ def confirmed_by(pictures: Sequence[StackPicture]) -> bool:
                                 for h in picture.host.values()):
             return True
     return False
+
+
+def sign_of_life(picture: StackPicture) -> str | None:
+    """A rank of the job whose host I/O moved over the observation (a checkpoint being written, a data loader
+    reading), said as a clause; None when none did. CPU alone is no sign: a rank spinning in a collective
+    burns it."""
+    observed = max(picture.observed_seconds, 0.1)
+    limit = max(_STILL_IO_BYTES, _LIVE_IO_BYTES_PER_SECOND * observed)
+    for member, h in sorted(picture.host.items()):
+        moved = (h.read_bytes or 0) + (h.write_bytes or 0)
+        if moved >= limit:
+            return f"{member} moved {moved / 1e6:.1f} MB of I/O in {observed:.1f} s"
+    return None
 
 
 def paused(cfg: ActionsConfig) -> str | None:
@@ -121,6 +172,10 @@ def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | 
     lasted = hang.now - hang.onset
     if lasted < cfg.after_seconds:
         return Decision("wait", f"critical for {lasted:.0f} s of {cfg.after_seconds:g} s")
+    if hang.target is None:
+        return Decision("no_target", f"no process on the episode's GPUs is proven a rank of a job ({hang.unproven})")
+    if hang.alive is not None:
+        return Decision("alive", f"the job shows a sign of life: {hang.alive}")
     if not hang.confirmed and not cfg.on_telemetry_only:
         return Decision("unconfirmed", "no live evidence confirms the hang (actions.on_telemetry_only is off)")
     if not hang.kept:
@@ -134,9 +189,9 @@ def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | 
     if len(recent) >= cfg.max_per_job:
         return Decision("budget", f"{len(recent)} actions on this job within "
                         f"{duration_text(cfg.budget_window_seconds)} (actions.max_per_job)")
-    last = ledger.last()
+    last = max(ledger.on_job(hang.job), default=None)
     if last is not None and hang.now - last < cfg.cooldown_seconds:
-        return Decision("cooldown", f"this node acted {duration_text(hang.now - last)} ago "
+        return Decision("cooldown", f"this job was acted on {duration_text(hang.now - last)} ago "
                         f"(actions.cooldown_seconds {cfg.cooldown_seconds:g})")
     why = paused(cfg)
     if why is not None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import build_receivers
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
@@ -98,6 +100,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     problems += action_problems(config.actions)
     for problem in problems:
         error(f"{args.file}: {problem}")
+    for short in privileges.shortfalls(stacks=True, terminate=False):  # said, not refused: a same-user run is fine
+        print(f"{args.file}: warning: {short.text()}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
     print(f"{args.file}: ok")

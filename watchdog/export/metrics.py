@@ -108,7 +108,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("tick_duration_seconds", "gauge", "Wall time of the last sample-detect-act-export tick."),
     MetricSpec("tick_overruns_total", "counter", "Ticks that took longer than the sampling interval."),
     MetricSpec("actions_total", "counter", "Actions on a confirmed hang by action (terminate_ranks, slurm, kubernetes, "
-               "command) and result (done, failed, timed_out, dry_run, skipped).", ("action", "result")),
+               "command) and result (done, failed, timed_out, dry_run, skipped, stopped).", ("action", "result")),
     MetricSpec("action_state", "gauge", "1 for the actions policy's mode (observe, dry_run, act) and state: observe "
                "(never acts), armed (would act on a confirmed hang), acting, held (a guard said no: budget, "
                "cooldown, deterministic, breaker) or paused.", ("mode", "state")),

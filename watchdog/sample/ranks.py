@@ -31,6 +31,7 @@ RANK_VARIABLES = (
 )
 KEPT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+_CGROUP_MAX = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,16 @@ def _job_key(kind: str, claim: str) -> str:
 
 
 @dataclass(frozen=True)
+class Parent:
+    """The process that started a rank, as the kernel says (its /proc/<pid>/stat): what a launcher's tree is
+    made of. A process cannot choose its parent; it can choose every variable and name."""
+
+    pid: int
+    create_time: float
+    uid: int | None  # its real user id
+
+
+@dataclass(frozen=True)
 class RankInfo:
     pid: int
     create_time: float
@@ -164,6 +175,9 @@ class RankInfo:
     container: str | None = None  # the container id (or cgroup path) the process runs in
     problems: tuple[str, ...] = ()  # what could not be read
     workload: Workload = Workload()  # its pod or Slurm job
+    uid: int | None = None  # the real user id it runs as (the kernel's word)
+    parent: Parent | None = None  # None where it has none to read (pid 1's children, a parent gone)
+    cgroup: str = ""  # /proc/<pid>/cgroup: where slurmstepd or the kubelet put it (the kernel's word)
 
     def _int(self, name: str) -> int | None:
         return number(self.env.get(name))
@@ -214,16 +228,20 @@ class Job:
         return self.world_size is not None and self.world_size > len(self.ranks)
 
 
+def job_of(key: str, members: Iterable[RankInfo]) -> Job:
+    """One job of these ranks, in rank order, its world size the one most of them give."""
+    ranks = sorted(members, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
+    sizes = Counter(r.world_size for r in ranks if r.world_size is not None)
+    return Job(key, tuple(ranks), sizes.most_common(1)[0][0] if sizes else None)
+
+
 def group_jobs(ranks: Iterable[RankInfo]) -> list[Job]:
+    """The ranks by the job their environment claims: for pictures and words, never to act on
+    (act/membership.py proves a job)."""
     by_key: dict[str, list[RankInfo]] = {}
     for rank in ranks:
         by_key.setdefault(rank.job_key, []).append(rank)
-    jobs = []
-    for key, members in by_key.items():
-        members.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
-        sizes = Counter(r.world_size for r in members if r.world_size is not None)
-        jobs.append(Job(key, tuple(members), sizes.most_common(1)[0][0] if sizes else None))
-    return jobs
+    return [job_of(key, members) for key, members in by_key.items()]
 
 
 class RankDiscovery:
@@ -248,7 +266,8 @@ class RankDiscovery:
             if count:
                 self.counters["unreadable_environ"] += 1
             if isinstance(exc, PermissionError):
-                return {}, "environ: permission denied (the watchdog needs the same user or CAP_SYS_PTRACE)"
+                return {}, ("environ: permission denied (another user's ranks need CAP_SYS_PTRACE and "
+                            "CAP_DAC_READ_SEARCH)")
             return {}, f"environ: {exc.strerror or exc}"
         env = {}
         for entry in raw.split(b"\0"):
@@ -261,11 +280,25 @@ class RankDiscovery:
         return env, None
 
     def cgroup(self, pid: int) -> str:
-        """/proc/<pid>/cgroup, '' where it cannot be read."""
+        """/proc/<pid>/cgroup, '' where it cannot be read (at most 16 KiB: the kernel writes it, paths are
+        bounded, but a deep tree of long names is not small)."""
         try:
-            return self._read(pid, "cgroup").decode(errors="replace")
+            return self._read(pid, "cgroup")[:_CGROUP_MAX].decode(errors="replace")
         except OSError:
             return ""
+
+    @staticmethod
+    def parent(process: psutil.Process) -> Parent | None:
+        """The rank's parent with its start time and user, or None where it has none worth naming (pid 0 or
+        1: an orphan adopted by init) or it is gone."""
+        try:
+            ppid = process.ppid()
+            if ppid <= 1:
+                return None
+            up = psutil.Process(ppid)
+            return Parent(ppid, up.create_time(), up.uids().real)
+        except (psutil.Error, OSError):
+            return None
 
     @staticmethod
     def container(cgroup: str) -> str | None:
@@ -312,10 +345,11 @@ class RankDiscovery:
             return found
         return workload.merged(Workload(namespace=held.namespace, pod=held.pod, container=held.container), found)
 
-    def workload(self, env: Mapping[str, str], cgroup: str, uuids: Iterable[str] = ()) -> Workload:
+    def workload(self, env: Mapping[str, str], cgroup: str, uuids: Iterable[str] = (),
+                 uid: int | None = None) -> Workload:
         """The pod (the kubelet's answer for the rank's GPUs, else its cgroup) and the Slurm job of a rank."""
-        return self.with_pod(workload.merged(workload.pod_from_cgroup(env, cgroup), workload.slurm(env, cgroup)),
-                             uuids)
+        return self.with_pod(workload.merged(workload.pod_from_cgroup(env, cgroup),
+                                             workload.slurm(env, cgroup, uid)), uuids)
 
     def describe(self, pid: int, gpus: tuple[int, ...] = (), expect_create_time: float | None = None,
                  uuids: tuple[str, ...] = ()) -> RankInfo | None:
@@ -332,6 +366,7 @@ class RankDiscovery:
             except psutil.AccessDenied:
                 cmdline = ()
             activity = self.activity(process)
+            uid = process.uids().real
         except psutil.NoSuchProcess:
             self.counters["gone"] += 1
             return None
@@ -341,7 +376,8 @@ class RankDiscovery:
         env, problem = self.environment(pid)
         cgroup = self.cgroup(pid)
         return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(cgroup),
-                        problems=(problem,) if problem else (), workload=self.workload(env, cgroup, uuids))
+                        problems=(problem,) if problem else (), workload=self.workload(env, cgroup, uuids, uid),
+                        uid=uid, parent=self.parent(process), cgroup=cgroup)
 
     def from_snapshot(self, snapshot: NodeSnapshot) -> list[RankInfo]:
         """The compute processes NVML lists on each GPU."""

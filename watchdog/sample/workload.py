@@ -3,9 +3,12 @@ container, or its Slurm job, step and user. An on-call engineer goes from an ale
 describe pod POD` or `scontrol show job ID` with these.
 
 The kernel and the kubelet are believed before the rank: a rank's environment is its own to set.
-Slurm: the rank's cgroup path (`.../job_<id>/step_<n>/...`, cgroup v1 and v2), which Slurm sets and the
-rank cannot leave; the environment (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER) only where the cgroup
-names no job, and then marked as `claimed`.
+Slurm: the rank's cgroup path in slurmstepd's own hierarchy, anchored at the root of the tree (cgroup v1
+`/slurm[_<node>]/uid_<uid>/job_<id>/step_<n>/...`, v2 `[/system.slice]/slurmstepd.scope/job_<id>/step_<n>/...`),
+which only root can make and the rank cannot leave; a `job_<id>` anywhere else (a user's delegated subtree, a
+container's scope) names nothing. The environment (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_JOB_USER) only where
+the cgroup names no job, and then marked as `claimed`. act/membership.py asks Slurm to confirm the job before
+anything is done to it.
 Kubernetes: the kubelet's pod-resources API maps each GPU to the pod and container holding it
 (sample/kubelet.py); without it, the cgroup path (`kubepods...pod<uid>...`) says the process is in a pod,
 and the pod's name is the HOSTNAME Kubernetes gives it (POD_NAME and POD_NAMESPACE where the pod sets
@@ -22,28 +25,44 @@ from watchdog.model import WORKLOAD_LABELS, Workload
 # The variables read from a rank's environment for this (also kept for the bundle's environment.json).
 WORKLOAD_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_USER", "HOSTNAME", "POD_NAME", "POD_NAMESPACE")
 
-_SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/step_([A-Za-z0-9_]+))?")
-_SLURM_UID = re.compile(r"/uid_(\d+)/")
+_JOB = r"job_([1-9]\d{0,11})(?:/step_([A-Za-z0-9_]+))?(?:/|$)"  # no leading zeros: one job, one spelling
+_SLURM_V1 = re.compile(r"^/slurm(?:_[A-Za-z0-9._-]+)?/uid_(\d+)/" + _JOB)
+_SLURM_V2 = re.compile(r"^(?:/system\.slice)?/slurmstepd\.scope/" + _JOB)
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _LABEL_MAX = 253  # a Kubernetes name is at most 253 characters; anything longer is not one
 
 
-def slurm(env: Mapping[str, str], cgroup: str) -> Workload:
+def slurm_cgroup(cgroup: str, uid: int | None = None) -> tuple[str, str | None, str | None] | None:
+    """(job id, step, uid in the path) that slurmstepd's own cgroup names for a process, or None. `uid`: the
+    process's own user, which a v1 path must name."""
+    for line in cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        v1 = _SLURM_V1.match(parts[2])
+        if v1 and (uid is None or int(v1.group(1)) == uid):
+            return v1.group(2), v1.group(3), v1.group(1)
+        v2 = _SLURM_V2.match(parts[2]) if parts[0] == "0" else None
+        if v2:
+            return v2.group(1), v2.group(2), None
+    return None
+
+
+def slurm(env: Mapping[str, str], cgroup: str, uid: int | None = None) -> Workload:
     """The Slurm job of a process: its cgroup path first (the kernel's word), the environment where the
     cgroup names no job (then marked `claimed`). The user's name comes from the environment only when it
     names the job the cgroup names."""
     job, step, user = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID"), env.get("SLURM_JOB_USER")
-    found = _SLURM_CGROUP.search(cgroup)
+    found = slurm_cgroup(cgroup, uid)
     if not found:
         claimed = tuple(n for n, v in (("slurm_job_id", job), ("slurm_step", step), ("slurm_user", user)) if v)
         return Workload(slurm_job_id=_bounded(job), slurm_step=_bounded(step), slurm_user=_bounded(user),
                         claimed=claimed)
-    agrees = job == found.group(1)
-    job = found.group(1)
-    step = found.group(2) or (step if agrees else None)
+    agrees = job == found[0]
+    job = found[0]
+    step = found[1] or (step if agrees else None)
     if not agrees or user is None:
-        uid = _SLURM_UID.search(cgroup)
-        user = f"uid {uid.group(1)}" if uid else None
+        user = f"uid {found[2]}" if found[2] else None
     return Workload(slurm_job_id=_bounded(job), slurm_step=_bounded(step), slurm_user=_bounded(user))
 
 

@@ -1,0 +1,79 @@
+"""The real daemon in act mode over a hung GPU shared with processes that are not the hung job's ranks, each
+a real process of another user: nothing that is not proven a rank of the hung job is touched, and a job
+with a sign of life is left alone, whatever its neighbours look like."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.act.test_actions_policy import summaries, watch
+from tests.fakes.daemon import Receiver
+from tests.users import ALICE, BOB, shared_folder, user_process
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    with shared_folder() as made:
+        yield made
+
+
+def test_processes_of_two_users_that_are_no_ranks_are_left_alone_and_the_alert_says_why(folder: Path,
+                                                                                         tmp_path: Path) -> None:
+    receiver = Receiver()
+    with user_process(folder, ALICE, ["queue"]) as server, user_process(folder, BOB, ["queue"]) as kernel:
+        daemon = watch(tmp_path, server.pid, receiver, mode="act", extra_pids=[kernel.pid])
+        assert server.alive() and kernel.alive()
+    receiver.close()
+    said = [s for s in summaries(receiver) if s.startswith("NOT ACTED (no_target)")]
+    assert len(said) == 1, summaries(receiver)
+    assert f"pid {server.pid}: not a rank of a launched job" in said[0] and f"pid {kernel.pid}" in said[0]
+    assert daemon.counters.snapshot()["actions_total"] == {}
+
+
+def test_a_checkpointing_rank_beside_an_idle_neighbour_is_left_alone(folder: Path, tmp_path: Path) -> None:
+    receiver = Receiver()
+    rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "saving"}
+    # The idle neighbour first: its picture is the episode's (the lowest pid's job), which makes it a hang.
+    with user_process(folder, BOB, ["queue"]) as idle, \
+            user_process(folder, ALICE, [str(folder)], rank, script="checkpoint_writer.py") as saving:
+        daemon = watch(tmp_path, saving.pid, receiver, mode="act", extra_pids=[idle.pid])
+        assert saving.alive() and idle.alive()
+    receiver.close()
+    assert daemon.counters.snapshot()["actions_total"] == {}
+    [state] = daemon.incidents.open.values() or [s for _, s in daemon.incidents.resolved]
+    [decision] = [d for key, d in state.decisions.items() if key]
+    assert decision.name == "alive" and "moved" in decision.reason, decision
+    assert not any(s.startswith("ACTED") for s in summaries(receiver))
+
+
+def test_a_claimed_run_id_gets_no_other_users_rank_killed(folder: Path, tmp_path: Path) -> None:
+    """ALICE's hung process claims the run id of BOB's job, whose rank shares the GPU and is writing a
+    checkpoint: ALICE's is ended, BOB's is not."""
+    receiver = Receiver()
+    claim = {"LOCAL_RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "victimrun"}
+    # The hung process first: its picture is the episode's (the lowest pid's job), which makes it a hang.
+    with user_process(folder, ALICE, ["queue"], {**claim, "RANK": "0"}) as attacker, \
+            user_process(folder, BOB, [str(folder)], {**claim, "RANK": "1"}, script="checkpoint_writer.py") as victim:
+        daemon = watch(tmp_path, attacker.pid, receiver, mode="act", extra_pids=[victim.pid])
+        assert victim.alive(), "the other user's rank was killed"
+        assert not attacker.alive()
+    receiver.close()
+    acted = [s for s in summaries(receiver) if s.startswith("ACTED")]
+    assert len(acted) == 1 and "terminated rank 0 of job run:victimrun" in acted[0], summaries(receiver)
+    assert daemon.counters.get("actions_total", "terminate_ranks", "done") == 1
+
+
+def test_one_episode_over_two_hung_jobs_is_two_decisions(folder: Path, tmp_path: Path) -> None:
+    """Two users' jobs hung on one GPU: each is proven, decided and ended on its own; the alert says both."""
+    receiver = Receiver()
+    with user_process(folder, ALICE, ["queue"], {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "a"}) as one, \
+            user_process(folder, BOB, ["queue"], {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "b"}) as two:
+        daemon = watch(tmp_path, one.pid, receiver, mode="act", extra_pids=[two.pid])
+        assert not one.alive() and not two.alive()
+    receiver.close()
+    [acted] = [s for s in summaries(receiver) if s.startswith("ACTED")]
+    assert "of job run:a (" in acted and " / ACTED: terminated rank 0 of job run:b (" in acted, acted
+    assert daemon.counters.get("actions_total", "terminate_ranks", "done") == 2

@@ -1,0 +1,138 @@
+"""Who an action may touch (act/membership.py), over real processes of other users: a job is proven by what
+a process cannot choose (its launcher, slurmstepd's cgroup confirmed by Slurm, the kubelet's allocation
+with its own pod cgroup), never by the variables it sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.users import ALICE, BOB, shared_folder, user_process
+from watchdog.act import membership
+from watchdog.model import Workload
+from watchdog.sample.ranks import Parent, RankDiscovery, RankInfo
+
+LAUNCHED = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+
+
+@pytest.fixture(scope="module")
+def folder() -> Iterator[Path]:
+    with shared_folder() as made:
+        yield made
+
+
+def confirms_nothing(job: str, uid: int) -> str | None:
+    return "no Slurm here"
+
+
+def describe(*pids: int) -> list[RankInfo]:
+    discovery = RankDiscovery()
+    found = [discovery.describe(pid, (0,)) for pid in pids]
+    assert all(r is not None for r in found)
+    return [r for r in found if r is not None]
+
+
+def test_processes_that_no_launcher_started_as_ranks_are_never_targets(folder: Path) -> None:
+    """An idle inference server and a notebook kernel of two users, no launcher variables: left alone."""
+    with user_process(folder, ALICE, ["queue"]) as server, user_process(folder, BOB, ["queue"]) as kernel:
+        jobs, left = membership.prove(describe(server.pid, kernel.pid), time.time(), confirms_nothing)
+    assert jobs == []
+    assert {a.rank.pid for a in left} == {server.pid, kernel.pid}
+    assert all("not a rank of a launched job" in a.why for a in left)
+
+
+def test_a_claimed_run_id_does_not_join_another_users_job(folder: Path) -> None:
+    """ALICE's process claims BOB's TORCHELASTIC_RUN_ID: two jobs, proven by two launchers."""
+    claim = {**LAUNCHED, "TORCHELASTIC_RUN_ID": "victimrun"}
+    with user_process(folder, BOB, ["queue"], {**claim, "RANK": "1"}) as victim, \
+            user_process(folder, ALICE, ["queue"], claim) as attacker:
+        ranks = describe(victim.pid, attacker.pid)
+        assert {r.job_key for r in ranks} == {"run:victimrun"}  # the claim alone would make them one job
+        jobs, left = membership.prove(ranks, time.time(), confirms_nothing)
+    assert left == [] and len(jobs) == 2
+    assert sorted([r.pid for r in job.ranks] for job in jobs) == sorted([[victim.pid], [attacker.pid]])
+    assert {job.durable.rsplit(":", 1)[0] for job in jobs} == {f"command:{BOB}", f"command:{ALICE}"}
+    assert all(job.name().startswith("run:victimrun (started by pid ") for job in jobs)
+
+
+def test_a_process_whose_parent_is_another_user_or_started_after_the_hang_is_left_alone(folder: Path) -> None:
+    with user_process(folder, ALICE, ["queue"], LAUNCHED, launched=False) as adopted:
+        [rank] = describe(adopted.pid)
+        assert rank.parent is not None and rank.parent.uid == 0 and rank.uid == ALICE
+        jobs, left = membership.prove([rank], time.time(), confirms_nothing)
+        assert jobs == [] and "runs as another user" in left[0].why
+    with user_process(folder, ALICE, ["queue"], LAUNCHED) as late:
+        [rank] = describe(late.pid)
+        jobs, left = membership.prove([rank], rank.create_time - 5, confirms_nothing)
+        assert jobs == [] and left[0].why == "started after the hang began"
+        jobs, left = membership.prove([rank], rank.create_time + 5, confirms_nothing)
+        assert [j.ranks for j in jobs] == [(rank,)] and jobs[0].workload == Workload()
+
+
+@pytest.mark.parametrize(("cgroup", "uid", "job"), [
+    ("6:freezer:/slurm_vm/uid_0/job_1/step_batch\n", 0, "1"),  # cgroup v1, as tests/slurm.py's Slurm makes it
+    ("4:memory:/slurm/uid_1001/job_4242/step_0/task_0\n", 1001, "4242"),
+    ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", 1001, "4242"),  # cgroup v2
+    ("4:memory:/slurm/uid_1001/job_4242/step_0\n", 1002, None),  # another user's uid in the path
+    ("0::/user.slice/user-1001.slice/user@1001.service/app.slice/job_4242.slice\n", 1001, None),  # delegated
+    ("0::/user.slice/user-1001.slice/user@1001.service/app.slice/job_4242.scope\n", 1001, None),
+    ("0::/docker/job_5.scope\n", 0, None),
+    ("0::/system.slice/slurmstepd.scope/job_04242/step_0\n", 1001, None),  # leading zeros name no job
+    ("0::/mine/system.slice/slurmstepd.scope/job_4242/step_0\n", 1001, None),  # not at the root
+    ("4:memory:/user.slice/slurm/uid_1001/job_4242/step_0\n", 1001, None),
+])
+def test_only_slurmstepds_own_hierarchy_names_a_slurm_job(cgroup: str, uid: int, job: str | None) -> None:
+    assert membership.slurm_cgroup(cgroup, uid) == job
+
+
+def rank_in(cgroup: str, workload: Workload, uid: int = ALICE) -> RankInfo:
+    """A described rank as RankDiscovery makes it (the kernel's and the kubelet's fields set by hand)."""
+    return RankInfo(4242, 1.0, ("python", "train.py"), (0,), LAUNCHED, None, workload=workload, uid=uid,
+                    parent=Parent(4000, 0.5, uid), cgroup=cgroup)
+
+
+def test_a_slurm_job_is_proven_only_when_slurm_confirms_it() -> None:
+    cgroup = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n"
+    asked: list[tuple[str, int]] = []
+
+    def slurm(job: str, uid: int) -> str | None:
+        asked.append((job, uid))
+        return None if uid == ALICE else f"Slurm says job {job} runs as bob(1002), not as uid {uid}"
+
+    [job], _ = membership.prove([rank_in(cgroup, Workload(slurm_job_id="4242"))], 2.0, slurm)
+    assert job.key == "slurm:4242" and job.durable == "slurm:4242" and job.workload.slurm_job_id == "4242"
+    [job], _ = membership.prove([rank_in(cgroup, Workload(slurm_job_id="4242"), uid=BOB)], 2.0, slurm)
+    assert job.key.startswith("launcher:") and job.workload.slurm_job_id is None  # its launcher, not the job
+    assert asked == [("4242", ALICE), ("4242", BOB)]
+
+
+def test_a_pod_is_proven_by_the_kubelet_and_the_process_own_pod_cgroup() -> None:
+    uid = "0f8a3c2e-1b2d-4e5f-8a9b-0c1d2e3f4a5b"
+    held = Workload(namespace="ml", pod="trainer-0", container="main")  # the kubelet's answer for GPU 0
+    inside = f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
+    [job], _ = membership.prove([rank_in(inside, held)], 2.0, confirms_nothing)
+    assert job.key == "pod:ml/trainer-0" and job.pod_uid == uid and job.workload.pod == "trainer-0"
+    # A process outside any pod on a GPU the kubelet gave to a pod: not that pod's; its launcher's at most.
+    [job], _ = membership.prove([rank_in("0::/user.slice/user-1001.slice/session-3.scope\n", held)], 2.0,
+                                confirms_nothing)
+    assert job.key.startswith("launcher:") and job.workload.pod is None and job.pod_uid is None
+    # A pod the rank's own HOSTNAME claims is no pod at all.
+    claimed = Workload(namespace="ml", pod="trainer-0", claimed=("namespace", "pod"))
+    [job], _ = membership.prove([rank_in(inside, claimed)], 2.0, confirms_nothing)
+    assert job.workload.pod is None
+
+
+def test_a_relaunch_under_a_new_run_id_is_the_same_job_for_the_ledger() -> None:
+    """The ledger keys on what survives a relaunch (the user and the command line), not the claimed run id:
+    a job that comes back under a new TORCHELASTIC_RUN_ID is still deterministic."""
+    first = dataclasses.replace(rank_in("0::/user.slice\n", Workload()),
+                                env={**LAUNCHED, "TORCHELASTIC_RUN_ID": "llm-1"})
+    again = dataclasses.replace(first, pid=5000, parent=Parent(4900, 9.0, ALICE),
+                                env={**LAUNCHED, "TORCHELASTIC_RUN_ID": "llm-2"})
+    other = dataclasses.replace(again, uid=BOB, parent=Parent(4900, 9.0, BOB))
+    [[before], [after], [bob]] = [membership.prove([r], 20.0, confirms_nothing)[0] for r in (first, again, other)]
+    assert before.key != after.key and before.durable == after.durable != bob.durable

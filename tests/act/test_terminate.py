@@ -1,0 +1,119 @@
+"""terminate_ranks over real processes: a pidfd checked against the rank's start time (a reused pid is never
+signalled), a zombie counted as gone, a pause during the grace period stopping the SIGKILL and every step
+after it, and what the alert then says."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import python_target
+from watchdog.act import policy
+from watchdog.act.actions import DONE, FAILED, SKIPPED, STOPPED, Actions, Step, Target
+from watchdog.act.incidents import action_text
+from watchdog.config import ActionsConfig
+from watchdog.model import Workload
+from watchdog.sample.ranks import RankDiscovery, RankInfo
+
+RANK = {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "t"}
+
+
+def target(*ranks: RankInfo) -> Target:
+    return Target("run:t", ranks, Workload(), {}, None, "node")
+
+
+def actions(**values: object) -> Actions:
+    return Actions(ActionsConfig(**{"mode": "act", "pause_file": None, "grace_seconds": 5, "timeout_seconds": 10,
+                                    **values}))
+
+
+def describe(pid: int) -> RankInfo:
+    rank = RankDiscovery().describe(pid)
+    assert rank is not None
+    return rank
+
+
+def test_a_pid_that_names_another_process_now_is_never_signalled(tmp_path: Path) -> None:
+    with python_target("queue", tmp_path, env=RANK) as process:
+        listed = dataclasses.replace(describe(process.pid), create_time=describe(process.pid).create_time - 60)
+        [step] = actions().run(target(listed), dry=False)
+        assert step.result == SKIPPED and process.poll() is None
+
+
+def test_a_rank_whose_parent_never_reaps_it_is_gone_once_it_is_a_zombie() -> None:
+    """Its parent (stuck itself) never waits for it: it stays a zombie, which has ended all the same."""
+    parent = subprocess.Popen([sys.executable, "-c", "import os, sys, time\npid = os.fork()\nif pid == 0:\n"
+                               "    time.sleep(600)\nprint(pid, flush=True)\ntime.sleep(600)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        started = time.monotonic()
+        [step] = actions(grace_seconds=5, timeout_seconds=10).run(target(describe(child)), dry=False)
+        assert step.result == DONE and time.monotonic() - started < 3, step
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_pause_during_the_grace_period_stops_the_sigkill_and_the_steps_after(tmp_path: Path) -> None:
+    pause = tmp_path / "pause"
+    ran = tmp_path / "ran"
+    with python_target("deaf", tmp_path, env=RANK) as process:
+        timer = threading.Timer(0.8, pause.touch)
+        timer.start()
+        started = time.monotonic()
+        steps = actions(do=["terminate_ranks", "command"], command=["/bin/touch", str(ran)]).run(
+            target(describe(process.pid)), dry=False, stop=lambda: f"paused by {pause}" if pause.exists() else None)
+        timer.join()
+        assert time.monotonic() - started < 3
+        assert process.poll() is None, "SIGKILL was sent after the pause"
+        assert [st.result for st in steps] == [STOPPED, STOPPED]
+        assert "SIGKILL not sent" in steps[0].detail and str(pause) in steps[0].detail
+        assert not ran.exists()
+
+
+def test_a_stubborn_rank_gets_sigkill_after_the_grace_period(tmp_path: Path) -> None:
+    with python_target("deaf", tmp_path, env=RANK) as process:
+        [step] = actions(grace_seconds=0.5).run(target(describe(process.pid)), dry=False)
+        assert step.result == DONE and "1 needed SIGKILL" in step.detail
+        assert process.wait(5) == -9
+
+
+@pytest.mark.parametrize(("steps", "head"), [
+    ([Step("terminate_ranks", DONE, 0, 1, "terminated rank 0 of job run:t (1 processes)")],
+     "ACTED: terminated rank 0 of job run:t (1 processes) after 2 min 0 s of hang"),
+    ([Step("terminate_ranks", FAILED, 0, 0, "cannot signal pid 19400: operation not permitted (the daemon needs "
+           "CAP_KILL ...)")],
+     "NOT ACTED (failed: terminate_ranks failed: cannot signal pid 19400: operation not permitted (the daemon "
+     "needs CAP_KILL ...)) after 2 min 0 s of hang"),
+    ([Step("terminate_ranks", STOPPED, 0, 0, "sent SIGTERM; SIGKILL not sent: paused")],
+     "NOT ACTED (failed: terminate_ranks stopped: sent SIGTERM; SIGKILL not sent: paused) after 2 min 0 s"),
+    ([Step("slurm", SKIPPED, 0, 0, "no Slurm job known")],
+     "NOT ACTED (failed: slurm skipped: no Slurm job known) after"),
+])
+def test_acted_is_said_only_when_the_job_was_ended(steps: list[Step], head: str) -> None:
+    said = action_text([("launcher:1@2", policy.Decision("act", "critical"), steps)], 120.0, "/b", "HANG")
+    assert said.startswith(head), said
+
+
+def test_no_evidence_is_kept_for_a_bundle_that_is_gone(tmp_path: Path) -> None:
+    """An action waits for its evidence on disk: a bundle rotated away (or a disk that refuses) is an error,
+    which the daemon turns into NOT ACTED (no_evidence)."""
+    from watchdog.act.bundles import BundleStore
+    from watchdog.config import BundlesConfig
+    from watchdog.export.metrics import new_counters
+    store = BundleStore(BundlesConfig(directory=str(tmp_path)), new_counters())
+    with pytest.raises(FileNotFoundError):
+        store.keep_evidence(str(tmp_path / "rotated-away"), [])
+    (tmp_path / "bundle").mkdir()
+    kept = store.keep_evidence(str(tmp_path / "bundle"), [])
+    assert kept.startswith("before-action") and (tmp_path / "bundle" / kept).is_dir()

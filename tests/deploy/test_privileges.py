@@ -1,0 +1,118 @@
+"""The daemon under exactly the privileges the shipped units give it, against ranks of another user: the
+systemd unit's dynamic user (a non-root uid with the unit's ambient capabilities, with and without the
+actions drop-in) and the DaemonSet's root with every capability dropped but those it adds. What each can
+do is the README's privilege table ("Security: what the daemon promises")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.users import ALICE, portable_install, shared_folder, unit_capabilities, user_process, with_capabilities
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+UNIT = DEPLOY / "systemd" / "stall-watchdog.service"
+DROP_IN = DEPLOY / "systemd" / "actions.conf"
+DYNAMIC_USER = 61234  # what systemd's DynamicUser picks from (61184-65519): no account, no group
+RANK = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "alice-run"}
+
+
+def daemonset_capabilities() -> list[str]:
+    documents = yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text())
+    [daemonset] = [d for d in documents if d and d.get("kind") == "DaemonSet"]
+    [main] = [c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "stall-watchdog"]
+    return [c.lower() for c in main["securityContext"]["capabilities"]["add"]]
+
+
+@pytest.fixture(scope="module")
+def install() -> Iterator[tuple[Path, dict[str, str]]]:
+    with shared_folder() as folder:
+        yield folder, portable_install(folder)
+
+
+def run_as(install: tuple[Path, dict[str, str]], caps: list[str], uid: int | None, *args: str,
+           python: str = "/usr/bin/python3") -> subprocess.CompletedProcess[str]:
+    folder, env = install
+    return subprocess.run(with_capabilities([python, *args], caps, uid), env=env, cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+
+
+def dump(install: tuple[Path, dict[str, str]], caps: list[str], uid: int | None, pid: int) -> dict[str, object]:
+    done = run_as(install, caps, uid, "-m", "watchdog", "stacks", "dump", "--pid", str(pid), "--json")
+    assert done.returncode in (0, 1), done.stderr
+    found: dict[str, object] = json.loads(done.stdout.splitlines()[0])
+    return found
+
+
+@pytest.mark.parametrize("who", ["systemd unit", "DaemonSet"])
+def test_the_shipped_privileges_read_another_users_ranks_identity_and_stacks(
+        install: tuple[Path, dict[str, str]], who: str) -> None:
+    caps, uid = (unit_capabilities(UNIT), DYNAMIC_USER) if who == "systemd unit" else (daemonset_capabilities(), None)
+    with user_process(install[0], ALICE, ["queue"], RANK) as rank:
+        seen = dump(install, caps, uid, rank.pid)
+    assert seen["job"] == "run:alice-run" and seen["world_size"] == 4, seen
+    [capture] = seen["captures"]  # type: ignore[misc]
+    assert capture["result"] == "ok" and capture["rank"] == 3, capture
+    assert "Queue.get" in json.dumps(seen["groups"])
+
+
+def test_ptrace_alone_cannot_name_another_users_rank(install: tuple[Path, dict[str, str]]) -> None:
+    """What the units shipped before: py-spy reads the stacks, but /proc/<pid>/environ (0400) is refused, so
+    the rank has no rank and no job; the daemon says which capability is missing."""
+    with user_process(install[0], ALICE, ["queue"], RANK) as rank:
+        seen = dump(install, ["sys_ptrace"], DYNAMIC_USER, rank.pid)
+        assert seen["job"] == "unlaunched" and seen["captures"][0]["rank"] is None  # type: ignore[index]
+        config = install[0] / "config.yaml"
+        config.write_text("source: {kind: sim, scenario: healthy}\n")
+        config.chmod(0o644)
+        checked = run_as(install, ["sys_ptrace"], DYNAMIC_USER, "-m", "watchdog", "check-config", str(config))
+    assert checked.returncode == 0, checked.stderr
+    assert "lacks CAP_DAC_READ_SEARCH" in checked.stderr and "no rank and no job" in checked.stderr
+
+
+TERMINATE = """
+import json, sys
+import psutil
+from watchdog.act.actions import Actions, Target
+from watchdog.config import ActionsConfig
+from watchdog.model import Workload
+from watchdog.sample.ranks import RankDiscovery
+rank = RankDiscovery().describe(int(sys.argv[1]))
+steps = Actions(ActionsConfig(mode="act", grace_seconds=2, timeout_seconds=10)).run(
+    Target("run:alice-run", (rank,), Workload(), {}, None, "node"), dry=False)
+print(json.dumps([s.to_json() for s in steps]))
+"""
+
+
+def test_terminate_ranks_needs_the_drop_in_and_check_config_says_so(install: tuple[Path, dict[str, str]]) -> None:
+    folder = install[0]
+    config = folder / "act.yaml"
+    config.write_text("source: {kind: sim, scenario: healthy}\nactions: {mode: act, do: [terminate_ranks]}\n")
+    config.chmod(0o644)
+    base, full = unit_capabilities(UNIT), unit_capabilities(UNIT, DROP_IN)
+    assert "kill" not in base and "kill" in full
+    checked = run_as(install, base, DYNAMIC_USER, "-m", "watchdog", "check-config", str(config))
+    assert checked.returncode == 2 and "actions.terminate_ranks: this process lacks CAP_KILL" in checked.stderr
+    assert run_as(install, full, DYNAMIC_USER, "-m", "watchdog", "check-config", str(config)).returncode == 0
+    with user_process(folder, ALICE, ["queue"], RANK) as rank:
+        done = run_as(install, base, DYNAMIC_USER, "-c", TERMINATE, str(rank.pid))
+        [step] = json.loads(done.stdout)
+        assert step["result"] == "failed" and "CAP_KILL" in step["detail"], step
+        assert rank.alive()
+        done = run_as(install, full, DYNAMIC_USER, "-c", TERMINATE, str(rank.pid))
+        [step] = json.loads(done.stdout)
+        assert step["result"] == "done" and not rank.alive(), (step, done.stderr)
+
+
+def test_this_test_runs_as_root() -> None:
+    """The cases above start processes as other users and drop privileges with setpriv: root is needed, as
+    it is in CI."""
+    import os
+    assert os.geteuid() == 0, "run the tests as root (CI does): they start ranks as other users"
+    assert sys.platform == "linux"

@@ -1,0 +1,160 @@
+"""Which processes on a hung episode's GPUs are provably ranks of one job, and which job: the only processes
+an action may touch.
+
+A rank's environment (RANK, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, HOSTNAME) is its own to write, so it decides
+nothing here. A job is proven by what the process cannot choose, in this order:
+
+slurm     its cgroup lies in slurmstepd's own hierarchy (cgroup v1 `/slurm[_<node>]/uid_<uid>/job_<id>/
+          step_<s>`, with the process's own uid; v2 `/system.slice/slurmstepd.scope/job_<id>/step_<s>`),
+          and Slurm confirms job <id> is running as the process's user
+pod       its cgroup is a pod's (`kubepods...pod<uid>`) and the kubelet allocated its GPU to a pod: the pod's
+          deletion is then made conditional on that UID (DeleteOptions.preconditions), so the API server
+          deletes the pod the process runs in or nothing
+launcher  its parent (not init) runs as the same user: the ranks one launcher started (torchrun's agent,
+          mp.spawn's parent, a batch script) are one job
+
+Every candidate must also carry a launcher's variables (RANK or LOCAL_RANK or SLURM_PROCID, with WORLD_SIZE),
+have started before the hang began, and not be this daemon or its parent. A process that fails any of
+this is left alone, and the reason is kept for the bundle and the alert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from watchdog.model import Workload
+from watchdog.sample import workload as workloads
+from watchdog.sample.ranks import Job, RankInfo, group_jobs, job_of
+
+_LAUNCHED = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
+
+# (Slurm job id, uid) -> None when Slurm confirms the job runs as that user on this node, else why not
+SlurmCheck = Callable[[str, int], "str | None"]
+
+
+@dataclass(frozen=True)
+class ProvenJob:
+    """Ranks of one job on this node, with what proves it."""
+
+    key: str  # "slurm:4242", "pod:ml/trainer-0", "launcher:812@1.9e9": unique on this node now
+    durable: str  # what survives a restart of the job (the ledger's key): Slurm job, pod, user and command
+    proof: str  # a clause: "Slurm job 4242 (slurmstepd's cgroup, confirmed by Slurm)"
+    ranks: tuple[RankInfo, ...]
+    workload: Workload  # only what is proven (a pod, a Slurm job), never a claim
+    pod_uid: str | None = None
+
+    def claimed(self) -> str | None:
+        """The job key the ranks' environment gives (RankInfo.job_key), where they all give the same: the name
+        a person knows the job by, and the key its pictures, dumps and labels use."""
+        claimed = {r.job_key for r in self.ranks}
+        return next(iter(claimed)) if len(claimed) == 1 else None
+
+    def name(self) -> str:
+        """How an action names the job: its claimed key where the ranks agree on one, with its proof."""
+        claimed = self.claimed()
+        return f"{claimed} ({self.proof})" if claimed else self.proof
+
+
+@dataclass(frozen=True)
+class LeftAlone:
+    rank: RankInfo
+    why: str
+
+    def text(self) -> str:
+        return f"pid {self.rank.pid}: {self.why}"
+
+
+def slurm_cgroup(cgroup: str, uid: int | None) -> str | None:
+    """The Slurm job id slurmstepd's own cgroup names for a process of user `uid`, or None
+    (sample/workload.py holds the rule)."""
+    found = workloads.slurm_cgroup(cgroup, uid) if uid is not None else None
+    return found[0] if found else None
+
+
+def _unproven(rank: RankInfo, onset: float, own: Sequence[int]) -> str | None:
+    """Why a process cannot be a target whatever proves its job, or None."""
+    if rank.pid in own:
+        return "this daemon or its parent"
+    if rank.problems and rank.uid is None:
+        return "could not be described (" + "; ".join(rank.problems) + ")"
+    if "WORLD_SIZE" not in rank.env or not set(_LAUNCHED) & rank.env.keys():
+        return "not a rank of a launched job (no RANK or LOCAL_RANK with WORLD_SIZE in its environment)"
+    if rank.create_time > onset:
+        return "started after the hang began"
+    if rank.uid is None:
+        return "its user could not be read"
+    return None
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Workload, str | None] | str:
+    """(key, durable, proof, workload, pod uid) for a rank whose job is proven, else why it is not."""
+    assert rank.uid is not None
+    notes = []
+    job = slurm_cgroup(rank.cgroup, rank.uid)
+    if job is not None:
+        refused = slurm_check(job, rank.uid)
+        if refused is None:
+            w = rank.workload
+            proven = Workload(slurm_job_id=job, slurm_step=w.slurm_step if "slurm_step" not in w.claimed else None,
+                              slurm_user=w.slurm_user if "slurm_user" not in w.claimed else None)
+            return (f"slurm:{job}", f"slurm:{job}", f"Slurm job {job}: slurmstepd's cgroup, confirmed by Slurm",
+                    proven, None)
+        notes.append(f"its cgroup names Slurm job {job}, which Slurm does not confirm ({refused})")
+    pod_uid = workloads.pod_uid(rank.cgroup)
+    w = rank.workload
+    if pod_uid is not None and w.pod and w.namespace and not {"pod", "namespace"} & set(w.claimed):
+        where = f"{w.namespace}/{w.pod}"
+        return (f"pod:{where}", f"pod:{where}", f"pod {where}: the kubelet's allocation, pod UID {pod_uid}",
+                Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid)
+    if pod_uid is None and w.pod and not {"pod", "namespace"} & set(w.claimed):
+        notes.append(f"it runs outside any pod on a GPU the kubelet gave to pod {w.namespace}/{w.pod}")
+    parent = rank.parent
+    if parent is None:
+        return "; ".join([*notes, "no launcher proves its job (its parent is init or gone)"])
+    if parent.uid != rank.uid:
+        return "; ".join([*notes, f"no launcher proves its job (its parent, pid {parent.pid}, runs as another "
+                                  "user)"])
+    program = rank.cmdline[1:] if rank.cmdline[:1] and "python" in os.path.basename(rank.cmdline[0]) \
+        else rank.cmdline
+    return (f"launcher:{parent.pid}@{parent.create_time:.2f}", f"command:{rank.uid}:{_digest(program)}",
+            f"started by pid {parent.pid} as uid {rank.uid}", Workload(), None)
+
+
+def prove(ranks: Iterable[RankInfo], onset: float, slurm_check: SlurmCheck) -> tuple[list[ProvenJob], list[LeftAlone]]:
+    """The proven jobs among `ranks` (each with its members, in rank order) and the processes left alone.
+    `onset`: wall seconds the hang began."""
+    own = (os.getpid(), os.getppid(), 1)
+    groups: dict[str, tuple[str, str, Workload, str | None, list[RankInfo]]] = {}
+    left = []
+    for rank in ranks:
+        why = _unproven(rank, onset, own)
+        proven = _prove(rank, slurm_check) if why is None else why
+        if isinstance(proven, str):
+            left.append(LeftAlone(rank, proven))
+            continue
+        key, durable, proof, workload, pod_uid = proven
+        groups.setdefault(key, (durable, proof, workload, pod_uid, []))[4].append(rank)
+    jobs = []
+    for key, (durable, proof, workload, pod_uid, members) in groups.items():
+        uids = {r.uid for r in members}
+        if len(uids) > 1:  # one job runs as one user; a mix is not one job
+            left.extend(LeftAlone(r, f"{proof}, but its ranks run as {len(uids)} users") for r in members)
+            continue
+        members.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
+        jobs.append(ProvenJob(key, durable, proof, tuple(members), workload, pod_uid))
+    return jobs, left
+
+
+def pictured(ranks: Sequence[RankInfo], slurm_check: SlurmCheck) -> list[Job]:
+    """The jobs to look at together (one stack picture each): the proven jobs, whenever their ranks started,
+    then the other processes by the job their environment claims (shown, never acted on). A claim never
+    puts a process in a proven job's picture, so one job's stacks and host activity speak for it alone."""
+    jobs, left = prove(ranks, float("inf"), slurm_check)
+    return [job_of(job.claimed() or job.name(), job.ranks) for job in jobs] + group_jobs(alone.rank for alone in left)
