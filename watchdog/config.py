@@ -476,8 +476,9 @@ class ActionsConfig(_Section):
         default_factory=lambda: ["terminate_ranks"], description="The actions, in order: terminate_ranks, slurm, "
         "kubernetes, command.")
     on_telemetry_only: bool = Field(
-        False, description="Act on a critical episode no live evidence confirms (no rank seen on its GPUs, no "
-        "stacks). Off: only a hang whose ranks' stacks show them blocked, or whose host progress is still.")
+        False, description="Act on a proven job's critical episode that no live evidence confirms (its stacks "
+        "not captured). Off: only a hang whose ranks' stacks show them blocked, or whose host progress is still. "
+        "Either way only ranks proven in a job are acted on: no process on the GPUs, no action.")
     timeout_seconds: Seconds = Field(60.0, description="Each action is abandoned (and counted timed_out) after this "
                                      "long.")
     grace_seconds: Annotated[float, Field(ge=0, le=600, allow_inf_nan=False)] = Field(

@@ -87,7 +87,8 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                                 on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic)
     daemon = Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
                     monotonic, wall, HostProgress(monotonic), verdicts)
-    for problem in action_problems(config.actions):  # the action fails when it is due; said now, at start
+    incidents.unready = action_problems(config.actions)  # the action would fail when due: said now, at start
+    for problem in incidents.unready:
         logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
     for short in privileges.shortfalls(stacks=True, terminate=False):
         logfmt.event("privileges_short", level=logfmt.WARNING, problem=short.text())
@@ -252,8 +253,9 @@ class Daemon:
             disk = self.bundles.disk_bytes()
         alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
         action = (self.config.actions.mode, self.incidents.action_state)
+        ledger = tuple((key, at) for key, at, _ in self.incidents.ledger.summary())
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last,
-                                   tick_seconds, disk, action)
+                                   tick_seconds, disk, action, ledger)
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
         """gpu, pid, rank, job and workload for rank_info. A process is described once (psutil and /proc),
@@ -334,6 +336,9 @@ class Daemon:
         self.config = new
         self.engine.reconfigure(new)
         self.incidents.config = new
+        self.incidents.unready = action_problems(new.actions)
+        for problem in self.incidents.unready:
+            logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
         self.incidents.capturer.reconfigure(new.stacks)
         if self.dumps is not None:
             self.dumps.config = new

@@ -36,16 +36,17 @@ def test_processes_of_two_users_that_are_no_ranks_are_left_alone_and_the_alert_s
 def test_a_checkpointing_rank_beside_an_idle_neighbour_is_left_alone(folder: Path, tmp_path: Path) -> None:
     receiver = Receiver()
     rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "saving"}
-    # The idle neighbour first: its picture is the episode's (the lowest pid's job), which makes it a hang.
+    # The proven job's picture leads the episode (it may stay a warning: the rank is busy on the host); where
+    # the episode turns critical all the same, the rank's own I/O vetoes the action.
     with user_process(folder, BOB, ["queue"]) as idle, \
             user_process(folder, ALICE, [str(folder)], rank, script="checkpoint_writer.py") as saving:
-        daemon = watch(tmp_path, saving.pid, receiver, mode="act", extra_pids=[idle.pid])
+        daemon = watch(tmp_path, saving.pid, receiver, mode="act", extra_pids=[idle.pid], critical=False)
         assert saving.alive() and idle.alive()
     receiver.close()
     assert daemon.counters.snapshot()["actions_total"] == {}
-    [state] = daemon.incidents.open.values() or [s for _, s in daemon.incidents.resolved]
-    [decision] = [d for key, d in state.decisions.items() if key]
-    assert decision.name == "alive" and "moved" in decision.reason, decision
+    states = [*daemon.incidents.open.values(), *(s for _, s in daemon.incidents.resolved)]
+    decided = [d for state in states for key, d in state.decisions.items() if key]
+    assert all(d.name == "alive" and "moved" in d.reason for d in decided), decided
     assert not any(s.startswith("ACTED") for s in summaries(receiver))
 
 
@@ -61,6 +62,8 @@ def test_a_claimed_run_id_gets_no_other_users_rank_killed(folder: Path, tmp_path
         assert victim.alive(), "the other user's rank was killed"
         assert not attacker.alive()
     receiver.close()
+    [state] = [*daemon.incidents.open.values(), *(s for _, s in daemon.incidents.resolved)]
+    assert sorted(d.name for d in state.decisions.values()) == ["act", "alive"]  # the victim's own I/O vetoes it
     acted = [s for s in summaries(receiver) if s.startswith("ACTED")]
     assert len(acted) == 1 and "terminated rank 0 of job run:victimrun" in acted[0], summaries(receiver)
     assert daemon.counters.get("actions_total", "terminate_ranks", "done") == 1

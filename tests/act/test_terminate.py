@@ -117,3 +117,27 @@ def test_no_evidence_is_kept_for_a_bundle_that_is_gone(tmp_path: Path) -> None:
     (tmp_path / "bundle").mkdir()
     kept = store.keep_evidence(str(tmp_path / "bundle"), [])
     assert kept.startswith("before-action") and (tmp_path / "bundle" / kept).is_dir()
+
+
+def test_an_action_under_way_stops_on_a_pause_a_reload_or_its_evidence_gone(tmp_path: Path) -> None:
+    """What the daemon asks between two steps and during a grace period (IncidentHandler._stop_reason)."""
+    from tests.fakes.daemon import daemon_config
+    from watchdog.act.incidents import _Open
+    from watchdog.daemon import build
+    config = daemon_config(tmp_path, actions={"mode": "act", "pause_file": str(tmp_path / "pause")})
+    daemon = build(config)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    state = _Open(gpus=(0,), bundle=str(bundle))
+    stop = daemon.incidents._stop_reason
+    assert stop(state) is None
+    (tmp_path / "pause").touch()
+    assert stop(state) == f"paused by {tmp_path / 'pause'}"
+    (tmp_path / "pause").unlink()
+    daemon.incidents.config = config.model_copy(update={"actions": config.actions.model_copy(
+        update={"mode": "observe"})})  # what a reload hands the incident side
+    assert stop(state) == "actions.mode is now observe"
+    daemon.incidents.config = config
+    bundle.rmdir()  # rotated away
+    assert stop(state) == "the incident bundle is no longer on disk"
+    daemon.shutdown(timeout=5)

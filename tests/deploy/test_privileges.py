@@ -116,3 +116,44 @@ def test_this_test_runs_as_root() -> None:
     import os
     assert os.geteuid() == 0, "run the tests as root (CI does): they start ranks as other users"
     assert sys.platform == "linux"
+
+
+@pytest.mark.parametrize("drop_in", [False, True], ids=["base unit", "with actions.conf"])
+def test_the_daemon_is_armed_only_with_the_capability_to_act(install: tuple[Path, dict[str, str]],
+                                                             drop_in: bool) -> None:
+    """`run` as the unit runs it, in act mode: without actions.conf it starts, says why at start-up, and
+    /metrics says unready, never armed; with it, armed."""
+    import socket
+    import time
+    import urllib.request
+    folder, env = install
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = folder / "run.yaml"
+    config.write_text("source: {kind: sim, scenario: healthy}\n"
+                      f"export: {{listen_address: '127.0.0.1:{port}'}}\n"
+                      f"bundles: {{directory: {folder / 'incidents'}}}\n"
+                      f"actions: {{mode: act, pause_file: {folder / 'pause'}}}\n")
+    config.chmod(0o644)
+    daemon = subprocess.Popen(with_capabilities(["/usr/bin/python3", "-m", "watchdog", "run", "--config", str(config)],
+                                                unit_capabilities(UNIT, *([DROP_IN] if drop_in else [])),
+                                                DYNAMIC_USER),
+                              env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, text = time.monotonic() + 60, ""
+        while 'state="' not in text:
+            assert daemon.poll() is None and time.monotonic() < deadline, "the daemon did not serve /metrics"
+            time.sleep(0.5)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                continue
+        state = next(line for line in text.splitlines() if line.startswith("stall_watchdog_action_state{"))
+        expected = "armed" if drop_in else "unready"
+        assert state == f'stall_watchdog_action_state{{mode="act",state="{expected}"}} 1.0', state
+    finally:
+        daemon.terminate()
+        _, log = daemon.communicate(timeout=30)
+    assert ("lacks CAP_KILL" in log) is not drop_in, log[-2000:]
+    assert "event=privileges_short" not in log  # the unit's set reads and traces every rank

@@ -25,6 +25,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import REPO, TARGETS, need_tool, wait_for
+from watchdog.act import fleet
+from watchdog.config import FleetConfig
+
+LEDGER_AT = 1_900_000_000.0
 
 
 def free_port() -> int:
@@ -88,6 +92,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         am_url = f"http://127.0.0.1:{ports['am']}"
         until(lambda: get_json(am_url + "/api/v2/status"), 60, "Alertmanager to start")
 
+        # Node A once acted on Slurm job 4242 (its ledger, kept on disk, outlives the daemon's restarts).
+        (tmp / "incidents-a").mkdir(mode=0o700)
+        (tmp / "incidents-a" / "actions-ledger.json").write_text(json.dumps([[LEDGER_AT, "slurm:4242"]]))
         for node, scenario, extra in (("a", "spin_hang", ""), ("b", "odd_rank", f"  pids: {json.dumps(pids)}\n")):
             (tmp / f"{node}.yaml").write_text(
                 f"source:\n  kind: sim\n  scenario: {scenario}\n  start_offset_seconds: 292\n{extra}"
@@ -246,6 +253,18 @@ def test_the_job_alerts_lead_to_the_slurm_job(stack: dict[str, object]) -> None:
 
     (alert,) = until(waiting, 120, "node B's waiting alert in Alertmanager")  # type: ignore[misc]
     assert alert["labels"]["slurm_job_id"] == "4242" and alert["labels"]["slurm_user"] == "alice"
+
+
+def test_a_nodes_ledger_reaches_the_fleet(stack: dict[str, object]) -> None:
+    """What node A's ledger holds is what another node learns through Prometheus about the same job (a job
+    requeued there is not acted on as if it were new)."""
+    config = FleetConfig(prometheus_url=str(stack["prom"]), timeout_seconds=5)
+
+    def seen() -> list[float] | None:
+        return fleet.actions_elsewhere(config, "slurm:4242")[0]
+
+    assert until(seen, 60, "node A's ledger in Prometheus") == [LEDGER_AT]
+    assert fleet.actions_elsewhere(config, "slurm:1") == ([], "")
 
 
 def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> None:

@@ -1,9 +1,15 @@
-"""The fleet circuit breaker's question: what share of the fleet's nodes acted on a hang lately?
+"""The fleet's two questions, asked of Prometheus where actions.fleet.prometheus_url is set:
 
-Prometheus knows: every node's daemon exports stall_watchdog_actions_total, and deploy/prometheus/rules.yml
-records stall_watchdog:fleet_acted_ratio from it. This asks for that one number, through the one HTTP
-client; no answer (unreachable, slow, not a number) is None with the reason, and the policy then does not
-act: a breaker that cannot see the fleet stays open.
+- what share of the fleet's nodes acted on a hang lately? Every node's daemon exports
+  stall_watchdog_actions_total, and deploy/prometheus/rules.yml records stall_watchdog:fleet_acted_ratio
+  from it (the circuit breaker);
+- when did other nodes act on this job? Every node exports its ledger as
+  stall_watchdog_ledger_last_action_timestamp_seconds{ledger_key} (the job's Slurm job, pod, or user and
+  command): a job requeued to another node is known there (the deterministic guard, the budget, the
+  cooldown).
+
+Each through the one HTTP client; no answer (unreachable, slow, not a query result) is None with the reason,
+and the policy then does not act: a breaker that cannot see the fleet stays open.
 """
 
 from __future__ import annotations
@@ -16,24 +22,48 @@ from watchdog import http_client
 from watchdog.config import FleetConfig
 
 RECORD = "stall_watchdog:fleet_acted_ratio"
+LEDGER = "stall_watchdog_ledger_last_action_timestamp_seconds"
 
 
 def acted_ratio(cfg: FleetConfig) -> tuple[float | None, str]:
     """(share of nodes that acted in the rules' window, '') or (None, why not). 0.0 without a breaker."""
     if cfg.prometheus_url is None:
         return 0.0, ""
-    url = cfg.prometheus_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": RECORD})
+    values, why = _query(cfg, RECORD)
+    if values is None:
+        return None, why
+    if not values:
+        return None, f"Prometheus has no {RECORD} (are deploy/prometheus/rules.yml loaded?)"
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        return None, f"{RECORD} is not a share"
+    return max(values), ""
+
+
+def actions_elsewhere(cfg: FleetConfig, ledger_key: str) -> tuple[list[float] | None, str]:
+    """(each node's last action on the job `ledger_key`, '') or (None, why not); [] without a fleet."""
+    if cfg.prometheus_url is None:
+        return [], ""
+    quoted = ledger_key.replace("\\", "\\\\").replace('"', '\\"')
+    values, why = _query(cfg, f'{LEDGER}{{ledger_key="{quoted}"}}')
+    if values is None:
+        return None, why
+    return [v for v in values if math.isfinite(v) and v > 0], ""
+
+
+def _query(cfg: FleetConfig, query: str) -> tuple[list[float] | None, str]:
+    assert cfg.prometheus_url is not None
+    url = cfg.prometheus_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
     try:
         answer = http_client.request("GET", url, timeout=cfg.timeout_seconds, max_bytes=256 * 1024)
     except (http_client.HttpError, ValueError) as exc:
         return None, f"Prometheus: {exc}"
     if answer.status != 200:
         return None, f"Prometheus answered HTTP {answer.status}"
-    return _share(answer.body)
+    return _values(answer.body)
 
 
-def _share(body: bytes) -> tuple[float | None, str]:
-    """The largest value of an instant-vector answer, or None and why: an answer that is not Prometheus's
+def _values(body: bytes) -> tuple[list[float] | None, str]:
+    """The values of an instant-vector answer, or None and why: an answer that is not Prometheus's
     `{"status": "success", "data": {"resultType": "vector", "result": [...]}}` with numbers in it is no answer
     (an error status, `true`, a deep nesting: never a reason to act)."""
     try:
@@ -55,9 +85,5 @@ def _share(body: bytes) -> tuple[float | None, str]:
         try:
             values.append(float(sample[1]))
         except ValueError:
-            return None, f"{RECORD} is not a number"
-    if not values:
-        return None, f"Prometheus has no {RECORD} (are deploy/prometheus/rules.yml loaded?)"
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        return None, f"{RECORD} is not a share"
-    return max(values), ""
+            return None, "Prometheus's answer holds a value that is not a number"
+    return values, ""

@@ -110,7 +110,7 @@ class _Open:
     summary: str = ""  # the sentence the episode alerted with
     critical_since: float | None = None  # wall seconds it turned critical
     decision: policy.Decision | None = None  # the actions policy's last decision, over all its jobs
-    decisions: dict[str, policy.Decision] = field(default_factory=dict)  # per proven job (membership key)
+    decisions: dict[str, policy.Decision] = field(default_factory=dict)  # per proven job (membership key; "": none)
     evidence: dict[str, str] = field(default_factory=dict)  # per proven job: its before-action folder
     decided_at: float | None = None  # monotonic
     acting: bool = False
@@ -144,7 +144,8 @@ class IncidentHandler:
         if self.ledger.problem:
             logfmt.event("ledger_unreadable", level=logfmt.WARNING, problem=self.ledger.problem)
         self.acting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="action")
-        self.action_state = "observe"  # for /metrics: observe, armed, acting, held, paused
+        self.action_state = "observe"  # for /metrics: observe, armed, unready, acting, held, paused
+        self.unready: list[str] = []  # what makes a configured action fail every time (act/actions.py problems)
         self._calm_since: float | None = None  # monotonic: no critical episode open since
 
     # -- on the loop: only enqueue -----------------------------------------------------------------
@@ -400,7 +401,7 @@ class IncidentHandler:
             self.acting.submit(self._act, state, snapshot, now).add_done_callback(self._done)
         self._resume_when_calm(states, now)
         self.action_state = "acting" if busy else "paused" if paused or policy.paused(cfg) else \
-            "held" if held else "armed"
+            "held" if held else "unready" if self.unready else "armed"
 
     def _resume_when_calm(self, states: list[tuple[str, _Open]], now: float) -> None:
         """Nodes this daemon drained are resumed once no critical episode has been open for
@@ -470,12 +471,17 @@ class IncidentHandler:
                 if decided is not None and decided.final:
                     continue
                 results.append(self._act_on(state, job, here, now, base))
-            for key, decision, _ in results:
+            if jobs:
+                state.decisions.pop("", None)  # a proven job came: "no target" is no longer the episode's word
+            changed = []
+            for key, decision, steps in results:
+                before = state.decisions.get(key)
                 state.decisions[key] = decision
+                if steps or before is None or (before.name, before.reason) != (decision.name, decision.reason):
+                    changed.append((key, decision, steps))
             state.decision = _overall(list(state.decisions.values()))
-            said = [(key, d, steps) for key, d, steps in results if d.name not in ("wait", "unconfirmed", "alive")]
-            if not said:
-                return
+            # Recorded and logged when it changes (an episode looked at every 30 s for hours adds nothing new).
+            said = [(key, d, steps) for key, d, steps in changed if d.name not in ("wait", "unconfirmed")]
             for key, decision, steps in said:
                 record: dict[str, object] = {
                     "job": names.get(key), "evidence": state.evidence.get(key), "decision": decision.name,
@@ -486,7 +492,7 @@ class IncidentHandler:
                 logfmt.event("action", level=logfmt.WARNING, decision=decision.name, reason=decision.reason,
                              job=names.get(key, state.job),
                              steps="; ".join(f"{st.action}={st.result}" for st in steps) or None, bundle=state.bundle)
-            loud = [(key, d, steps) for key, d, steps in said if d.said or d.name == "act"]
+            loud = [(key, d, steps) for key, d, steps in results if d.said or d.name == "act"]
             if loud:
                 name = _overall([d for _, d, _ in loud]).name
                 if name == "act" and not all(acted(steps) for _, d, steps in loud if d.name == "act"):
@@ -509,7 +515,9 @@ class IncidentHandler:
                        alive=policy.sign_of_life(picture))
         decision = policy.decide(cfg, hang, self.ledger)
         if decision.name in ("act", "dry_run") and cfg.fleet.prometheus_url:  # the fleet, asked last
-            decision = policy.decide(cfg, hang, self.ledger, fleet.acted_ratio(cfg.fleet))
+            elsewhere, why = fleet.actions_elsewhere(cfg.fleet, job.durable)
+            share = fleet.acted_ratio(cfg.fleet) if elsewhere is not None else (None, why)
+            decision = policy.decide(cfg, hang, self.ledger, share, elsewhere or ())
         if decision.name not in ("act", "dry_run"):
             return job.key, decision, []
         evidence = None

@@ -39,7 +39,7 @@ SlurmCheck = Callable[[str, int], "str | None"]
 class ProvenJob:
     """Ranks of one job on this node, with what proves it."""
 
-    key: str  # "slurm:4242", "pod:ml/trainer-0", "launcher:812@1.9e9": unique on this node now
+    key: str  # "slurm:4242", "pod:ml/trainer-0@<uid>", "launcher:812@1.9e9": unique on this node now
     durable: str  # what survives a restart of the job (the ledger's key): Slurm job, pod, user and command
     proof: str  # a clause: "Slurm job 4242 (slurmstepd's cgroup, confirmed by Slurm)"
     ranks: tuple[RankInfo, ...]
@@ -111,7 +111,8 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Work
     w = rank.workload
     if pod_uid is not None and w.pod and w.namespace and not {"pod", "namespace"} & set(w.claimed):
         where = f"{w.namespace}/{w.pod}"
-        return (f"pod:{where}", f"pod:{where}", f"pod {where}: the kubelet's allocation, pod UID {pod_uid}",
+        # Keyed with the process's own pod UID: a process of another pod on this pod's GPU is another job.
+        return (f"pod:{where}@{pod_uid}", f"pod:{where}", f"pod {where}: the kubelet's allocation, pod UID {pod_uid}",
                 Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid)
     if pod_uid is None and w.pod and not {"pod", "namespace"} & set(w.claimed):
         notes.append(f"it runs outside any pod on a GPU the kubelet gave to pod {w.namespace}/{w.pod}")

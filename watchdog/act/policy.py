@@ -119,9 +119,21 @@ class Ledger:
             except OSError as exc:
                 self.problem = f"{self.path}: {exc.strerror or exc}"
 
-    def on_job(self, job: str) -> list[float]:
+    def on_job(self, job: str, elsewhere: Sequence[float] = ()) -> list[float]:
+        """When this node acted on `job`, with `elsewhere`: the last action of each other node on it (the fleet's
+        ledgers, fleet.py), a time within a second of one of ours being ours."""
         with self._lock:
-            return [at for at, who in self._done if who == job]
+            here = [at for at, who in self._done if who == job]
+        return sorted(here + [at for at in elsewhere if all(abs(at - mine) > 1.0 for mine in here)])
+
+    def summary(self) -> list[tuple[str, float, int]]:
+        """(job, its last action, how many actions) for each job in the ledger: the series the fleet reads."""
+        found: dict[str, tuple[float, int]] = {}
+        with self._lock:
+            for at, job in self._done:
+                last, count = found.get(job, (at, 0))
+                found[job] = (max(last, at), count + 1)
+        return sorted((job, last, count) for job, (last, count) in found.items())
 
 
 def confirmed_by(pictures: Sequence[StackPicture]) -> bool:
@@ -162,9 +174,11 @@ def paused(cfg: ActionsConfig) -> str | None:
     return None
 
 
-def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | None, str] = (0.0, "")) -> Decision:
+def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | None, str] = (0.0, ""),
+           elsewhere: Sequence[float] = ()) -> Decision:
     """The decision for `hang` now. `fleet` is (the share of the fleet's nodes that acted lately, or None when
-    it could not be learnt; why) from fleet.py, asked only when everything else says act."""
+    it could not be learnt; why) from fleet.py, asked only when everything else says act; `elsewhere`, the
+    other nodes' last actions on the same job (fleet.py), so that a job requeued to this node is known."""
     if cfg.mode == "observe":
         return Decision("observe", "actions.mode is observe")
     if hang.severity is not Severity.CRITICAL or hang.critical_since is None:
@@ -181,15 +195,16 @@ def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | 
     if not hang.kept:
         return Decision("no_evidence", "the incident bundle could not be written: nothing is done without the "
                         "evidence on disk")
-    before = [at for at in ledger.on_job(hang.job) if at <= hang.onset]
+    done = ledger.on_job(hang.job, elsewhere)
+    before = [at for at in done if at <= hang.onset]
     if before and hang.onset - max(before) < cfg.deterministic_within_seconds:
         return Decision("deterministic", f"the job hung again {duration_text(hang.onset - max(before))} after it "
                         "was restarted: a restart would hang again, so it is left to a person")
-    recent = [at for at in ledger.on_job(hang.job) if hang.now - at < cfg.budget_window_seconds]
+    recent = [at for at in done if hang.now - at < cfg.budget_window_seconds]
     if len(recent) >= cfg.max_per_job:
         return Decision("budget", f"{len(recent)} actions on this job within "
                         f"{duration_text(cfg.budget_window_seconds)} (actions.max_per_job)")
-    last = max(ledger.on_job(hang.job), default=None)
+    last = max(done, default=None)
     if last is not None and hang.now - last < cfg.cooldown_seconds:
         return Decision("cooldown", f"this job was acted on {duration_text(hang.now - last)} ago "
                         f"(actions.cooldown_seconds {cfg.cooldown_seconds:g})")

@@ -109,9 +109,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("tick_overruns_total", "counter", "Ticks that took longer than the sampling interval."),
     MetricSpec("actions_total", "counter", "Actions on a confirmed hang by action (terminate_ranks, slurm, kubernetes, "
                "command) and result (done, failed, timed_out, dry_run, skipped, stopped).", ("action", "result")),
+    MetricSpec("ledger_last_action_timestamp_seconds", "gauge", "For each job this node acted on (ledger_key: its "
+               "Slurm job, its pod, or its user and command line; at most 256), the wall time of the last action: "
+               "the fleet reads it so that a job requeued to another node is known there.", ("ledger_key",)),
     MetricSpec("action_state", "gauge", "1 for the actions policy's mode (observe, dry_run, act) and state: observe "
-               "(never acts), armed (would act on a confirmed hang), acting, held (a guard said no: budget, "
-               "cooldown, deterministic, breaker) or paused.", ("mode", "state")),
+               "(never acts), armed (would act on a confirmed hang), unready (a configured action would fail every "
+               "time: a program, a token or a capability missing, as check-config says), acting, held (a guard said "
+               "no: budget, cooldown, deterministic, breaker) or paused.", ("mode", "state")),
     MetricSpec("build_info", "gauge", "The running stall-watchdog, always 1.", ("version", "python")),
 )
 _STATE = {None: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
@@ -153,6 +157,7 @@ class Published:
     tick_seconds: float | None = None
     bundle_disk_bytes: int | None = None
     action: tuple[str, str] = ("observe", "observe")  # the actions policy's (mode, state)
+    ledger: tuple[tuple[str, float], ...] = ()  # (ledger key, its last action) of the actions ledger
 
 
 COUNTER_NAMES = tuple(spec.name for spec in METRICS if spec.kind == "counter")
@@ -210,6 +215,8 @@ class WatchdogCollector(Collector):
         if state.bundle_disk_bytes is not None:
             out["bundle_disk_bytes"].append(((), state.bundle_disk_bytes))
         out["action_state"].append((state.action, 1))
+        for key, last in state.ledger:
+            out["ledger_last_action_timestamp_seconds"].append(((key,), last))
         out["build_info"].append(((__version__, platform.python_version()), 1))
         for name, values in self._counters.snapshot().items():
             for labels, value in sorted(values.items()):
