@@ -6,6 +6,7 @@ Unknown keys are rejected and every problem is reported at once with its key pat
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -427,9 +428,11 @@ class SlurmActionConfig(_Section):
         "0: never (a person resumes it: scontrol update NodeName=... State=RESUME).")
     node_name: str | None = Field(None, description="This node's name in slurm.conf (default: the short host name).")
     scontrol: str = Field("scontrol", description="The scontrol program (the PATH is searched).")
-    conf: str | None = Field(None, description="The slurm.conf scontrol and scancel read (SLURM_CONF). None: Slurm's "
-                             "own default.")
+    conf: str | None = Field(None, description="The slurm.conf scontrol, scancel and squeue read (SLURM_CONF). None: "
+                             "Slurm's own default.")
     scancel: str = Field("scancel", description="The scancel program (the PATH is searched).")
+    squeue: str = Field("squeue", description="The squeue program (the PATH is searched), which confirms that the "
+                        "Slurm job a rank's cgroup names runs as the rank's user before anything is done to it.")
 
 
 class KubernetesActionConfig(_Section):
@@ -502,12 +505,21 @@ class ActionsConfig(_Section):
         "as the last argument; a non-zero exit is a failed action.")
     fleet: FleetConfig = FleetConfig()
 
+    @field_validator("pause_file")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError(f"expected an absolute path (or null for none), got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _usable(self) -> ActionsConfig:
         if len(set(self.do)) != len(self.do):
             raise ValueError("do: an action is named twice")
         if "command" in self.do and not (self.command and self.command[0]):
             raise ValueError("do names command: give actions.command (the program first)")
+        if self.mode != "observe" and not self.do:
+            raise ValueError(f"do is empty: mode {self.mode} would never do anything (use mode observe)")
         return self
 
 
@@ -523,6 +535,13 @@ class Config(_Section):
     alerts: AlertsConfig = AlertsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     actions: ActionsConfig = ActionsConfig()
+
+    @model_validator(mode="after")
+    def _actions_can_see_ranks(self) -> Config:
+        if self.actions.mode != "observe" and not self.bundles.capture_stacks:
+            raise ValueError(f"actions.mode is {self.actions.mode} but bundles.capture_stacks is off: no rank would "
+                             "ever be seen, so nothing would ever be done (turn capture_stacks on, or mode observe)")
+        return self
 
 
 class ConfigError(Exception):

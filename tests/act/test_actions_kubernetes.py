@@ -95,8 +95,9 @@ def api() -> Iterator[ApiServer]:
 def actions(tmp: Path, api: ApiServer, **kubernetes: Any) -> Actions:
     token = tmp / "token"
     token.write_text(TOKEN + "\n")
-    config = daemon_config(tmp, actions={"mode": "act", "do": ["kubernetes"], "kubernetes": {
-        "api_url": api.url, "token_file": str(token), "ca_file": None, **kubernetes}})
+    config = daemon_config(tmp, bundles={"capture_stacks": True}, actions={
+        "mode": "act", "do": ["kubernetes"],
+        "kubernetes": {"api_url": api.url, "token_file": str(token), "ca_file": None, **kubernetes}})
     return Actions(config.actions)
 
 

@@ -16,6 +16,7 @@ from tests.conftest import python_target
 from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
 from tests.fakes.loopback import Quiet, Served, serving
 from watchdog.act import fleet, policy
+from watchdog.act.actions import problems as action_problems
 from watchdog.config import ActionsConfig, ConfigError, FleetConfig, parse_config
 from watchdog.daemon import Daemon, build
 from watchdog.model import Severity
@@ -91,6 +92,10 @@ def test_the_ledger_outlives_the_daemon_and_a_bad_file_loses_nothing(tmp_path: P
     assert broken.on_job("slurm:4242") == [] and "not a ledger" in (broken.problem or "")
     path.write_bytes(b"x" * (1 << 20))
     assert "cap" in (policy.Ledger(path).problem or "")
+    path.write_text('[[' + '9' * 400 + ', "slurm:1"]]')  # a number no float holds: said, not a crash
+    assert "not a ledger" in (policy.Ledger(path).problem or "")
+    path.write_text('[[1e18, "slurm:1"], [-5, "slurm:2"], [700.0, "slurm:3"]]')  # from the future, before 1970
+    assert [job for job, _, _ in policy.Ledger(path).summary()] == ["slurm:3"]
     assert policy.Ledger(tmp_path / "absent.json").problem is None
 
 
@@ -198,6 +203,16 @@ def test_a_policy_that_cannot_work_is_refused_with_its_key() -> None:
         parse_config({"actions": {"do": ["reboot"]}})
     with pytest.raises(ConfigError, match="named twice"):
         parse_config({"actions": {"do": ["slurm", "slurm"]}})
+    with pytest.raises(ConfigError, match="actions: do is empty: mode act would never do anything"):
+        parse_config({"actions": {"mode": "act", "do": []}})
+    with pytest.raises(ConfigError, match="actions.pause_file: expected an absolute path"):
+        parse_config({"actions": {"mode": "act", "pause_file": ""}})
+    with pytest.raises(ConfigError, match="bundles.capture_stacks is off: no rank would ever be seen"):
+        parse_config({"actions": {"mode": "dry_run"}, "bundles": {"capture_stacks": False}})
+    assert action_problems(ActionsConfig(mode="act", pause_file="/nonexistent/folder/actions.pause")) == [
+        "actions.pause_file: its folder /nonexistent/folder does not exist, so the pause switch could never be set "
+        "(systemd: deploy/systemd/actions.conf makes /run/stall-watchdog; Kubernetes: the actions component mounts "
+        "it)"]
 
 
 def watch(tmp: Path, pid: int, receiver: Receiver, extra_pids: list[int] | None = None, critical: bool = True,

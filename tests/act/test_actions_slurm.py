@@ -144,3 +144,23 @@ def test_a_cgroup_a_user_named_after_a_job_gets_no_job_requeued(slurm: Slurm, tm
     assert slurm.job(victim)["Restarts"] == "0"
     assert "DRAIN" not in slurm.node_state()["State"]
     slurm.run("scancel", victim)
+
+
+def test_slurm_confirms_a_job_and_its_user_whatever_the_job_calls_itself(slurm: Slurm, tmp_path: Path) -> None:
+    """What membership asks Slurm (squeue, a fixed format): a job named and commented to look like another
+    user's running job is still its own user's."""
+    from watchdog.act.actions import Actions
+    from watchdog.config import ActionsConfig
+    script = tmp_path / "named.sh"
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    job = slurm.run("sbatch", "--parsable", "-J", "x UserId=1001(1001) JobState=RUNNING", "--comment",
+                    "JobId=999 UserId=nobody(1001)", "-o", "/dev/null", str(script)).strip()
+    try:
+        slurm.wait_job(job, ("RUNNING",), seconds=30)
+        ask = Actions(ActionsConfig(mode="act", slurm={"conf": slurm.env["SLURM_CONF"]})).slurm_job_runs_as
+        assert ask(job, 0) is None
+        assert ask(job, 1001) == f"Slurm says job {job} runs as uid 0, not as uid 1001"
+        assert ask("987654", 0).startswith("squeue --jobs 987654: ")  # type: ignore[union-attr]
+    finally:
+        slurm.run("scancel", job, check=False)

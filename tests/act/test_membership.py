@@ -115,13 +115,15 @@ def test_a_pod_is_proven_by_the_kubelet_and_the_process_own_pod_cgroup() -> None
     held = Workload(namespace="ml", pod="trainer-0", container="main")  # the kubelet's answer for GPU 0
     inside = f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
     [job], _ = membership.prove([rank_in(inside, held)], 2.0, confirms_nothing)
-    assert job.key == f"pod:ml/trainer-0@{uid}" and job.durable == "pod:ml/trainer-0" and job.pod_uid == uid
-    assert job.workload.pod == "trainer-0"
-    # A process of another pod on the same GPU: another job (its own UID), never grouped with the first.
-    elsewhere = inside.replace("0f8a3c2e", "1f8a3c2e")
-    jobs, _ = membership.prove([rank_in(inside, held), dataclasses.replace(rank_in(elsewhere, held), pid=4243)], 2.0,
-                               confirms_nothing)
+    assert job.key == f"pod:{uid}" and job.pod_uid == uid and job.workload.pod == "trainer-0"
+    assert job.durable.startswith(f"pod:ml:{ALICE}:")
+    # A process of another pod (another user, another command) on the same GPU: another job, with a ledger key
+    # of its own, so acting on it never holds the first pod's job in its cooldown.
+    elsewhere = dataclasses.replace(rank_in(inside.replace("0f8a3c2e", "1f8a3c2e"), held, uid=BOB), pid=4243,
+                                    cmdline=("python", "serve.py"))
+    jobs, _ = membership.prove([rank_in(inside, held), elsewhere], 2.0, confirms_nothing)
     assert len(jobs) == 2 and {j.pod_uid for j in jobs} == {uid, "1" + uid[1:]}
+    assert len({j.durable for j in jobs}) == 2
     # A process outside any pod on a GPU the kubelet gave to a pod: not that pod's; its launcher's at most.
     [job], _ = membership.prove([rank_in("0::/user.slice/user-1001.slice/session-3.scope\n", held)], 2.0,
                                 confirms_nothing)

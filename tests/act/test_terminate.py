@@ -89,8 +89,12 @@ def test_a_stubborn_rank_gets_sigkill_after_the_grace_period(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("steps", "head"), [
-    ([Step("terminate_ranks", DONE, 0, 1, "terminated rank 0 of job run:t (1 processes)")],
+    ([Step("terminate_ranks", DONE, 0, 1, "terminated rank 0 of job run:t (1 processes)", ended=True)],
      "ACTED: terminated rank 0 of job run:t (1 processes) after 2 min 0 s of hang"),
+    ([Step("terminate_ranks", SKIPPED, 0, 0, "no rank of the job is left on the episode's GPUs"),
+      Step("slurm", DONE, 0, 1, "drained node n1")],  # a drain alone ends no job
+     "NOT ACTED (failed: terminate_ranks skipped: no rank of the job is left on the episode's GPUs), though "
+     "drained node n1 after"),
     ([Step("terminate_ranks", FAILED, 0, 0, "cannot signal pid 19400: operation not permitted (the daemon needs "
            "CAP_KILL ...)")],
      "NOT ACTED (failed: terminate_ranks failed: cannot signal pid 19400: operation not permitted (the daemon "
@@ -124,7 +128,8 @@ def test_an_action_under_way_stops_on_a_pause_a_reload_or_its_evidence_gone(tmp_
     from tests.fakes.daemon import daemon_config
     from watchdog.act.incidents import _Open
     from watchdog.daemon import build
-    config = daemon_config(tmp_path, actions={"mode": "act", "pause_file": str(tmp_path / "pause")})
+    config = daemon_config(tmp_path, bundles={"capture_stacks": True},
+                           actions={"mode": "act", "pause_file": str(tmp_path / "pause")})
     daemon = build(config)
     bundle = tmp_path / "bundle"
     bundle.mkdir()

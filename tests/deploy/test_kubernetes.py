@@ -233,6 +233,11 @@ def test_the_optional_actions_component_grants_the_kubernetes_action_exactly_wha
     assert spec["automountServiceAccountToken"] is True
     [daemon] = [c for c in spec["containers"] if c["name"] == "stall-watchdog"]
     assert daemon["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH", "KILL"]
+    # The pause switch is the node's /run/stall-watchdog/actions.pause, as the ConfigMap's pause_file says.
+    [pause] = [m for m in daemon["volumeMounts"] if m["name"] == "pause"]
+    assert pause["readOnly"] is True and pause["mountPath"] == str(Path(pod_config().actions.pause_file or "").parent)
+    [volume] = [v for v in spec["volumes"] if v["name"] == "pause"]
+    assert volume["hostPath"] == {"path": "/run/stall-watchdog", "type": "DirectoryOrCreate"}
     # The code asks for no more than the role grants: every request the action makes is one of these.
     from watchdog.act import actions
     source = Path(actions.__file__).read_text()

@@ -93,7 +93,8 @@ print(json.dumps([s.to_json() for s in steps]))
 def test_terminate_ranks_needs_the_drop_in_and_check_config_says_so(install: tuple[Path, dict[str, str]]) -> None:
     folder = install[0]
     config = folder / "act.yaml"
-    config.write_text("source: {kind: sim, scenario: healthy}\nactions: {mode: act, do: [terminate_ranks]}\n")
+    config.write_text("source: {kind: sim, scenario: healthy}\n"
+                      f"actions: {{mode: act, do: [terminate_ranks], pause_file: {folder / 'pause'}}}\n")
     config.chmod(0o644)
     base, full = unit_capabilities(UNIT), unit_capabilities(UNIT, DROP_IN)
     assert "kill" not in base and "kill" in full

@@ -85,10 +85,11 @@ class Step:
     started: float  # wall seconds
     seconds: float
     detail: str
+    ended: bool = False  # done, and what it did ends the job (ranks gone, job requeued, pod deleted, the command)
 
     def to_json(self) -> dict[str, object]:
         return {"action": self.action, "result": self.result, "started": self.started,
-                "seconds": round(self.seconds, 3), "detail": self.detail}
+                "seconds": round(self.seconds, 3), "detail": self.detail, "ended_the_job": self.ended}
 
 
 @dataclass
@@ -122,8 +123,17 @@ class Actions:
                 detail, result = str(exc), STOPPED
             except ActionError as exc:
                 detail, result = str(exc), TIMED_OUT if exc.timed_out else FAILED
-            steps.append(Step(name, result, started, time.monotonic() - clock, detail))
+            steps.append(Step(name, result, started, time.monotonic() - clock, detail,
+                              ended=result == DONE and self._ends_the_job(name)))
         return steps
+
+    def _ends_the_job(self, name: str) -> bool:
+        """Whether `name`, done, ended the job: not a drain or a taint alone."""
+        if name == "slurm":
+            return self.cfg.slurm.job != "none"
+        if name == "kubernetes":
+            return self.cfg.kubernetes.delete_pods
+        return True
 
     def describe(self, name: str, target: Target) -> str:
         """What the action would do, in a clause: 'terminate ranks 0-3 of job run:abc'."""
@@ -191,11 +201,13 @@ class Actions:
 
     def slurm_job_runs_as(self, job: str, uid: int) -> str | None:
         """None when Slurm says job `job` is running (or suspended) as user `uid`; else why not. Slurm's own
-        word for what a cgroup path suggests (act/membership.py); answers are kept for a while."""
+        word for what a cgroup path suggests (act/membership.py), asked of squeue in a fixed format with no
+        text a user chose in it (a job's name or comment could hold "UserId=..."); answers are kept a while."""
         cached = self._slurm_seen.get(job)
         if cached is None or time.monotonic() - cached[0] > _SCONTROL_CACHE_SECONDS:
             try:
-                shown = self._scontrol("show", "job", job, "--oneliner")
+                shown = "=" + self._slurm_command(self.cfg.slurm.squeue, "--noheader", "--jobs", job,
+                                                  "--format", "%A|%U|%T")
             except ActionError as exc:
                 shown = f"!{exc}"
             cached = (time.monotonic(), shown)
@@ -204,13 +216,16 @@ class Actions:
                 self._slurm_seen.pop(next(iter(self._slurm_seen)))
         shown = cached[1]
         if shown.startswith("!"):
-            return f"scontrol show job {job}: {shown[1:]}"
-        fields = dict(part.split("=", 1) for part in shown.split() if "=" in part)
-        state, user = fields.get("JobState", "?"), fields.get("UserId", "")
-        if fields.get("JobId") != job or state not in ("RUNNING", "SUSPENDED"):
-            return f"Slurm says job {job} is {state}" if fields.get("JobId") == job else f"Slurm has no job {job}"
-        if not user.endswith(f"({uid})"):
-            return f"Slurm says job {job} runs as {user or 'nobody'}, not as uid {uid}"
+            return f"squeue --jobs {job}: {shown[1:]}"
+        rows = [line.split("|") for line in shown[1:].splitlines() if line.strip()]
+        mine = [row for row in rows if len(row) == 3 and row[0].strip() == job]
+        if not mine:
+            return f"Slurm has no job {job}"
+        _, user, state = (field.strip() for field in mine[0])
+        if state not in ("RUNNING", "SUSPENDED"):
+            return f"Slurm says job {job} is {state}"
+        if user != str(uid):
+            return f"Slurm says job {job} runs as uid {user}, not as uid {uid}"
         return None
 
     def slurm(self, target: Target) -> str:
@@ -344,8 +359,12 @@ def problems(cfg: ActionsConfig) -> list[str]:
         for program in programs.get(action, []):
             if shutil.which(program, path=path) is None:
                 found.append(f"actions.{action}: {program} is not an executable found on the daemon's PATH")
-    if "terminate_ranks" in cfg.do:
+    if cfg.mode == "act" and "terminate_ranks" in cfg.do:
         found += [short.text() for short in privileges.shortfalls(stacks=False, terminate=True)]
+    if cfg.mode == "act" and cfg.pause_file and not os.path.isdir(os.path.dirname(cfg.pause_file)):
+        found.append(f"actions.pause_file: its folder {os.path.dirname(cfg.pause_file)} does not exist, so the pause "
+                     "switch could never be set (systemd: deploy/systemd/actions.conf makes /run/stall-watchdog; "
+                     "Kubernetes: the actions component mounts it)")
     if "kubernetes" in cfg.do:
         try:
             http_client.split(cfg.kubernetes.api_url)

@@ -601,8 +601,9 @@ def _overall(decisions: Sequence[policy.Decision]) -> policy.Decision:
 
 
 def acted(steps: Sequence[Step]) -> bool:
-    """Whether the steps ended the job: one done, none failed, timed out or stopped."""
-    return any(st.result == DONE for st in steps) and all(st.result in (DONE, SKIPPED) for st in steps)
+    """Whether the steps ended the job: one that ends it done (a drain or a taint alone does not), none failed,
+    timed out or stopped."""
+    return any(st.ended for st in steps) and all(st.result in (DONE, SKIPPED) for st in steps)
 
 
 def action_text(results: Sequence[tuple[str, policy.Decision, Sequence[Step]]], lasted: float, bundle: str | None,

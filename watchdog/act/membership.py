@@ -39,7 +39,7 @@ SlurmCheck = Callable[[str, int], "str | None"]
 class ProvenJob:
     """Ranks of one job on this node, with what proves it."""
 
-    key: str  # "slurm:4242", "pod:ml/trainer-0@<uid>", "launcher:812@1.9e9": unique on this node now
+    key: str  # "slurm:4242", "pod:<pod uid>", "launcher:812@1.9e9": unique on this node now
     durable: str  # what survives a restart of the job (the ledger's key): Slurm job, pod, user and command
     proof: str  # a clause: "Slurm job 4242 (slurmstepd's cgroup, confirmed by Slurm)"
     ranks: tuple[RankInfo, ...]
@@ -93,6 +93,13 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def _program(rank: RankInfo) -> tuple[str, ...]:
+    """What a job runs, as its ranks' command line says it (the interpreter's own path left out): the same after
+    a relaunch, whatever run id the launcher picks."""
+    argv = rank.cmdline
+    return argv[1:] if argv[:1] and "python" in os.path.basename(argv[0]) else argv
+
+
 def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Workload, str | None] | str:
     """(key, durable, proof, workload, pod uid) for a rank whose job is proven, else why it is not."""
     assert rank.uid is not None
@@ -110,9 +117,13 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Work
     pod_uid = workloads.pod_uid(rank.cgroup)
     w = rank.workload
     if pod_uid is not None and w.pod and w.namespace and not {"pod", "namespace"} & set(w.claimed):
+        # The job is the pod the process runs in: its own cgroup's pod UID, which it cannot choose. The name is
+        # the kubelet's for the GPU, which another pod's process sharing that GPU would wrongly carry: so the
+        # key and the ledger's key hold the UID and the command, and a deletion is conditional on the UID.
         where = f"{w.namespace}/{w.pod}"
-        # Keyed with the process's own pod UID: a process of another pod on this pod's GPU is another job.
-        return (f"pod:{where}@{pod_uid}", f"pod:{where}", f"pod {where}: the kubelet's allocation, pod UID {pod_uid}",
+        program = _program(rank)
+        return (f"pod:{pod_uid}", f"pod:{w.namespace}:{rank.uid}:{_digest(program)}",
+                f"pod UID {pod_uid}, on a GPU the kubelet gave to pod {where}",
                 Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid)
     if pod_uid is None and w.pod and not {"pod", "namespace"} & set(w.claimed):
         notes.append(f"it runs outside any pod on a GPU the kubelet gave to pod {w.namespace}/{w.pod}")
@@ -122,9 +133,7 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Work
     if parent.uid != rank.uid:
         return "; ".join([*notes, f"no launcher proves its job (its parent, pid {parent.pid}, runs as another "
                                   "user)"])
-    program = rank.cmdline[1:] if rank.cmdline[:1] and "python" in os.path.basename(rank.cmdline[0]) \
-        else rank.cmdline
-    return (f"launcher:{parent.pid}@{parent.create_time:.2f}", f"command:{rank.uid}:{_digest(program)}",
+    return (f"launcher:{parent.pid}@{parent.create_time:.2f}", f"command:{rank.uid}:{_digest(_program(rank))}",
             f"started by pid {parent.pid} as uid {rank.uid}", Workload(), None)
 
 

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ SAID = frozenset({"dry_run", "deterministic", "budget", "cooldown", "paused", "b
                   "no_target"})
 _KEPT = 256  # actions remembered (per node: a handful a day at most)
 _LEDGER_MAX_BYTES = 256 * 1024
+_LEDGER_FUTURE_SECONDS = 86400.0
 _STILL_CPU_RATIO = 0.02  # a rank using less CPU than this over the observation makes no host progress
 _STILL_IO_BYTES = 64 * 1024
 _LIVE_IO_BYTES_PER_SECOND = 64 * 1024  # a rank moving more than this is doing something (a checkpoint: MB/s)
@@ -104,10 +106,11 @@ class Ledger:
         try:
             entries = json.loads(raw)
             loaded = [(float(at), str(job)) for at, job in entries if isinstance(job, str)]
-        except (ValueError, TypeError, RecursionError):
+        except (ValueError, TypeError, RecursionError, OverflowError):
             self.problem = f"{path}: not a ledger of actions; starting an empty one"
             return
-        self._done.extend((at, job) for at, job in loaded if math.isfinite(at))
+        latest = time.time() + _LEDGER_FUTURE_SECONDS  # an action from the future would hold its job for ever
+        self._done.extend((at, job) for at, job in loaded if math.isfinite(at) and 0 < at < latest)
 
     def record(self, at: float, job: str) -> None:
         with self._lock:

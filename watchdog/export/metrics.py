@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
+from watchdog.config import ACTION_NAMES
 from watchdog.counters import Counters
 from watchdog.model import (
     WORKLOAD_LABELS,
@@ -218,7 +219,11 @@ class WatchdogCollector(Collector):
         for key, last in state.ledger:
             out["ledger_last_action_timestamp_seconds"].append(((key,), last))
         out["build_info"].append(((__version__, platform.python_version()), 1))
-        for name, values in self._counters.snapshot().items():
+        counted = self._counters.snapshot()
+        # Each action's done series exists from the start at 0, so that the fleet breaker's increase() sees a
+        # node's first action (a series born at 1 increases by nothing).
+        counted["actions_total"] = {**{(name, "done"): 0.0 for name in ACTION_NAMES}, **counted["actions_total"]}
+        for name, values in counted.items():
             for labels, value in sorted(values.items()):
                 out[name].append((tuple(labels), value))
         return out
