@@ -68,6 +68,10 @@ def test_ptrace_alone_cannot_name_another_users_rank(install: tuple[Path, dict[s
     with user_process(install[0], ALICE, ["queue"], RANK) as rank:
         seen = dump(install, ["sys_ptrace"], DYNAMIC_USER, rank.pid)
         assert seen["job"] == "unlaunched" and seen["captures"][0]["rank"] is None  # type: ignore[index]
+        # Without CAP_SYS_PTRACE no stack is read: the verdict's sentence, which the alert carries, says why.
+        blind = dump(install, ["dac_read_search"], DYNAMIC_USER, rank.pid)
+        sentence = blind["verdict"]["sentence"]  # type: ignore[index]
+        assert "No stack was captured (1 of 1 ranks)" in sentence and "CAP_SYS_PTRACE" in sentence, sentence
         config = install[0] / "config.yaml"
         config.write_text("source: {kind: sim, scenario: healthy}\n")
         config.chmod(0o644)

@@ -152,6 +152,10 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg
         asking.join(cfg.nccl_ras_gap_seconds + 2 * cfg.nccl_ras_timeout_seconds + 10)
     finding = ras[0] if ras else None
     decided = with_job_evidence(verdict(analysis, host, observed, job.spans_other_nodes), fr, finding)
+    failed = [c for c in captures if c.result != OK]
+    if failed and not dumps:  # the reason belongs in the sentence every reader gets, not only in the bundle
+        decided = with_notes(decided, [f"No stack was captured ({len(failed)} of {len(captures)} ranks): "
+                                       f"{failed[0].message.split(' (')[0]}"])
     return StackPicture(job.key, job.world_size, job.spans_other_nodes, analysis, decided, captures, host, observed,
                         [f for f in recorders if f.result != "not_configured"], traces, fr, finding)
 
