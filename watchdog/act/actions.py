@@ -37,7 +37,7 @@ from watchdog.sample.ranks import RankInfo
 DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED = "done", "failed", "timed_out", "dry_run", "skipped", "stopped"
 RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED)
 _POLL_SECONDS = 0.2
-_SCONTROL_CACHE_SECONDS = 30.0
+_SLURM_CACHE_SECONDS = 30.0
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SLURM_JOB = re.compile(r"^\d{1,12}(_\d{1,9})?$")
 
@@ -99,7 +99,8 @@ class Actions:
     cfg: ActionsConfig
     wall: Callable[[], float] = time.time
     drained: set[str] = field(default_factory=set)  # nodes this daemon drained (for resume)
-    _slurm_seen: dict[str, tuple[float, str]] = field(default_factory=dict)  # job -> (monotonic, scontrol's answer)
+    # job -> (monotonic time, squeue's answer, why squeue failed or None)
+    _slurm_seen: dict[str, tuple[float, str, str | None]] = field(default_factory=dict)
 
     def run(self, target: Target, dry: bool, stop: Callable[[], str | None] = lambda: None) -> list[Step]:
         """Each configured action in order. `stop()` says why to stop now (or None): asked before each action
@@ -204,20 +205,19 @@ class Actions:
         word for what a cgroup path suggests (act/membership.py), asked of squeue in a fixed format with no
         text a user chose in it (a job's name or comment could hold "UserId=..."); answers are kept a while."""
         cached = self._slurm_seen.get(job)
-        if cached is None or time.monotonic() - cached[0] > _SCONTROL_CACHE_SECONDS:
+        if cached is None or time.monotonic() - cached[0] > _SLURM_CACHE_SECONDS:
             try:
-                shown = "=" + self._slurm_command(self.cfg.slurm.squeue, "--noheader", "--jobs", job,
-                                                  "--format", "%A|%U|%T")
+                cached = (time.monotonic(), self._slurm_command(self.cfg.slurm.squeue, "--noheader", "--jobs", job,
+                                                                "--format", "%A|%U|%T"), None)
             except ActionError as exc:
-                shown = f"!{exc}"
-            cached = (time.monotonic(), shown)
+                cached = (time.monotonic(), "", str(exc))
             self._slurm_seen[job] = cached
             while len(self._slurm_seen) > 64:
                 self._slurm_seen.pop(next(iter(self._slurm_seen)))
-        shown = cached[1]
-        if shown.startswith("!"):
-            return f"squeue --jobs {job}: {shown[1:]}"
-        rows = [line.split("|") for line in shown[1:].splitlines() if line.strip()]
+        _, shown, failed = cached
+        if failed is not None:
+            return f"squeue --jobs {job}: {failed}"
+        rows = [line.split("|") for line in shown.splitlines() if line.strip()]
         mine = [row for row in rows if len(row) == 3 and row[0].strip() == job]
         if not mine:
             return f"Slurm has no job {job}"

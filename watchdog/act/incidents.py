@@ -438,7 +438,7 @@ class IncidentHandler:
         why = policy.paused(cfg)
         if why is not None:
             return why
-        if state.bundle is None or not os.path.isdir(state.bundle):
+        if not _bundle_on_disk(state):
             return "the incident bundle is no longer on disk"
         return None
 
@@ -511,7 +511,7 @@ class IncidentHandler:
                               self.node)
         self._count([picture])
         hang = replace(base, job=job.durable, now=now, confirmed=policy.confirmed_by([picture]),
-                       kept=state.bundle is not None and os.path.isdir(state.bundle),
+                       kept=_bundle_on_disk(state),
                        alive=policy.sign_of_life(picture))
         decision = policy.decide(cfg, hang, self.ledger)
         if decision.name in ("act", "dry_run") and cfg.fleet.prometheus_url:  # the fleet, asked last
@@ -586,6 +586,11 @@ def culprit_text(gpus: Sequence[int], ranks: Sequence[RankInfo]) -> str:
     who = f" ({'rank' if len(named) == 1 else 'ranks'} {', '.join(map(str, named))})" if named else ""
     return gpu_list(tuple(gpus)) + who
 
+
+
+def _bundle_on_disk(state: _Open) -> bool:
+    """Whether the episode's incident bundle is there now (written, and not rotated away)."""
+    return state.bundle is not None and os.path.isdir(state.bundle)
 
 
 def _overall(decisions: Sequence[policy.Decision]) -> policy.Decision:
