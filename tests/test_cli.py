@@ -189,7 +189,7 @@ def test_stacks_errors_are_clear(tmp_path: Path) -> None:
     bad = tmp_path / "notes.txt"
     bad.write_text("nothing to see\n")
     result = cli("stacks", "analyze", str(bad))
-    assert result.returncode == 1 and "no stack found" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 1 and "none of the formats" in result.stderr and "Traceback" not in result.stderr
     assert cli("stacks", "dump").returncode == 2  # choose --pid, --gpu or --all
     gone = cli("stacks", "dump", "--pid", "999999")
     assert gone.returncode == 1 and "no such process: 999999" in gone.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from tests.conftest import TARGETS, wait_for
+from tests.conftest import TARGETS, gloo_job, wait_for
 from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
 from watchdog.daemon import Daemon, build
 from watchdog.sample import sim
@@ -103,3 +103,33 @@ def test_ranks_writing_a_checkpoint_for_three_minutes_never_page(tmp_path: Path)
     assert [body["alert"]["summary"] for _, body in receiver.requests] == []
     host = generate_latest(daemon.registry).decode()
     assert 'stall_watchdog_gpu_host_io_bytes_per_second{gpu="0"' in host
+
+
+def test_ranks_spinning_on_the_cpu_in_one_collective_are_critical_within_30_s(tmp_path: Path) -> None:
+    """Every local rank in the same all_reduce, each burning a core (CUDA's spin-wait, a host-side wait
+    loop), the job's fifth rank on "another node" never arriving, over four GPUs spinning: two looks at the
+    stacks with no I/O moving make it critical, as sleeping ranks are; CPU time is not progress."""
+    spinning = sim.Scenario("spin4", "", "h100", 4, 900, ((0, None, "startup"), (40, None, "train"),
+                                                         (300, None, "spin")), gpm=True)
+    lead = 12
+    config = daemon_config(tmp_path, bundles={"capture_stacks": True})
+    with gloo_job("spin", tmp_path, ranks=4, elsewhere=1) as processes:
+        pids = {gpu: [p.pid] for gpu, p in enumerate(processes)}
+        daemon = build(config, sim.SimSource(spinning, 1.0, 300 - lead, pids))
+        started, critical = time.monotonic(), None
+        try:
+            for tick in range(lead + 45):
+                time.sleep(max(0.0, started + tick - time.monotonic()))
+                daemon.tick()
+                fired = [ep for ep in daemon.engine.tracker.episodes.values()
+                         if ep.fired_severity is not None and ep.fired_severity.value == "critical"]
+                if fired:
+                    critical = (tick - lead, fired[0])
+                    break
+        finally:
+            daemon.shutdown(timeout=15)
+    assert critical is not None, "not critical within 45 s of the onset"
+    seconds, episode = critical
+    assert seconds <= 30, (seconds, episode.reason)
+    assert episode.stacks is not None and episode.stacks.confirmed, episode.reason
+    assert "all_reduce" in episode.stacks.headline and "another node" in episode.stacks.headline

@@ -201,7 +201,7 @@ class Verdict:
     """What the ranks' stacks say about a stall (stacks/verdict.py decides it; detect/ weighs it in).
     `headline` is the conclusion in one clause, `sentence` the whole picture."""
 
-    kind: str  # "hang" | "waiting" | "remote" | "no_stall"
+    kind: str  # "hang" | "waiting" | "remote" | "no_stall" | "unknown" (the evidence cannot tell)
     severity: Severity | None
     sentence: str
     headline: str = ""

@@ -111,9 +111,28 @@ def test_no_clear_majority_names_nobody() -> None:
     assert a.outliers == () and "split with no clear odd one out" in a.summary
 
 
-def test_healthy_picture_is_no_stall() -> None:
+def test_saved_stacks_never_say_healthy_but_live_progress_does() -> None:
     a = analyze(dumps((4, [("forward", "torch/nn/modules/module.py"), ("train", "train.py")])))
-    assert a.outliers == () and verdict(a).kind == "no_stall"
+    assert a.outliers == () and verdict(a).kind == "unknown" and "cannot tell" in verdict(a).headline
+    working = {f"rank {r}": HostActivity(0.9, 0, 0) for r in range(4)}
+    assert verdict(a, working, observed_seconds=1.0).kind == "waiting"  # measured busy: a wait, never unknown
+    one = analyze(dumps((1, LOADER)))
+    assert verdict(one).kind == "unknown" and "One process's stack shows where it was" in verdict(one).sentence
+
+
+@pytest.mark.parametrize("outside", [LOADER, [("select", "selectors.py"), ("run_forever", "asyncio/base_events.py")],
+                                     SAVE])
+def test_a_rank_outside_the_collective_is_named_whatever_the_count(outside: list[tuple[str, str]]) -> None:
+    """A rank in a collective waits on the ranks outside it: 1 against 1, 1 against 2, 2 against 1."""
+    for inside, out in ((1, 1), (1, 2), (2, 1)):
+        a = analyze(dumps((inside, WAIT), (out, outside)))
+        assert a.outliers == tuple(f"rank {r}" for r in range(inside, inside + out)), (inside, out)
+        assert verdict(a).kind == "hang"
+
+
+def test_one_stack_in_a_collective_says_its_peers_are_missing() -> None:
+    v = verdict(analyze(dumps((1, WAIT))))
+    assert v.kind == "hang" and "peers' stacks are not here" in v.headline and "Every rank" not in v.sentence
 
 
 # -- the real multi-rank pictures from the BLOOM-176B training logs -------------------------------

@@ -42,7 +42,7 @@ def test_a_rank_blocked_at_both_looks_confirms_the_hang(tmp_path: Path) -> None:
     confirmed = confirm(first, second, apart)
     assert confirmed is not None and confirmed.confirmed and confirmed.kind == "hang"
     assert "rank 2" in confirmed.headline and "Queue.get" in confirmed.headline
-    assert confirmed.sentence.endswith(f"The same at a second look {apart:.0f} s later")
+    assert confirmed.sentence.endswith(f"The same at a second look {apart:.0f} s later, with no rank's I/O moving")
     assert second.observed_seconds >= 1.0  # the second look's host activity counts from the first's reading
 
 
@@ -55,7 +55,10 @@ def test_a_rank_that_wrote_between_the_looks_is_not_confirmed(tmp_path: Path) ->
     caught_idle = replace(first, verdict=replace(first.verdict, kind="hang"))
     assert second.verdict.kind == "waiting", second.verdict.sentence
     assert confirm(caught_idle, second, apart) is None
-    assert confirm(caught_idle, replace(second, verdict=caught_idle.verdict), apart) is not None  # it would be
+    # Even a second look that called it a hang is not confirmed: the writer's I/O moved between the looks.
+    assert confirm(caught_idle, replace(second, verdict=caught_idle.verdict), apart) is None
+    still = {member: replace(h, read_bytes=0, write_bytes=0) for member, h in second.host.items()}
+    assert confirm(caught_idle, replace(second, verdict=caught_idle.verdict, host=still), apart) is not None
 
 
 def test_ranks_seen_elsewhere_at_the_second_look_are_not_confirmed(tmp_path: Path) -> None:

@@ -33,12 +33,14 @@ def log_lines(facts: dict[str, object]) -> str:
 
 
 @pytest.mark.parametrize(("stem", "phrase"), [
-    ("BasicSR-737-1", "ranks 0, 1, 2 timed out after 600 s, all in ALLREDUCE #808: no rank is behind"),
-    ("LlamaFactory-7396-1", "ranks 0, 2, 3, 4 timed out after 600 s in ALLREDUCE #1580; no timeout line from "
-                            "rank 1: look there first"),
-    ("LlamaFactory-6269-1", "no timeout line from ranks 1, 2"),
-    ("open-r1-620-1", "ranks 1, 2, 3, 4, 5, 6 timed out after 1800 s in BROADCAST #4; no timeout line from rank 0"),
-    ("pytorch-118369-1", "in BROADCAST #880; no timeout line from ranks 0, 1, 5"),
+    ("BasicSR-737-1", "ranks 0, 1, 2 timed out after 600 s in ALLREDUCE #808; all 3 ranks that logged are at the "
+                      "same work: none is behind"),
+    ("LlamaFactory-7396-1", "timed out after 600 s in ALLREDUCE #1580 of process group 1; none is behind another; "
+                            "no line from ranks 1"),
+    ("LlamaFactory-6269-1", "no line from ranks 1, 2 here"),
+    ("open-r1-620-1", "ranks 1, 2, 3, 4, 5, 6 timed out after 1800 s in BROADCAST #4; none is behind another; no line "
+                      "from rank 0 here"),
+    ("pytorch-118369-1", "in BROADCAST #880; none is behind another; no line from ranks 0, 1, 5 here"),
 ])
 def test_real_timeouts_name_the_suspects(stem: str, phrase: str) -> None:
     facts = json.loads(realdata("nccl_logs", f"{stem}.json").read_text())

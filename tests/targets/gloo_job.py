@@ -6,6 +6,9 @@ MASTER_ADDR and MASTER_PORT in its environment. Usage: gloo_job.py SCENARIO READ
   dataloader   the odd rank blocks in its data loader (a queue nobody fills); the rest in all_reduce
   collective   the odd rank enters broadcast; the rest enter all_reduce
   checkpoint   rank 0 writes a checkpoint slowly with torch.save; the rest wait in all_reduce
+  spin         every rank enters all_reduce, each burning a core the while (CUDA's spin-wait in a sync, a
+               host-side wait loop); the collective waits on the ranks past LOCAL_WORLD_SIZE, which stand for
+               a node whose ranks never arrive: they sit in time.sleep
   healthy      every rank keeps training
 
 With TORCH_FR_BUFFER_SIZE set, PyTorch's Flight Recorder records the gloo collectives. PyTorch opens its
@@ -89,6 +92,12 @@ def serve_flight_recorder_pipe(rank: int) -> None:
     threading.Thread(target=serve, name="fr-pipe", daemon=True).start()
 
 
+def burn() -> None:
+    """A core at 100%, as a rank's spin-wait burns it: no I/O, no progress."""
+    while True:
+        pass
+
+
 def main() -> None:
     scenario, ready = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
@@ -108,6 +117,10 @@ def main() -> None:
         dist.broadcast(model, src=ODD_RANK)
     elif scenario == "checkpoint" and rank == 0:
         save_checkpoint(model, ready)
+    elif scenario == "spin" and rank >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        time.sleep(3600)  # on the other node: never arrives
+    elif scenario == "spin":
+        threading.Thread(target=burn, name="spin-wait", daemon=True).start()
     train_step(model)  # the ranks that wait: all_reduce, until the odd one arrives
     time.sleep(3600)
 

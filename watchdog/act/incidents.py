@@ -58,7 +58,7 @@ from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo, job_of
 from watchdog.sample.workload import common
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.confirm import confirm
+from watchdog.stacks.confirm import BLOCKED, confirm
 from watchdog.stacks.picture import StackPicture, capture_job
 
 _MAX_PENDING = 4
@@ -277,7 +277,7 @@ class IncidentHandler:
             if ranks:
                 state.job = ranks[0].job_key
                 state.workload = common(r.workload for r in ranks)
-            if pictures and pictures[0].verdict.kind == "hang" and s.confirm_seconds > 0:
+            if pictures and pictures[0].verdict.kind in BLOCKED and s.confirm_seconds > 0:
                 # A first look's hang is only a candidate: the second look decides what is handed back (a
                 # confirmed hang, or what it saw instead: a rank that moved meanwhile was not hung).
                 if self.stopping.wait(s.confirm_seconds):

@@ -24,9 +24,16 @@ from watchdog.cli.stacks import print_pictures
 from watchdog.coordinate.job_verdict import merge
 from watchdog.coordinate.nodes import NodeAnswer
 from watchdog.model import Severity, StackDump, Verdict
-from watchdog.stacks import fr_dumps, nccl_ras, nccl_timeouts
+from watchdog.stacks import fr_dumps, fr_text, nccl_ras, nccl_timeouts, progress_log
 from watchdog.stacks.analysis import Analysis, analyze
-from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, parse_capture, parse_pyspy_json
+from watchdog.stacks.formats import (
+    MAX_DUMP_BYTES,
+    StackFormatError,
+    looks_like_pyspy,
+    parse_capture,
+    parse_pyspy_json,
+    parse_text,
+)
 from watchdog.stacks.formats import load as load_stacks
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
@@ -45,6 +52,8 @@ class Evidence:
     pictures: list[StackPicture] = field(default_factory=list)  # job bundles: already whole
     kinds: list[str] = field(default_factory=list)
     timeout_logs: list[str] = field(default_factory=list)
+    fr_text: list[fr_text.FrText] = field(default_factory=list)  # torchfrtrace / fr_trace output
+    progress: list[str] = field(default_factory=list)  # a training log's counter rising: "iteration went from 1 to 9"
     skipped: list[str] = field(default_factory=list)  # "path: why", said on stderr, never dropped silently
 
 
@@ -95,7 +104,7 @@ def _bundle(folder: Path, found: Evidence) -> None:
     found.kinds.append("bundle")
 
 
-def _folder(folder: Path, found: Evidence) -> None:
+def _folder(folder: Path, found: Evidence, depth: int = 0) -> None:
     if (folder / _JOB_MARKER).is_file() or (folder / "job.json").is_file():
         found.pictures.append(_job_bundle(folder))
         found.kinds.append("job bundle")
@@ -105,16 +114,21 @@ def _folder(folder: Path, found: Evidence) -> None:
         found.traces.extend(fr_dumps.read(p) for p in sorted(folder.iterdir()) if fr_dumps.looks_like_dump(p))
         found.kinds.append("flight recorder dumps")
     else:
-        _each_file(folder, found)
+        _each_file(folder, found, depth)
 
 
-def _each_file(folder: Path, found: Evidence) -> None:
+def _each_file(folder: Path, found: Evidence, depth: int = 0) -> None:
     """A folder of evidence files of any kinds (py-spy text and JSON, timeout logs, RAS reports): each read
-    on its own; one that is none of them is named in `skipped`, with why."""
+    on its own; one that is none of them is named in `skipped`, with why. Its folders are read too, one level
+    down (`stacks dump --out` writes one per job when it found several)."""
     for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or path.name == "analysis.json" or path.is_dir():
-            if path.is_dir() and not path.name.startswith("."):
-                found.skipped.append(f"{path}: a folder inside a folder (name it on its own)")
+        if path.name.startswith(".") or path.name == "analysis.json" or path.is_symlink():
+            continue
+        if path.is_dir():
+            if depth == 0:
+                _folder(path, found, depth + 1)
+            else:
+                found.skipped.append(f"{path}: a folder two levels down (name it on its own)")
             continue
         try:
             _file(path, found)
@@ -123,24 +137,63 @@ def _each_file(folder: Path, found: Evidence) -> None:
 
 
 def _file(path: Path, found: Evidence) -> None:
+    """One file, by its content: a Flight Recorder dump, JSON (a RAS report or event, a job verdict, py-spy's
+    JSON), or text, which may hold several kinds at once (a log with a RAS report after it, a timeout with the
+    stacks pasted below): each kind it holds is read."""
     data = _read(path)
     head = data[:4096]
-    stripped = head.lstrip()
     if fr_dumps.starts_like_dump(head):
         found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
-    elif nccl_timeouts.looks_like_timeout_log(data[:1 << 20].decode("utf-8", errors="replace")):
-        found.timeout_logs.append(data.decode("utf-8", errors="replace"))
+        return
+    text = data.decode("utf-8", errors="replace")
+    if text.lstrip().startswith(("{", "[")) and _json_file(path, text, found):
+        return
+    read = False
+    if nccl_timeouts.looks_like_timeout_log(text):
+        found.timeout_logs.append(text)
         found.kinds.append("nccl timeout log")
-    elif b'"communicators"' in head or b"Communicators" in head or head.startswith(b"Job summary"):
-        found.ras.append(nccl_ras.parse(data.decode("utf-8", errors="replace")))
+        read = True
+    if nccl_ras.looks_like_report(text) or text.lstrip().startswith(("Job summary", "NCCL version")):
+        found.ras.extend(nccl_ras.parse_all(text))
         found.kinds.append("ncclras report")
-    elif stripped[:1] == b"{" and b'"odd_ranks"' in data:
+        read = True
+    if fr_text.looks_like(text):
+        found.fr_text.append(fr_text.parse(text))
+        found.kinds.append("flight recorder analyzer output")
+        read = True
+    if looks_like_pyspy(text) or not read:
+        dumps = parse_text(text, str(path))
+        if dumps:
+            found.dumps.extend(dumps)
+            found.kinds.append("stacks")
+            read = True
+    steps = progress_log.steps(text)
+    if steps:
+        found.progress.append(steps)
+        read = True
+    if not read:
+        raise StackFormatError(f"{path}: none of the formats `analyze` reads (py-spy text or JSON, NCCL watchdog "
+                               "timeout log, ncclras report, Flight Recorder dump or analyzer output, a training "
+                               "log's step counter)")
+
+
+def _json_file(path: Path, text: str, found: Evidence) -> bool:
+    """A JSON file by its shape; False when it is not JSON (a log whose first line starts with '[')."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    if isinstance(data, dict) and ("communicators" in data or data.get("event") == "PEER_DEAD"):
+        found.ras.append(nccl_ras.parse(text))
+        found.kinds.append("ncclras report")
+    elif isinstance(data, dict) and "odd_ranks" in data:
         found.pictures.append(_job_bundle(path.parent))
         found.kinds.append("job bundle")
     else:
         found.dumps.extend(load_stacks(path))
         found.kinds.append("stacks")
+    return True
 
 
 def gather(paths: list[str]) -> Evidence:
@@ -156,41 +209,113 @@ def gather(paths: list[str]) -> Evidence:
     return found
 
 
+def _ras(found: Evidence) -> nccl_ras.RasFinding | None:
+    """The RAS reports given, judged: the first and the last as two queries when there are several."""
+    if not found.ras:
+        return None
+    return nccl_ras.judge(found.ras[0], found.ras[-1] if len(found.ras) > 1 else None)
+
+
 def picture_of(found: Evidence, name: str) -> StackPicture:
+    """One verdict over everything read. A hang where any evidence shows one; NO_STALL only on positive
+    evidence of progress (RAS counts that moved between two reports, a training log's counter rising) with
+    nothing stuck; otherwise UNKNOWN, saying what was read and what it cannot tell."""
     fr = fr_dumps.analyze(found.traces) if found.traces else None
-    ras = nccl_ras.judge(found.ras[0], found.ras[1] if len(found.ras) > 1 else None) if found.ras else None
+    ras = _ras(found)
     timeouts = nccl_timeouts.parse("\n".join(found.timeout_logs)) if found.timeout_logs else None
+    frt = fr_text.FrText(tuple(m for f in found.fr_text for m in f.mismatches),
+                         tuple(sorted({r for f in found.fr_text for r in f.behind_in_table})),
+                         tuple(e for f in found.fr_text for e in f.entries)) if found.fr_text else None
+    notes = [n for n in (timeouts.summary if timeouts else None, fr.summary if fr else None,
+                         ras.summary if ras else None, frt.summary if frt else None) if n]
     if found.dumps:
         analysis = analyze(found.dumps)
         decided = with_job_evidence(verdict(analysis), fr, ras)
-        if timeouts is not None:
-            decided = with_notes(decided, [timeouts.summary])
+        others = _stuck_elsewhere(timeouts, fr, ras, frt)
+        if decided.kind in ("unknown", "no_stall") and others:
+            decided = Verdict("hang", Severity.CRITICAL, decided.sentence, _headline(found, timeouts, fr, ras, frt))
+        decided = with_notes(decided, [n for n in notes if n not in decided.sentence])
         return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
-    culprits = sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ()),
-                       *(timeouts.culprits if timeouts else ())})
-    notes = [n for n in (timeouts.summary if timeouts else None, fr.summary if fr else None,
-                         ras.summary if ras else None) if n]
-    # A watchdog timeout is a hang that already happened: the job waited past its collective timeout.
-    stuck = bool(fr and fr.culprits) or bool(ras and (ras.stuck or ras.dead or ras.missing)) or \
-        bool(timeouts and timeouts.events)
-    # The headline from the fields (who, and which evidence names them), never cut out of a sentence.
-    sources = [source for source, named in (("NCCL timeout logs", timeouts is not None and timeouts.culprits),
-                                             ("Flight Recorder", fr is not None and fr.culprits),
-                                             ("NCCL RAS", ras is not None and ras.culprits)) if named]
-    who = named_by(culprits, ", ".join(sources)) if culprits else ""
+    culprits = _culprits(timeouts, fr, ras, frt)
+    stuck = _stuck_elsewhere(timeouts, fr, ras, frt)
+    headline = _headline(found, timeouts, fr, ras, frt)
     if stuck:
-        headline = (f"the job waits on {who}" if who else
-                    "every rank timed out in the same collective: the transport, not a rank (run the doctor)"
-                    if timeouts is not None and timeouts.events else "the job is stuck; no rank is named")
         decided = Verdict("hang", Severity.CRITICAL, ". ".join(notes), headline)
     elif ras is not None and ras.behind:
         decided = Verdict("waiting", Severity.WARNING, ". ".join(notes) + ". One RAS report cannot tell a stuck "
-                          "rank from a slow one: give two taken a few seconds apart",
-                          f"{who or 'a rank'} behind the others in one RAS report")
+                          "rank from a slow one: give two taken a few seconds apart", headline)
+    elif found.progress or (ras is not None and ras.moving):
+        moved = found.progress + (["the RAS counts moved between the two reports"] if ras and ras.moving else [])
+        decided = Verdict("no_stall", None, ". ".join(notes + [f"Progress: {'; '.join(moved)}"]),
+                          "the job was making progress: " + moved[0])
     else:
-        decided = Verdict("no_stall", None, ". ".join(notes) or "nothing to analyse", "no rank named")
+        decided = Verdict("unknown", None, ". ".join(notes + [_cannot_tell(found, timeouts, ras, frt)]),
+                          "cannot tell: " + _read_what(found))
     analysis = Analysis((), tuple(f"rank {r}" for r in culprits), ". ".join(notes), 0)
     return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
+
+
+def _culprits(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_dumps.FlightRecorderAnalysis | None,
+              ras: nccl_ras.RasFinding | None, frt: fr_text.FrText | None) -> list[int]:
+    return sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ()),
+                   *(timeouts.culprits if timeouts else ()), *(frt.culprits if frt else ())})
+
+
+def _stuck_elsewhere(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_dumps.FlightRecorderAnalysis | None,
+                     ras: nccl_ras.RasFinding | None, frt: fr_text.FrText | None) -> bool:
+    """Whether evidence beyond the stacks shows the job stuck: a watchdog timeout (the job waited past its
+    collective timeout), a Flight Recorder mismatch, a rank RAS declared dead, missing or stuck."""
+    return bool(timeouts and timeouts.read) or bool(fr and (fr.culprits or fr.stuck)) or \
+        bool(ras and (ras.stuck or ras.broken)) or bool(frt and frt.culprits)
+
+
+def _headline(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None,
+              fr: fr_dumps.FlightRecorderAnalysis | None, ras: nccl_ras.RasFinding | None,
+              frt: fr_text.FrText | None) -> str:
+    """Who the job waits on and which evidence names them, from the fields; else what the evidence shows."""
+    sources = [source for source, named in (("NCCL timeout logs", timeouts is not None and timeouts.culprits),
+                                             ("Flight Recorder", fr is not None and fr.culprits),
+                                             ("NCCL RAS", ras is not None and ras.culprits),
+                                             ("Flight Recorder analyzer", frt is not None and frt.culprits)) if named]
+    culprits = _culprits(timeouts, fr, ras, frt)
+    if culprits:
+        side = " (ahead of the others)" if ras and ras.behind and all(b.ahead for b in ras.behind) else ""
+        return f"the job waits on {named_by(culprits, ', '.join(sources))}{side}"
+    if timeouts is not None and timeouts.group_suspects:
+        return "the job waits on " + timeouts.group_suspects[0]
+    if ras is not None and (ras.dead or ras.unreached):
+        return "a process of the job is dead or unreachable (NCCL RAS); no rank is named"
+    if timeouts is not None and timeouts.events:
+        ranks = {e.rank for e in timeouts.events}
+        if len(ranks) == 1:
+            return f"{timeouts.events[0].who()} timed out; the others' logs are not here: which rank never arrived " \
+                   "is in theirs"
+        if timeouts.silent:
+            return f"{len(ranks)} ranks timed out at the same work; no line from the others here: look at theirs"
+        return f"all {len(ranks)} ranks that logged timed out at the same work: the transport, or a rank not in " \
+               "this log (run the doctor)"
+    if timeouts is not None and timeouts.stuck_watchdogs:
+        return "a rank's watchdog thread hung (a CUDA or NCCL call that never returned)"
+    return "the job is stuck; no rank is named"
+
+
+def _read_what(found: Evidence) -> str:
+    kinds = sorted(set(found.kinds)) or ["nothing"]
+    return ", ".join(kinds) + " read, none shows a rank stuck or the job moving"
+
+
+def _cannot_tell(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None, ras: nccl_ras.RasFinding | None,
+                 frt: fr_text.FrText | None) -> str:
+    why = []
+    if timeouts is not None and not timeouts.read:
+        why.append("the timeout log's lines could not be read" + (f" ({timeouts.unread} named the watchdog)"
+                                                                  if timeouts.unread else ""))
+    if ras is not None and not ras.behind and not ras.broken:
+        why.append("one RAS report with no rank behind cannot tell a job at work from one whose ranks all wait in "
+                   "the same collective" if ras.queries == 1 else "the RAS counts did not move between the reports")
+    if frt is not None and not frt.culprits:
+        why.append("the Flight Recorder output names no missing rank")
+    return "Cannot tell: " + ("; ".join(why) if why else "nothing read shows progress or a hang")
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -206,8 +331,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         error(f"these stacks come from {len(jobs)} different jobs or programs ({named}): each is analysed on its own")
         pictures += [picture_of(Evidence(dumps=[d for d in found.dumps if d.job == job]), f"{name}: {job or 'unnamed'}")
                      for job in jobs]
-        found = Evidence(traces=found.traces, ras=found.ras, timeout_logs=found.timeout_logs)
-    if found.dumps or found.traces or found.ras or found.timeout_logs:
+        found = Evidence(traces=found.traces, ras=found.ras, timeout_logs=found.timeout_logs, fr_text=found.fr_text,
+                         progress=found.progress, kinds=[k for k in found.kinds if k != "stacks"])
+    if found.dumps or found.traces or found.ras or found.timeout_logs or found.fr_text or found.progress:
         pictures.append(picture_of(found, name))
     if not pictures:
         error("nothing to analyse in " + ", ".join(args.paths))

@@ -108,11 +108,13 @@ def _add_stacks(verbs: Verbs) -> None:
     dump.set_defaults(func=_command("stacks", "cmd_stacks_dump"))
     analyse = _verb(stack_verbs, "analyze", help="group saved stack dumps and name the outliers",
         description="Read saved dumps (py-spy --json output, py-spy text as pasted into issues, or a folder "
-                    "written by `stacks dump --out`) and print the grouped picture with the outliers.",
+                    "written by `stacks dump --out`) and print the grouped picture with the outliers. The same "
+                    "reading as `stall-watchdog analyze`, which takes every other kind of evidence too.",
         epilog="Examples:\n  stall-watchdog stacks analyze node48.txt\n"
                "  stall-watchdog stacks analyze /tmp/stacks --json\n")
     analyse.add_argument("files", nargs="+", metavar="FILE")
-    analyse.add_argument("--json", action="store_true", help="a JSON object: groups, outliers, summary, verdict")
+    analyse.add_argument("--json", action="store_true",
+                         help="JSON Lines: one JSON object per job (groups, outliers, summary, verdict) per line")
     analyse.set_defaults(func=_command("stacks", "cmd_stacks_analyze"))
 
 
@@ -189,13 +191,19 @@ def _add_analyze(verbs: Verbs) -> None:
                     "  py-spy dumps (text or --json), `stacks dump --out` folders\n"
                     "  incident and dump bundles (their stacks, Flight Recorder dumps, RAS finding)\n"
                     "  PyTorch Flight Recorder dumps (files or a folder of them)\n"
-                    "  ncclras reports, JSON or text (give two taken seconds apart to tell stuck from slow)\n"
-                    "  job bundles written by `stall-watchdog coordinate`",
+                    "  ncclras reports, JSON or text, whole or an excerpt, one or several (two taken seconds\n"
+                    "    apart tell stuck from slow), and the RAS monitor's PEER_DEAD events\n"
+                    "  PyTorch NCCL watchdog timeout logs (one or many ranks, hard-wrapped pastes too)\n"
+                    "  torchfrtrace / fr_trace output (the Flight Recorder analyzer's text)\n"
+                    "  job bundles written by `stall-watchdog coordinate`\n"
+                    "A text may hold several kinds (a log, then a RAS report). NO_STALL only on positive evidence "
+                    "of progress; UNKNOWN says what was read and what it cannot tell.",
         epilog="Examples:\n  stall-watchdog analyze /var/lib/stall-watchdog/incidents/20261122T101500Z-dump-gpu0-1\n"
                "  stall-watchdog analyze /tmp/nccl_trace_rank_* --json\n"
                "  stall-watchdog analyze ras-1.json ras-2.json\n")
     analyse.add_argument("paths", nargs="+", metavar="PATH")
-    analyse.add_argument("--json", action="store_true", help="a JSON object per picture")
+    analyse.add_argument("--json", action="store_true",
+                         help="JSON Lines: one JSON object per picture (per job) on its own line")
     analyse.set_defaults(func=_command("analyze", "cmd_analyze"))
 
 

@@ -13,8 +13,7 @@ from watchdog.config import Config, load_config
 from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.formats import load as load_dumps
-from watchdog.stacks.picture import StackPicture, capture_job, picture_saved, write_captures
+from watchdog.stacks.picture import StackPicture, capture_job, write_captures
 from watchdog.stacks.text import render as render_stacks
 
 
@@ -92,7 +91,7 @@ def _ranks_on_gpus(discovery: RankDiscovery, gpus: list[int] | None, config: Con
 
 
 def cmd_stacks_analyze(args: argparse.Namespace) -> int:
-    dumps = [dump for path in args.files for dump in load_dumps(path)]
-    name = args.files[0] if len(args.files) == 1 else f"{len(args.files)} files"
-    print_pictures([picture_saved(dumps, name)], args.json)
-    return EXIT_OK
+    """The stacks part of `analyze`: the same reading of the same files and folders, the same split into jobs."""
+    from watchdog.cli.analyze import cmd_analyze
+
+    return cmd_analyze(argparse.Namespace(paths=args.files, json=args.json))

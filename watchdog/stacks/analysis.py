@@ -1,8 +1,9 @@
 """Group identical stacks and name the outliers: the ranks the others wait on.
 
-Identical stacks (line numbers and install prefixes aside) are grouped; the outliers are the ones
-outside any collective while most ranks sit in one, the few still in a collective while most have moved
-on, or those in a different collective than a clear majority. The result is one sentence a person can
+Identical stacks (line numbers and install prefixes aside) are grouped; the outliers are the ranks
+outside a collective others wait in (whatever their number: in a two-rank job one is enough), the few
+still in a collective where most show no known place (a wait in C code shows only the training loop's
+line), or those in a different collective than a clear majority. The result is one sentence a person can
 act on.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from watchdog.model import Frame, StackDump
-from watchdog.stacks.classify import COLLECTIVE, Activity, classify, normalized, where_text
+from watchdog.stacks.classify import COLLECTIVE, UNKNOWN, Activity, classify, normalized, where_text
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,17 @@ def _outliers(groups: Sequence[Group], total: int) -> tuple[str, ...]:
     in_collective = [g for g in groups if g.activity.name == COLLECTIVE]
     outside = [g for g in groups if g.activity.name != COLLECTIVE]
     n_in = sum(g.count for g in in_collective)
-    n_out = total - n_in
     if in_collective and outside:
-        # The side that is smaller is the one the others wait on: the few outside any collective, or
-        # the few still in one after the rest moved on.
-        odd = outside if n_out < n_in else in_collective if n_in < n_out else []
-        return tuple(m for g in odd for m in g.members)
+        # A rank inside a collective waits on the ranks outside it, whatever their number: one in its data
+        # loader, a queue, an evaluation or a checkpoint is the one the others wait on (two-rank jobs too).
+        # Only a stack that shows no known place (a wait in C code looks like the training loop's line)
+        # may be a rank already past: there the smaller side is the odd one, the outside on a tie.
+        known = [g for g in outside if g.activity.name != UNKNOWN]
+        n_unknown = sum(g.count for g in outside) - sum(g.count for g in known)
+        if n_unknown > n_in:
+            return tuple(m for g in in_collective for m in g.members) if not known else \
+                tuple(m for g in known for m in g.members)
+        return tuple(m for g in outside for m in g.members)
     by_kind: Counter[str] = Counter()
     for g in groups:
         by_kind[g.activity.key] += g.count

@@ -36,6 +36,15 @@ _LOCALS = re.compile(r"^\s+(Arguments|Locals):\s*$")
 _GROUP = re.compile(r"^\s*(\d{1,9}) (?:processes |ranks |procs )?(?:are )?in:?\s*$")
 
 
+_PYSPY_MARK = re.compile(r"^\s{0,8}(?:Thread (?:0x[0-9A-Fa-f]{1,16}|\d{1,19}) \([\w+]{1,20}\)|Process \d{1,10}: )",
+                         re.MULTILINE)
+
+
+def looks_like_pyspy(text: str) -> bool:
+    """Whether a text holds py-spy's dump: a `Thread N (idle)` or `Process N:` header."""
+    return _PYSPY_MARK.search(text) is not None
+
+
 def _thread_id(text: str) -> int:
     return int(text, 16) if text.lower().startswith("0x") else int(text)
 
@@ -139,7 +148,53 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
             digest_count += 1
             continue
     flush_process()
-    return dumps
+    return dumps or _frame_lists(text, source)
+
+
+_SOURCE_FILE = re.compile(r"\.py\b|^<|\.so\b|/")
+_PID_HEADER = re.compile(r"\bpid[= ](\d{1,10})\b")
+
+
+def _frame_lists(text: str, source: str) -> list[StackDump]:
+    """Stacks pasted without py-spy's headers: blocks of two or more `function (file.py:line)` lines (a fenced
+    fragment, a `pid=N (MainThread ...):` line before it), or one sample per line with frames joined by `|`.
+    Each block is one process, innermost frame first, as py-spy prints them."""
+    blocks: list[tuple[int | None, list[Frame]]] = []
+    frames: list[Frame] = []
+    pid: int | None = None
+
+    def frame(piece: str) -> Frame | None:
+        match = _FRAME.match(piece if piece.startswith((" ", "\t")) else " " + piece)
+        if match is None or not _SOURCE_FILE.search(match.group(2)):
+            return None
+        line = int(match.group(3)) if match.group(3) else None
+        return Frame(match.group(1)[:MAX_NAME], match.group(2)[:MAX_NAME], line)
+
+    def close() -> None:
+        nonlocal frames
+        if len(frames) >= 2:
+            blocks.append((pid, frames))
+        frames = []
+
+    for raw in text.splitlines()[:200_000]:
+        line = raw.rstrip()[:4096]
+        if "|" in line and line.count("(") >= 2:
+            sample = [f for f in (frame(p.strip()) for p in line.split("|")) if f is not None]
+            if len(sample) >= 2:
+                close()
+                blocks.append((pid, sample))
+                continue
+        found = frame(line)
+        if found is not None:
+            frames.append(found)
+            continue
+        close()
+        header = _PID_HEADER.search(line)
+        pid = int(header.group(1)) if header else None
+    close()
+    return [StackDump(member_id(pid, None) if pid is not None else f"stack {n + 1}",
+                      (ThreadStack(None, "MainThread", None, tuple(block[:MAX_FRAMES])),), pid, source=source)
+            for n, (pid, block) in enumerate(blocks[:MAX_THREADS])]
 
 
 MAX_THREADS = 256

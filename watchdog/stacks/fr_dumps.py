@@ -317,7 +317,10 @@ class GroupFinding:
 
     @property
     def culprits(self) -> tuple[int, ...]:
-        return tuple(sorted({*self.behind, *self.other_op}))
+        """The ranks the waiting ones wait on: behind, or in another collective; where the dumps show neither,
+        the members whose dump never came (a rank tearing its group down, or hung in C code, never answers)."""
+        named = {*self.behind, *self.other_op}
+        return tuple(sorted(named if named or not self.stuck else self.missing))
 
     def sentence(self) -> str:
         name = _short(self.op)
@@ -330,7 +333,8 @@ class GroupFinding:
         for rank, op in sorted(self.other_op.items()):
             parts.append(f"rank {rank} is in {_short(op)} #{self.seq} instead")
         if self.missing:
-            parts.append(f"no dump from {_ranks(self.missing)}")
+            suspect = ": the first suspects" if self.stuck and not self.behind and not self.other_op else ""
+            parts.append(f"no dump from {_ranks(self.missing)} (its absence is no sign of health){suspect}")
         if not self.stuck and not parts:
             parts.append(f"every rank completed {name} #{self.seq}")
         return f"process group {self.group}: " + "; ".join(parts)
@@ -352,6 +356,10 @@ class FlightRecorderAnalysis:
     @property
     def culprits(self) -> tuple[int, ...]:
         return tuple(sorted({r for g in self.groups if g.stuck for r in g.culprits}))
+
+    @property
+    def stuck(self) -> bool:
+        return any(g.stuck for g in self.groups)
 
     @property
     def summary(self) -> str:

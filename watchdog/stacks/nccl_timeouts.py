@@ -1,94 +1,181 @@
 """PyTorch's NCCL watchdog timeout logs, the most common artefact a hang leaves behind, read into suspects.
 
-When a collective outlives its timeout, every rank's ProcessGroupNCCL watchdog logs (PyTorch 1.13 to 2.x):
+When a collective outlives its timeout, a rank's ProcessGroupNCCL watchdog logs (PyTorch 1.13 to 2.9):
 
-    [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE,
-        NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.
+    [rank3]:[E710 ... ProcessGroupNCCL.cpp:757] [Rank 1] Watchdog caught collective operation timeout:
+        WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for
+        600020 milliseconds before timing out.
     [PG ID 0 PG GUID 0(default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at
-        work: 808, last enqueued NCCL work: 811, last completed NCCL work: 807.
+        work: 808, last enqueued NCCL work: 811, last completed NCCL work: 807.            (2.1-2.3)
+    [PG ID 1 PG GUID 1 Rank 1]  failure detected by watchdog at work sequence id: 808 PG status: last
+        enqueued work: 811, last completed work: 807                                        (2.4+)
 
-(older: `[Rank 0] Timeout at NCCL work: 808, last enqueued NCCL work: 811, last completed NCCL work: 807.`),
-and with TORCH_NCCL_DESYNC_DEBUG=1 a report naming the lagging ranks:
+(older: `[Rank 0] Timeout at NCCL work: 808, last enqueued NCCL work: 811, last completed NCCL work: 807.`).
+`[rank3]:` is the global rank (PyTorch's log prefix); `[PG ... Rank 1]` and `[Rank 1]` are the rank within
+the process group: without the prefix, a rank of a group other than the default one is only known by its
+place in that group, and is said so. Ranks that did not time out themselves say so too: `Received a dump
+signal due to a collective timeout from rank N` (2.4+), and `TORCH_NCCL_DESYNC_DEBUG=1` adds a report:
 
      - [0] Timeout at collective: ALLREDUCE, #3
      - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:
          [1] finished collective #2, but didn't join collective #3 (count from 1)
 
-Per process group, a rank whose timed-out work is behind the others' (a lower sequence number, or fewer
-works completed) is a suspect: the others wait for it. When every rank that logged is at the same work,
-no rank is behind by sequence number: a rank that logged nothing is the first suspect, and otherwise the
-transport (network interface, InfiniBand, P2P) is the usual cause; the doctor checks those settings.
+Per process group: a rank whose timed-out work is behind the others' (a lower sequence number, or fewer works
+completed) is a suspect; ranks at the same sequence number in different collectives (BROADCAST against
+ALLREDUCE) will never match, and the fewer are named; ranks the log shows alive but not timed out never
+reached the collective the others time out in. When every rank that logged is at the same work, none is
+behind: ranks with no line here are looked at first (the log may be cut), else the transport. A paste
+whose lines were hard-wrapped is joined back; a line that names the watchdog but cannot be read is counted
+and said, never taken as silence.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
-_TAG = r"\[(?:(?P<pg>PG[^\]\n]{0,80}?) )?Rank (?P<rank>\d{1,7})\]"
-_CAUGHT = re.compile(_TAG + r" Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), "
-                     r"OpType=(?P<op>\w{1,40})(?P<rest>(?:[^()\n]|\(ms\)){0,200})\)"
-                     r"(?: ran for (?P<ran>\d{1,12}) milliseconds)?")
+_S = r"\s{0,4}"  # a space a hard wrap may have taken, or doubled
+_GLOBAL = re.compile(r"\[rank(?P<g>\d{1,7})\]:")
+_TAG = (r"(?:\[(?:(?P<pg>PG[^\]\n]{0,80}?)\s{1,4})?[Rr]ank\s{0,4}(?P<rank>\d{1,7})\]:?\s{0,4}"
+        r"(?:\[[A-Z][^\]\n]{0,80}\]\s{0,4})?)?")
+_CAUGHT = re.compile(_TAG + _S + r"Watchdog\s{1,4}caught\s{1,4}collective\s{1,4}operation\s{1,4}timeout:" + _S +
+                     r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12})," + _S + r"OpType=(?P<op>\w{1,40})"
+                     r"(?P<rest>(?:[^()\n]|\(ms\)){0,240})\)"
+                     r"(?:" + _S + r"ran\s{1,4}for\s{1,4}(?P<ran>\d{1,12})\s{0,4}milliseconds)?")
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d{1,12})")
-_DETECTED = re.compile(_TAG + r" (?:Exception \(either an error or timeout\) detected by watchdog at work|"
-                       r"Timeout at NCCL work): (?P<seq>\d{1,12}), last enqueued NCCL work: (?P<enq>-?\d{1,12}), "
-                       r"last completed NCCL work: (?P<done>-?\d{1,12})")
+_DETECTED = re.compile(_TAG + _S + r"(?:Exception\s{1,4}\(either\s{1,4}an\s{1,4}error\s{1,4}or\s{1,4}timeout\)"
+                       r"\s{1,4}detected\s{1,4}by\s{1,4}watchdog\s{1,4}at\s{1,4}work|Timeout\s{1,4}at\s{1,4}NCCL"
+                       r"\s{1,4}work|failure\s{1,4}detected\s{1,4}by\s{1,4}watchdog\s{1,4}at\s{1,4}work\s{1,4}"
+                       r"sequence\s{1,4}id):" + _S + r"(?P<seq>\d{1,12}),?" + _S +
+                       r"(?:PG\s{1,4}status:" + _S + r")?last\s{1,4}enqueued\s{1,4}(?:NCCL\s{1,4})?work:" + _S +
+                       r"(?P<enq>-?\d{1,12}),?" + _S + r"last\s{1,4}completed\s{1,4}(?:NCCL\s{1,4})?work:" + _S +
+                       r"(?P<done>-?\d{1,12})")
+_SIGNAL = re.compile(r"Received\s{1,4}a\s{1,4}dump\s{1,4}signal\s{1,4}due\s{1,4}to\s{1,4}a\s{1,4}collective\s{1,4}"
+                     r"timeout\s{1,4}from\s{1,4}(?:rank\s{1,4}(?P<src>\d{1,7})|this\s{1,4}local\s{1,4}rank)"
+                     r"(?:.{0,200}?Last\s{1,4}enqueued\s{1,4}NCCL\s{1,4}work:\s{0,4}(?P<enq>-?\d{1,12}))?")
+_FIRST_PG = re.compile(_TAG + r"\s{1,4}First\s{1,4}PG\s{1,4}on\s{1,4}this\s{1,4}rank\s{1,4}to\s{1,4}signal")
+_STUCK = re.compile(r"watchdog\s{1,4}got\s{1,4}stuck\s{1,4}for\s{1,4}(?P<s>\d{1,9})\s{1,4}seconds|"
+                    r"Heartbeat\s{1,4}monitor\s{1,4}timed\s{1,4}out")
 _DESYNC_AT = re.compile(r"\[(?P<rank>\d{1,7})\] Timeout at collective: (?P<op>\w{1,40}), #(?P<seq>\d{1,12})")
 _DESYNC_LAG = re.compile(r"^\s*\[(?P<rank>\d{1,7})\] (?P<what>[^\n]{0,200}?collective #\d{1,12}[^\n]{0,80})$")
+_DESYNC_JOINED = re.compile(r"^\s*\[(?P<ranks>\d{1,7}(?:,\s?\d{1,7}){1,4095})\] joined but didn't finish collective "
+                            r"#(?P<seq>\d{1,12})")
+_ANY_TAG = re.compile(r"\[(?:PG[^\]\n]{0,80}?\s{1,4})?[Rr]ank\s{0,4}(?P<rank>\d{1,7})\]")
+_QUOTE = re.compile(r"^\s{0,8}(?:>\s?)+")  # a Markdown quote's '> ' on every line
 MARKERS = ("Watchdog caught collective operation timeout", "detected by watchdog at work", "Timeout at NCCL work",
-           "Timeout at collective:")
+           "Timeout at collective:", "failure detected by watchdog", "Received a dump signal due to a collective",
+           "watchdog got stuck for", "Heartbeat monitor timed out")
+_MARKER = re.compile(r"Watchdog\s{0,4}caught|detected\s{0,4}by\s{0,4}watchdog|Timeout\s{0,4}at\s{0,4}NCCL|"
+                     r"failure\s{0,4}detected|Received\s{0,4}a\s{0,4}dump\s{0,4}signal")
+_RECORD = re.compile(r"Watchdog\s{0,4}caught|detected\s{0,4}by\s{0,4}watchdog|Timeout\s{0,4}at\s{0,4}NCCL|"
+                     r"failure\s{0,4}detected")  # the records a hard wrap is joined back for
+# A line that starts a new record: where a hard-wrapped paste's continuation ends.
+_NEW_LINE = re.compile(r"^\s{0,4}(?:\[rank\d|\[Rank |\[PG |\[\d{1,7}\] |\(\w+(?:\[[^\]\n]{0,40}\])? pid=|"
+                       r"[EWIF]\d{4} |\d{4}-\d\d-\d\d|- |#\d|Traceback|Stack trace|Exception raised|terminate called|"
+                       r"what\(\):|\w+Error)")
+_COMPLETE = re.compile(r"timing\s{0,4}out\.?\s{0,4}$|last\s{0,4}completed\s{0,4}(?:NCCL\s{0,4})?work:\s{0,4}-?\d{1,12}"
+                       r"\.?\s{0,4}$|dump\s{0,4}the\s{0,4}debug\s{0,4}info\.?\s{0,4}$")
+_MAX_LINE = 4096
+ANONYMOUS = -1  # a timeout whose rank the paste left out
+_MAX_JOINED = 8  # lines of one record a paste may have split it into
 
 
 def looks_like_timeout_log(text: str) -> bool:
-    return any(marker in text for marker in MARKERS)
+    return any(marker in text for marker in MARKERS) or _MARKER.search(" ".join(text.split())) is not None
 
 
 @dataclass
 class RankTimeout:
     """One rank's timed-out work, merged from its watchdog lines."""
 
-    rank: int
+    rank: int  # global where the log says it ([rankN]: or the default group), else the rank within `group`
     seq: int
     group: str = ""
+    group_rank: int | None = None  # the rank within `group` where it differs from `rank`
+    global_known: bool = True
     op: str | None = None
     timeout_ms: int | None = None
     ran_ms: int | None = None
     last_enqueued: int | None = None
     last_completed: int | None = None
 
+    def who(self) -> str:
+        if self.rank == ANONYMOUS:
+            return "a rank the log does not name"
+        if self.global_known:
+            return f"rank {self.rank}"
+        return f"rank {self.rank} of process group {self.group}"
+
 
 @dataclass(frozen=True)
 class TimeoutFinding:
     events: tuple[RankTimeout, ...]
-    behind: dict[int, str] = field(default_factory=dict)  # rank -> why it is a suspect
-    silent: tuple[int, ...] = ()  # ranks below the highest that logged nothing
+    behind: dict[int, str] = field(default_factory=dict)  # global rank -> why it is a suspect
+    silent: tuple[int, ...] = ()  # ranks below the highest that logged, with no line here
     same_work: bool = False  # every rank that logged is at the same work of its group
+    signalled: dict[int, int] = field(default_factory=dict)  # rank -> the rank whose timeout it was told of
+    unread: int = 0  # lines naming the watchdog that could not be read
+    stuck_watchdogs: tuple[int, ...] = ()  # ranks whose watchdog thread itself hung (a CUDA/NCCL call)
+    group_suspects: tuple[str, ...] = ()  # suspects known only by their rank within a process group
 
     @property
     def culprits(self) -> tuple[int, ...]:
         return tuple(sorted(self.behind))
 
     @property
-    def summary(self) -> str:
-        if not self.events and not self.behind:
-            return "NCCL timeout log: no rank's timeout read"
-        ranks = sorted({e.rank for e in self.events})
+    def read(self) -> bool:
+        """Whether anything was read: a timeout, a dump signal or a stuck watchdog."""
+        return bool(self.events or self.behind or self.signalled or self.stuck_watchdogs)
+
+    def _work(self) -> str:
         first = min(self.events, key=lambda e: (e.seq, e.rank)) if self.events else None
-        what = (f"{first.op or 'a collective'} #{first.seq}" if first else "a collective")
+        if first is None:
+            return "a collective"
+        group = f" of process group {first.group}" if first.group and not first.group.startswith("0") else ""
+        return f"{first.op or 'a collective'} #{first.seq}{group}"
+
+    @property
+    def summary(self) -> str:
+        unread = (f"; {self.unread} line{'s' if self.unread > 1 else ''} naming the watchdog could not be read"
+                  if self.unread else "")
+        if not self.read:
+            return "NCCL timeout log: no rank's timeout could be read" + unread
+        timed = sorted({e.rank for e in self.events if e.global_known and e.rank >= 0})
+        local = sorted({e.who() for e in self.events if not e.global_known})
         waited = next((e.timeout_ms for e in self.events if e.timeout_ms), None)
-        head = (f"NCCL timeout log: {_ranks(ranks)} timed out" + (f" after {waited / 1000:g} s" if waited else ""))
+        parts = []
+        if timed or local:
+            who = ", ".join(([_ranks(timed)] if timed else []) + local)
+            parts.append(f"{who} timed out" + (f" after {waited / 1000:g} s" if waited else "") + f" in {self._work()}")
+        if self.signalled:
+            told = sorted(self.signalled)
+            parts.append(f"{_ranks(told)} did not time out {'itself' if len(told) == 1 else 'themselves'} (told "
+                         f"of rank {sorted(set(self.signalled.values()))[0]}'s timeout)")
+        if self.stuck_watchdogs:
+            parts.append(f"the watchdog of {_ranks(list(self.stuck_watchdogs))} got stuck (a CUDA or NCCL call hung)")
+        head = "NCCL timeout log: " + "; ".join(parts)
         if self.behind:
-            return head + "; " + "; ".join(f"rank {r} {why}" for r, why in sorted(self.behind.items())[:6])
+            return head + "; " + "; ".join(f"rank {r} {why}" for r, why in sorted(self.behind.items())[:6]) + unread
+        if self.group_suspects:
+            return head + "; " + "; ".join(self.group_suspects[:6]) + unread
         if self.silent:
-            return head + f" in {what}; no timeout line from {_ranks(self.silent)}: look there first"
-        return (head + f", all in {what}: no rank is behind by sequence number, so the transport (network "
-                "interface, InfiniBand, P2P) is the usual cause, or a rank whose log is not here; run "
-                "`stall-watchdog doctor --all` on the nodes")
+            return (head + f"; none is behind another; no line from {_ranks(self.silent)} here (the log may be cut, "
+                    "or they never reached it): look at theirs first" + unread)
+        if len(self.events) == 1:
+            return head + ": one rank's log; which peer never arrived is in the others' logs" + unread
+        if self.events:
+            return (head + f"; all {len({e.rank for e in self.events})} ranks that logged are at the same work: "
+                    "none is behind, so the transport (network interface, InfiniBand, P2P) is the usual cause, or "
+                    "a rank whose log is not here; run `stall-watchdog doctor --all` on the nodes" + unread)
+        return head + unread
 
     def to_json(self) -> dict[str, object]:
         return {"ranks": sorted({e.rank for e in self.events}), "culprits": list(self.culprits),
                 "behind": {str(r): why for r, why in sorted(self.behind.items())}, "silent": list(self.silent),
-                "same_work": self.same_work, "summary": self.summary,
+                "same_work": self.same_work, "summary": self.summary, "unread_lines": self.unread,
+                "signalled": {str(r): s for r, s in sorted(self.signalled.items())},
+                "stuck_watchdogs": list(self.stuck_watchdogs), "group_suspects": list(self.group_suspects),
                 "events": [vars(e) for e in sorted(self.events, key=lambda e: e.rank)]}
 
 
@@ -98,61 +185,176 @@ def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
     return f"ranks {', '.join(map(str, ranks[:16]))}{' ...' if len(ranks) > 16 else ''}"
 
 
-def parse(text: str) -> TimeoutFinding:
-    """Every rank's timeout in one or more logs (concatenated), judged (module docstring)."""
-    events: dict[tuple[int, int], RankTimeout] = {}
-    lagging: dict[int, str] = {}
-    for line in text.splitlines():
-        if len(line) > 4096:
-            line = line[:4096]
-        if (m := _CAUGHT.search(line)) is not None:
-            event = events.setdefault((int(m["rank"]), int(m["seq"])), RankTimeout(int(m["rank"]), int(m["seq"])))
-            event.op = m["op"]
-            event.ran_ms = int(m["ran"]) if m["ran"] else event.ran_ms
-            found = _TIMEOUT_MS.search(m["rest"] or "")
-            event.timeout_ms = int(found.group(1)) if found else event.timeout_ms
-            event.group = event.group or _group(m["pg"])
-        elif (m := _DETECTED.search(line)) is not None:
-            event = events.setdefault((int(m["rank"]), int(m["seq"])), RankTimeout(int(m["rank"]), int(m["seq"])))
-            event.last_enqueued, event.last_completed = int(m["enq"]), int(m["done"])
-            event.group = event.group or _group(m["pg"])
-        elif (m := _DESYNC_AT.search(line)) is not None:
-            events.setdefault((int(m["rank"]), int(m["seq"])), RankTimeout(int(m["rank"]), int(m["seq"]), op=m["op"]))
-        elif (m := _DESYNC_LAG.match(line)) is not None:
-            lagging[int(m["rank"])] = m["what"].strip()
-    return judge(list(events.values()), lagging)
+def unwrap(text: str) -> list[str]:
+    """The log's lines, with a record a paste hard-wrapped joined back: a line that holds the start of a
+    watchdog record but not its end takes the lines after it until one starts a new record."""
+    lines: list[str] = []
+    pending: list[str] = []
+    for raw in text.splitlines():
+        line = _QUOTE.sub("", raw[:_MAX_LINE])
+        if pending:
+            if _NEW_LINE.match(line) or not line.strip() or len(pending) >= _MAX_JOINED:
+                lines.append("".join(pending))
+                pending = []
+            else:
+                pending.append(line.strip() if pending[-1].endswith((" ", "(", "=", ",")) else line.lstrip())
+                joined = "".join(pending)
+                if _COMPLETE.search(joined):
+                    lines.append(joined)
+                    pending = []
+                continue
+        if _RECORD.search(line) and not _COMPLETE.search(line):
+            pending = [line]
+        else:
+            lines.append(line)
+    if pending:
+        lines.append("".join(pending))
+    return lines
 
 
 def _group(tag: str | None) -> str:
-    """`PG 1`, `PG ID 0 PG GUID 0(default_pg)` -> the group's name; the default group otherwise."""
+    """`PG 1`, `PG ID 1 PG GUID 1`, `PG ID 0 PG GUID 0(default_pg)` -> `1`, `1`, `0 (default_pg)`."""
     if not tag:
         return ""
+    number = re.match(r"PG(?:\s+ID)?\s+(\d{1,9})", tag)
     named = re.search(r"\(([^)]{1,60})\)", tag)
-    return named.group(1) if named else tag.strip()
+    if number:
+        return number.group(1) + (f" ({named.group(1)})" if named else "")
+    return named.group(1) if named else tag.strip()[:60]
 
 
-def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None) -> TimeoutFinding:
+def _default(group: str) -> bool:
+    return not group or group.startswith("0") or "default_pg" in group
+
+
+def parse(text: str) -> TimeoutFinding:
+    """Every rank's timeout in one or more logs (concatenated), judged (module docstring)."""
+    events: dict[tuple[int, bool, str, int], RankTimeout] = {}
+    lagging: dict[int, str] = {}
+    signalled: dict[int, tuple[int, int | None]] = {}
+    stuck: set[int] = set()
+    unread = 0
+
+    def event(m: re.Match[str], line: str) -> RankTimeout:
+        group = _group(m["pg"])
+        prefix = _GLOBAL.search(line[:m.start() + 1]) or _GLOBAL.search(line)
+        tagged = int(m["rank"]) if m["rank"] else int(prefix["g"]) if prefix else ANONYMOUS
+        known = prefix is not None or (_default(group) and tagged != ANONYMOUS)
+        rank = int(prefix["g"]) if prefix is not None else tagged
+        key = (rank, known, "" if prefix is not None or _default(group) else group, int(m["seq"]))
+        if not known:  # the same rank's other line carried its global rank: one event
+            same = next((e for e in events.values() if e.global_known and e.group == group and e.seq == int(m["seq"])
+                         and (e.group_rank if e.group_rank is not None else e.rank) == tagged), None)
+            if same is not None:
+                return same
+        found = events.setdefault(key, RankTimeout(rank, int(m["seq"]), global_known=known))
+        found.group = found.group or group
+        if prefix is not None and tagged != rank:
+            found.group_rank = tagged
+        return found
+
+    for line in unwrap(text):
+        matched = False
+        for caught in _CAUGHT.finditer(line):
+            found = event(caught, line)
+            found.op = caught["op"]
+            found.ran_ms = int(caught["ran"]) if caught["ran"] else found.ran_ms
+            limit = _TIMEOUT_MS.search(caught["rest"] or "")
+            found.timeout_ms = int(limit.group(1)) if limit else found.timeout_ms
+            matched = True
+        for detected in _DETECTED.finditer(line):
+            found = event(detected, line)
+            found.last_enqueued, found.last_completed = int(detected["enq"]), int(detected["done"])
+            matched = True
+        if (m := _SIGNAL.search(line)) is not None:
+            tag = _GLOBAL.search(line) or _ANY_TAG.search(line)
+            if tag is not None and m["src"] is not None:  # "from this local rank": its own timeout, printed above
+                signalled[int(tag.group(1))] = (int(m["src"]), int(m["enq"]) if m["enq"] else None)
+            matched = True
+        if (m := _STUCK.search(line)) is not None:
+            tag = _GLOBAL.search(line) or _ANY_TAG.search(line)
+            if tag is not None:
+                stuck.add(int(tag.group(1)))
+            matched = True
+        if _FIRST_PG.search(line):
+            matched = True
+        if (m := _DESYNC_AT.search(line)) is not None:
+            rank, seq = int(m["rank"]), int(m["seq"])
+            if not any(k[0] == rank for k in events):
+                events[(rank, True, "", seq)] = RankTimeout(rank, seq, op=m["op"])
+            matched = True
+        elif (m := _DESYNC_JOINED.match(line)) is not None:
+            joined = [int(r) for r in m["ranks"].split(",")]
+            for rank in joined:
+                if not any(k[0] == rank for k in events):
+                    events[(rank, True, "", int(m["seq"]))] = RankTimeout(rank, int(m["seq"]))
+            matched = True
+        elif (m := _DESYNC_LAG.match(line)) is not None:
+            lagging[int(m["rank"])] = m["what"].strip()
+            matched = True
+        if not matched and _MARKER.search(line) and not line.lstrip().startswith(("[E", "#")) and \
+                "Stack trace" not in line:
+            unread += 1
+    return judge(list(events.values()), lagging, signalled, tuple(sorted(stuck)), unread)
+
+
+def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
+          signalled: dict[int, tuple[int, int | None]] | None = None, stuck: tuple[int, ...] = (),
+          unread: int = 0) -> TimeoutFinding:
+    """`signalled`: rank -> (the rank whose timeout it was told of, its own last enqueued work or None)."""
     behind = dict(lagging or {})
+    told = {r: s for r, s in (signalled or {}).items() if not any(e.rank == r for e in events)}
+    known = [e for e in events if e.rank != ANONYMOUS]
+    events = known or events  # a record whose rank a paste cut off counts only where no rank is named
     # A rank's earliest timed-out work is the one it is stuck in (later lines may repeat it).
-    first: dict[int, RankTimeout] = {}
-    for event in sorted(events, key=lambda e: e.seq):
-        first.setdefault(event.rank, event)
+    first: dict[tuple[int, bool, str], RankTimeout] = {}
+    for e in sorted(events, key=lambda e: e.seq):
+        first.setdefault((e.rank, e.global_known, "" if e.global_known else e.group), e)
     groups: dict[str, list[RankTimeout]] = {}
     named = {e.group for e in first.values() if e.group}
-    for event in first.values():
+    for e in first.values():
         # A line without a group tag (older formats, or a cut log) belongs to the one group the others name.
-        group = event.group or (next(iter(named)) if len(named) == 1 else "")
-        groups.setdefault(group, []).append(event)
+        group = e.group or (next(iter(named)) if len(named) == 1 else "")
+        groups.setdefault(group, []).append(e)
     same = bool(first)
+    local: list[str] = []
+
+    def suspect(e: RankTimeout, why: str) -> None:
+        if e.global_known:
+            behind.setdefault(e.rank, why)
+        else:
+            local.append(f"{e.who()} {why}")
+
     for members in groups.values():
         top = max(e.seq for e in members)
         done = [e.last_completed for e in members if e.last_completed is not None]
-        for event in members:
-            if event.seq < top:
-                behind.setdefault(event.rank, f"timed out in #{event.seq} while others were at #{top}")
-            elif done and event.last_completed is not None and event.last_completed < max(done):
-                behind.setdefault(event.rank, f"completed work #{event.last_completed}, others #{max(done)}")
-        same = same and len({e.seq for e in members}) == 1
-    logged = sorted(first)
-    silent = tuple(r for r in range(max(logged) + 1) if r not in first) if logged and len(groups) <= 1 else ()
-    return TimeoutFinding(tuple(first.values()), behind, silent if not behind else (), same and not behind)
+        for e in members:
+            if e.seq < top:
+                suspect(e, f"timed out in #{e.seq} while others were at #{top}")
+            elif done and e.last_completed is not None and e.last_completed < max(done):
+                suspect(e, f"completed work #{e.last_completed}, others #{max(done)}")
+        at_top = [e for e in members if e.seq == top and e.op]
+        ops = Counter(e.op for e in at_top)
+        if len(ops) > 1:  # the same sequence number in different collectives: they will never match
+            (common, _), = ops.most_common(1)
+            for e in at_top:
+                if e.op != common:
+                    suspect(e, f"is in {e.op} #{e.seq} while the others are in {common} #{top}: the collectives do "
+                               "not match (a desync)")
+        same = same and len({e.seq for e in members}) == 1 and len(ops) <= 1
+    default = [e for e in first.values() if e.global_known and _default(e.group) and e.rank >= 0]
+    waited = min((e.seq for e in default), default=None)
+    for rank, (source, enqueued) in told.items():
+        # Alive, told of a timeout it did not have: it never enqueued the work the others time out in.
+        if waited is not None and enqueued is not None and enqueued < waited:
+            behind.setdefault(rank, f"never enqueued work #{waited} (its last enqueued is #{enqueued}; told of "
+                                    f"rank {source}'s timeout)")
+        elif enqueued is None and waited is not None and not behind and not local:
+            behind.setdefault(rank, f"did not time out (told of rank {source}'s): it never entered the collective "
+                                    "the others wait in")
+    sources = {r: s for r, (s, _) in told.items()}
+    logged = sorted({e.rank for e in first.values() if e.global_known and e.rank >= 0} | set(sources))
+    silent = tuple(r for r in range(max(logged) + 1) if r not in logged) if logged and len(groups) <= 1 and \
+        len(logged) > 1 else ()
+    return TimeoutFinding(tuple(first.values()), behind, silent if not behind and not local else (),
+                          same and not behind and not local, sources, unread, stuck, tuple(local))

@@ -37,11 +37,12 @@ def _headline(analysis: Analysis, stuck: bool) -> str:
     if rest:
         count = sum(g.count for g in rest)
         noun = "rank" if count == 1 else "ranks"
+        others = "the other rank" if count == 1 else f"the other {count} ranks"
         if odd and rest[0].activity.name == COLLECTIVE:
             them = "it" if len(odd) == 1 else "them"
-            parts.append(f"the other {count} {noun} wait for {them} in {rest[0].where}")
+            parts.append(f"{others} {'waits' if count == 1 else 'wait'} for {them} in {rest[0].where}")
         elif odd:
-            parts.append(f"the other {count} {noun} are in {rest[0].where}")
+            parts.append(f"{others} {'is' if count == 1 else 'are'} in {rest[0].where}")
         else:
             verb = "wait in" if rest[0].activity.name == COLLECTIVE else "are in"
             parts.append(f"{'all ' if len(rest) == 1 else ''}{count} {noun} {verb} {rest[0].where}"
@@ -53,6 +54,7 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
             spans_other_nodes: bool = False) -> Verdict:
     """Refine a stall with the stacks: a rank making host progress in a checkpoint or evaluation is a
     wait (warning); a rank idle in a queue or lock, or every rank in one collective, is a hang."""
+    saved = host is None  # saved stacks: where the ranks were, not whether they moved
     host = host or {}
     groups = analysis.groups
     odd = set(analysis.outliers)
@@ -63,6 +65,10 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
             return False
         return (delta.write_bytes or 0) >= _PROGRESS_BYTES or delta.cpu_seconds >= _PROGRESS_CPU * observed_seconds
 
+    if odd and saved and not any(g.activity.name == COLLECTIVE for g in groups):
+        return Verdict("unknown", None,
+                       f"{analysis.summary}. No rank is in a collective, so none is seen waiting on another; saved "
+                       "stacks show where the processes were, not whether they move", _headline(analysis, stuck=False))
     if odd:
         one = len(odd) == 1
         odd_activities = {analysis.member_activity[m].name for m in odd}
@@ -96,6 +102,11 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
                            f"{analysis.summary}. Every local rank waits, and the job has ranks on other nodes: the "
                            "culprit is likely there; look at the other nodes' verdicts",
                            _headline(analysis, stuck=False) + ": the culprit is likely on another node")
+        if analysis.total == 1:
+            return Verdict("hang", Severity.CRITICAL,
+                           f"{analysis.summary}. One process's stack, in a collective: it waits on peers whose "
+                           "stacks are not here; theirs show which one never arrived",
+                           _headline(analysis, stuck=True) + "; the peers' stacks are not here")
         if len(kinds) == 1:
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. Every rank is in the same collective and none returns: a peer "
@@ -109,5 +120,13 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
         return Verdict("waiting", Severity.WARNING,
                        f"{analysis.summary}. Every rank is busy on the host (a checkpoint, an evaluation): no rank "
                        "waits on another", _headline(analysis, stuck=False))
+    if saved:  # one picture shows where the ranks were; only two looks (or host activity) show them move
+        alone = "One process's stack shows where it was" if analysis.total == 1 else \
+            "Saved stacks show where they were"
+        return Verdict("unknown", None,
+                       f"{analysis.summary}. {alone}, "
+                       "not whether anything moves; no rank here waits on another in a collective. Give every "
+                       "rank's stack, or run `stall-watchdog stacks dump` twice a few seconds apart",
+                       _headline(analysis, stuck=False) + ": cannot tell from saved stacks")
     return Verdict("no_stall", None, f"{analysis.summary}. The stacks show no rank waiting on another",
                    _headline(analysis, stuck=False))

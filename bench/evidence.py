@@ -1,0 +1,116 @@
+"""`stall-watchdog analyze` on real third-party evidence: timeout logs, NCCL RAS reports, py-spy dumps and Flight
+Recorder analyzer output taken from public repositories and NCCL's and PyTorch's own documentation
+(bench/evidence/SOURCES.md has each item's address), plus the raw excerpts of ../shared/realdata, read in place.
+
+Each item's label (bench/evidence/manifest.json) was written from what the file shows, before the tool ran on it:
+
+  expect    stuck (the job is hung or timed out), progress (the file shows the job moving), unclear (it cannot tell)
+  culprits  the global ranks the file shows the others wait on; [] when it shows none behind; null: it does not say
+
+Scored per item:
+  right             stuck: a hang/waiting/remote verdict naming exactly the labelled culprits (when labelled);
+                    progress: no_stall; unclear: any verdict but no_stall, naming the labelled culprits if any
+  false all-clear   no_stall where the label is stuck or unclear
+  refused           analyze exited non-zero or printed nothing on an item of a format the README lists
+                    (on a plain training log, kind "mixed", that is counted as wrong)
+  wrong             anything else
+
+    python bench/evidence.py [--verbose]
+
+Goal (issue 39): right on >= 95%, no false all-clear, no refusal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from watchdog.cli import main as cli  # noqa: E402
+
+HERE = Path(__file__).resolve().parent / "evidence"
+_RANK = re.compile(r"^rank (\d{1,7})$")
+_ORDER = {"hang": 4, "waiting": 3, "remote": 3, "unknown": 1, "no_stall": 0}
+
+
+def run(path: Path) -> tuple[int, list[dict[str, object]], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli(["analyze", "--json", str(path)])
+        except SystemExit as exc:
+            code = int(exc.code) if isinstance(exc.code, int) else 2
+        except Exception as exc:  # noqa: BLE001 -- a traceback is a refusal, said as one
+            code, err = 3, io.StringIO(f"{type(exc).__name__}: {exc}")
+    pictures = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    return code, pictures, err.getvalue().strip()
+
+
+def named(picture: dict[str, object]) -> set[int]:
+    """The global ranks a picture names as the ones waited on."""
+    ranks = {int(m.group(1)) for o in picture.get("outliers") or [] if (m := _RANK.match(str(o)))}
+    for key in ("nccl_timeouts", "nccl_ras", "flight_recorder_analysis"):
+        part = picture.get(key)
+        if isinstance(part, dict):
+            ranks |= {int(r) for r in part.get("culprits") or []}
+    return ranks
+
+
+def score(item: dict[str, object]) -> tuple[str, str]:
+    path = (HERE / str(item["file"])).resolve()
+    if not path.exists():
+        return "missing", f"{path} not found"
+    code, pictures, err = run(path)
+    if code != 0 or not pictures:
+        why = err.splitlines()[-1] if err else f"exit {code}"
+        # A plain training log is no format the README lists: not reading it is a miss, not a refusal.
+        return ("refused" if item["kind"] != "mixed" else "wrong"), why
+    top = max(pictures, key=lambda p: _ORDER.get(str(p["verdict"]["kind"]), 0))  # type: ignore[index]
+    kind = str(top["verdict"]["kind"])  # type: ignore[index]
+    ranks = set().union(*(named(p) for p in pictures))
+    said = f"{kind}: {top['verdict']['headline']}"  # type: ignore[index]
+    culprits = item.get("culprits")
+    fits = culprits is None or set(culprits) == ranks  # type: ignore[arg-type]
+    expect = item["expect"]
+    if kind == "no_stall" and expect in ("stuck", "unclear"):
+        return "false all-clear", said
+    if expect == "progress":
+        return ("right" if kind == "no_stall" else "wrong"), said
+    ok = (kind in ("hang", "waiting", "remote") and fits) if expect == "stuck" else fits
+    return ("right" if ok else "wrong"), said + ("" if fits else f" [named {sorted(ranks)}, label {culprits}]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--verbose", action="store_true", help="every item's outcome and verdict")
+    args = parser.parse_args()
+    items = json.loads((HERE / "manifest.json").read_text())["items"]
+    by_kind: dict[str, Counter[str]] = defaultdict(Counter)
+    total: Counter[str] = Counter()
+    for item in items:
+        outcome, said = score(item)
+        by_kind[str(item["kind"])][outcome] += 1
+        total[outcome] += 1
+        if args.verbose or outcome != "right":
+            print(f"  {outcome:>15}  {item['file']}\n{'':>19}{said[:300]}")
+    print(f"\nreal evidence through `analyze`: {len(items)} items ({HERE / 'manifest.json'})")
+    print(f"  {'kind':>13}  {'items':>5}  {'right':>5}  {'wrong':>5}  {'refused':>7}  {'false all-clear':>15}")
+    for kind, counts in sorted(by_kind.items()):
+        print(f"  {kind:>13}  {sum(counts.values()):>5}  {counts['right']:>5}  {counts['wrong']:>5}  "
+              f"{counts['refused']:>7}  {counts['false all-clear']:>15}")
+    right = total["right"] / max(1, len(items))
+    met = right >= 0.95 and not total["false all-clear"] and not total["refused"]
+    print(f"  {'all':>13}  {len(items):>5}  {total['right']:>5}  {total['wrong']:>5}  {total['refused']:>7}  "
+          f"{total['false all-clear']:>15}")
+    print(f"  right {right:.0%} (goal >= 95%, no false all-clear, no refusal: {'met' if met else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""A training log's own step counter: the one positive sign of progress a pasted log can hold.
+
+`iteration=  2/317892`, `iter=9, loss=...`, `step=2, skipped=0`, `Step 6/50`: a counter seen at two or more
+increasing values shows the job stepping at the time the log covers. It says nothing about after the log's
+last line, and never outweighs a timeout, a dead rank or a stuck stack in the same evidence.
+"""
+
+from __future__ import annotations
+
+import re
+
+_COUNTER = re.compile(r"(?<![\w/])(?P<name>iteration|iter|step|global_step|epoch)\s{0,4}[=:]?\s{0,8}(?P<n>\d{1,12})"
+                      r"(?:\s{0,4}/\s{0,4}(?P<of>\d{1,12}))?(?![\w.])", re.IGNORECASE)
+MAX_LINES = 200_000
+
+
+def steps(text: str) -> str | None:
+    """'iteration went from 1 to 2' when a counter increases across the text's lines; None otherwise."""
+    seen: dict[str, list[int]] = {}
+    for line in text.splitlines()[:MAX_LINES]:
+        for m in _COUNTER.finditer(line[:4096]):
+            values = seen.setdefault(m["name"].lower(), [])
+            value = int(m["n"])
+            if not values or values[-1] != value:
+                values.append(value)
+    for name, values in sorted(seen.items(), key=lambda kv: -len(kv[1])):
+        rising = sum(1 for a, b in zip(values, values[1:]) if b > a)
+        if rising and rising >= len(values) - 1 - rising:  # mostly increasing, not a counter that repeats
+            return f"{name} went from {values[0]} to {max(values)} in the log's lines"
+    return None
