@@ -15,7 +15,7 @@ Scored per item:
                     (on a plain training log, kind "mixed", that is counted as wrong)
   wrong             anything else
 
-    python bench/evidence.py [--verbose]
+    python bench/evidence.py [--verbose] [--perturb]
 
 Goal (issue 39): right on >= 95%, no false all-clear, no refusal.
 """
@@ -28,6 +28,7 @@ import io
 import json
 import re
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -63,11 +64,33 @@ def named(picture: dict[str, object]) -> set[int]:
     return ranks
 
 
-def score(item: dict[str, object]) -> tuple[str, str]:
+def _wrap(text: str) -> str:
+    """A terminal or a mail client's hard wrap at 80 columns, mid-word."""
+    return "\n".join(line[i:i + 80] for line in text.splitlines() for i in range(0, max(len(line), 1), 80))
+
+
+PERTURBATIONS = {
+    "wrapped at 80 columns": _wrap,
+    "quoted (Markdown '> ')": lambda text: "".join(f"> {line}\n" for line in text.splitlines()),
+    "CRLF line ends": lambda text: text.replace("\n", "\r\n"),
+}
+
+
+def score(item: dict[str, object], perturb: str = "") -> tuple[str, str]:
     path = (HERE / str(item["file"])).resolve()
     if not path.exists():
         return "missing", f"{path} not found"
-    code, pictures, err = run(path)
+    if perturb:
+        if path.suffix == ".json":
+            return "skipped", "JSON is not pasted as text"
+        with tempfile.TemporaryDirectory() as folder:
+            changed = Path(folder) / path.name
+            changed.write_text(PERTURBATIONS[perturb](path.read_text()))
+            return _judged(item, *run(changed))
+    return _judged(item, *run(path))
+
+
+def _judged(item: dict[str, object], code: int, pictures: list[dict[str, object]], err: str) -> tuple[str, str]:
     if code != 0 or not pictures:
         why = err.splitlines()[-1] if err else f"exit {code}"
         # A plain training log is no format the README lists: not reading it is a miss, not a refusal.
@@ -90,6 +113,8 @@ def score(item: dict[str, object]) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="every item's outcome and verdict")
+    parser.add_argument("--perturb", action="store_true",
+                        help="also score every text item hard-wrapped at 80 columns, quoted, and with CRLF line ends")
     args = parser.parse_args()
     items = json.loads((HERE / "manifest.json").read_text())["items"]
     by_kind: dict[str, Counter[str]] = defaultdict(Counter)
@@ -110,6 +135,13 @@ def main() -> None:
     print(f"  {'all':>13}  {len(items):>5}  {total['right']:>5}  {total['wrong']:>5}  {total['refused']:>7}  "
           f"{total['false all-clear']:>15}")
     print(f"  right {right:.0%} (goal >= 95%, no false all-clear, no refusal: {'met' if met else 'NOT met'})")
+    if args.perturb:
+        print("\nthe same items as people mangle them when they paste:")
+        for name in PERTURBATIONS:
+            counts = Counter(score(item, name)[0] for item in items)
+            scored = len(items) - counts["skipped"]
+            print(f"  {name:>24}: {counts['right']} of {scored} right, {counts['wrong']} wrong, {counts['refused']} "
+                  f"refused, {counts['false all-clear']} false all-clear")
 
 
 if __name__ == "__main__":

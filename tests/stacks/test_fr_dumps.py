@@ -134,3 +134,18 @@ def test_traces_read_for_matching_share_their_group_lists_and_match_alike() -> N
     assert found.culprits == (5,) and group.missing == (7,) and group.waiting == (0, 1, 2, 3, 4, 6)
     longer = {"rank": 0, "entries": [], "groups": {"0": list(range(fr_dumps.MAX_NODES + 10))}}
     assert fr_dumps.RankTrace.for_matching(longer, "n", shared).groups == fr_dumps.RankTrace.from_json(longer).groups
+
+
+NVRX = REPO / "tests" / "data" / "nvrx_fr_traces"
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in NVRX.iterdir() if p.is_dir()))
+def test_nvidias_fault_injected_dumps_name_both_faulty_ranks(case: str) -> None:
+    """NVIDIA's own 16-rank dumps, two faults injected each (a GPU error, a rank holding the GIL): exactly the
+    injected ranks are named. On gpu_error_1st the second faulty rank waits at the same collective as its peer:
+    its work stopped completing 13 collectives before its peer's did."""
+    folder = NVRX / case
+    log = (folder / "fault_injection.log").read_text()
+    injected = tuple(int(r) for r in log.split("Fault ranks: [", 1)[1].split("]", 1)[0].split(","))
+    found = analyze(fr_dumps.read(p) for p in sorted(folder.glob("_dump_*")))
+    assert found.culprits == injected, found.summary

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from watchdog.cli import main
+from watchdog.cli.analyze import pasted
 from watchdog.stacks import fr_text, nccl_ras, nccl_timeouts
 from watchdog.stacks.fr_dumps import RankTrace, analyze
 
@@ -163,3 +164,38 @@ def test_both_verbs_read_a_stacks_dump_out_folder_of_several_jobs(tmp_path: Path
     second = capsys.readouterr().out
     assert first == second and len(first.splitlines()) == 2
     assert all(json.loads(line)["outliers"] == ["rank 2"] for line in first.splitlines())
+
+
+def test_a_paste_is_taken_back_to_what_it_was() -> None:
+    """A cut at 80 columns mid-word, a Markdown quote, CR line ends: undone before any reader; a report whose
+    lines merely share a length is left alone."""
+    log = (ITEMS / "timeout/torchinferno-tp8-rank7-never-enqueued.txt").read_text()
+    cut = "\n".join(line[i:i + 80] for line in log.splitlines() for i in range(0, max(len(line), 1), 80))
+    assert pasted(cut) == log.rstrip("\n")
+    assert nccl_timeouts.parse(pasted(cut)).culprits == (7,)
+    quoted = "".join(f"> {line}\r\n" for line in log.splitlines())
+    assert nccl_timeouts.parse(pasted(quoted)).culprits == (7,)
+    ras = (ITEMS / "ras/nccl-docs-ras-mismatch-warnings-noheader.txt").read_text()
+    assert pasted(ras) == ras
+
+
+def test_ranks_that_dumped_for_their_own_timeout_are_said() -> None:
+    found = nccl_timeouts.parse((ITEMS / "timeout/torchinferno-tp8-rank7-never-enqueued.txt").read_text())
+    assert found.own_timeouts and 7 not in found.own_timeouts and "dumped for a timeout of their own" in found.summary
+
+
+@pytest.mark.parametrize(("report", "culprits"), [
+    # PyTorch's retrieveDesyncReport (torch/csrc/distributed/c10d/TraceUtils.h), its three sentences
+    ("   - [47] joined but didn't finish collective #41207 (count from 1)\n"
+     "     [0, 1, 2, 3] finished collective #41207, but didn't join collective #41208 (count from 1)\n", (47,)),
+    ("   - [0, 1, 2] joined but didn't finish collective #9 (count from 1)\n"
+     "     [3] finished collective #9, but didn't join collective #10 (count from 1)\n", (3,)),
+    ("   - [0,1,2,3] joined but didn't finish collective #9 (count from 1)\n", ()),
+    (" - To our best knowledge, ranks [5] are the lagging ranks that caused this timeout. They never joined any "
+     "collectives\n", (5,)),
+])
+def test_every_desync_report_sentence_names_the_fewer(report: str, culprits: tuple[int, ...]) -> None:
+    head = ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8, OpType=ALLREDUCE, NumelIn=4, "
+            "NumelOut=4, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.\n"
+            " - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:\n")
+    assert nccl_timeouts.parse(head + report).culprits == culprits

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,7 +148,7 @@ def _file(path: Path, found: Evidence) -> None:
         found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
         return
-    text = data.decode("utf-8", errors="replace")
+    text = pasted(data.decode("utf-8", errors="replace"))
     if text.lstrip().startswith(("{", "[")) and _json_file(path, text, found):
         return
     read = False
@@ -176,6 +178,46 @@ def _file(path: Path, found: Evidence) -> None:
         raise StackFormatError(f"{path}: none of the formats `analyze` reads (py-spy text or JSON, NCCL watchdog "
                                "timeout log, ncclras report, Flight Recorder dump or analyzer output, a training "
                                "log's step counter)")
+
+
+_QUOTED = re.compile(r"^[ \t]{0,3}>+[ \t]?", re.MULTILINE)
+
+
+def pasted(text: str) -> str:
+    """A text as it was before it was pasted: CRLF or CR line ends made LF, and a Markdown quote (`> ` before
+    most lines, a mail reply or a GitHub comment quoting a log) taken off."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = [line for line in text.splitlines()[:2000] if line.strip()]
+    if lines and sum(1 for line in lines if line.lstrip().startswith(">")) >= 0.6 * len(lines):
+        text = _QUOTED.sub("", text)
+    return _unwrapped(text)
+
+
+def _unwrapped(text: str) -> str:
+    """A text a terminal or a mail client cut at a fixed width, mid-word: where many lines have the same length
+    of 60 characters or more, each line of exactly that length is joined with the one after it."""
+    lines = text.split("\n")
+    widths = Counter(len(line) for line in lines[:20000] if len(line) >= 60)
+    if not widths:
+        return text
+    width, count = widths.most_common(1)[0]
+    if count < 3 or count < 0.2 * sum(1 for line in lines if line.strip()) or max(widths) > width:
+        return text  # a cut at a width leaves no line longer than it
+    # ... and goes on mid-word or mid-line: most of the cut lines run on into a line that starts with no indent
+    cut = [n for n, line in enumerate(lines[:-1]) if len(line) == width]
+    if sum(1 for n in cut if lines[n + 1][:1] not in ("", " ", "\t")) * 2 < len(cut):
+        return text
+    joined: list[str] = []
+    carry = ""
+    for line in lines:
+        if len(line) == width:
+            carry += line
+            continue
+        joined.append(carry + line)
+        carry = ""
+    if carry:
+        joined.append(carry)
+    return "\n".join(joined)
 
 
 def _json_file(path: Path, text: str, found: Evidence) -> bool:

@@ -31,7 +31,7 @@ import math
 import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +310,9 @@ class GroupFinding:
     behind: Mapping[int, tuple[int, str]]  # rank -> (last seq, last op) for ranks that never enqueued it
     other_op: Mapping[int, str]  # rank -> the op it enqueued under the same seq, when not `op`
     missing: tuple[int, ...]  # members with no dump at all
+    # rank -> (its oldest uncompleted seq, the others' oldest): with every member at the same work, a rank whose
+    # work stopped completing before its peers' did (a GPU error, a rank holding the GIL) is the one they wait on
+    stalled: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def stuck(self) -> bool:
@@ -319,7 +322,7 @@ class GroupFinding:
     def culprits(self) -> tuple[int, ...]:
         """The ranks the waiting ones wait on: behind, or in another collective; where the dumps show neither,
         the members whose dump never came (a rank tearing its group down, or hung in C code, never answers)."""
-        named = {*self.behind, *self.other_op}
+        named = {*self.behind, *self.other_op, *self.stalled}
         return tuple(sorted(named if named or not self.stuck else self.missing))
 
     def sentence(self) -> str:
@@ -332,6 +335,8 @@ class GroupFinding:
             parts.append(f"rank {rank} never reached it ({last})")
         for rank, op in sorted(self.other_op.items()):
             parts.append(f"rank {rank} is in {_short(op)} #{self.seq} instead")
+        for rank, (mine, theirs) in sorted(self.stalled.items()):
+            parts.append(f"rank {rank} stopped completing work at #{mine}, its peers at #{theirs}")
         if self.missing:
             suspect = ": the first suspects" if self.stuck and not self.behind and not self.other_op else ""
             parts.append(f"no dump from {_ranks(self.missing)} (its absence is no sign of health){suspect}")
@@ -344,7 +349,9 @@ class GroupFinding:
                 "waiting": list(self.waiting), "completed": list(self.completed),
                 "behind": {str(r): {"seq": s, "op": o} for r, (s, o) in sorted(self.behind.items())},
                 "other_op": {str(r): o for r, o in sorted(self.other_op.items())},
-                "missing": list(self.missing), "culprits": list(self.culprits), "sentence": self.sentence()}
+                "missing": list(self.missing), "culprits": list(self.culprits), "sentence": self.sentence(),
+                "stalled": {str(r): {"oldest_uncompleted": m, "peers": t}
+                            for r, (m, t) in sorted(self.stalled.items())}}
 
 
 @dataclass(frozen=True)
@@ -449,7 +456,25 @@ def _judge_group(label: str, members: Sequence[int], ranks: Mapping[int, Mapping
             completed.append(rank)
         else:
             waiting.append(rank)
-    return GroupFinding(label, seq, op, tuple(waiting), tuple(completed), behind, other, tuple(missing))
+    stalled = _stalled(waiting, ranks) if len(waiting) >= 2 and not behind and not other else {}
+    return GroupFinding(label, seq, op, tuple(waiting), tuple(completed), behind, other, tuple(missing), stalled)
+
+
+def _stalled(waiting: Sequence[int],
+             ranks: Mapping[int, Mapping[int, Mapping[str, Any]]]) -> dict[int, tuple[int, int]]:
+    """Among ranks that all wait in the same collective, the one whose oldest uncompleted work is older than every
+    other's: it stopped completing work first (its GPU, or its host thread), and its peers then stopped on it."""
+    oldest = {r: min((q for q, e in ranks[r].items() if not _completed(e)), default=None) for r in waiting}
+    known = {r: q for r, q in oldest.items() if q is not None}
+    if len(known) < 2:
+        return {}
+    first = min(known.values())
+    at_first = [r for r, q in known.items() if q == first]
+    others = min(q for r, q in known.items() if q != first) if len(at_first) < len(known) else None
+    # One collective apart is the watchdog's lag in noticing a completion; two or more is work that stopped.
+    if len(at_first) != 1 or others is None or others - first < 2:
+        return {}
+    return {at_first[0]: (first, others)}
 
 
 def _status_completed(trace: RankTrace, entry: Mapping[str, Any], seq: int) -> bool:

@@ -58,9 +58,14 @@ _FIRST_PG = re.compile(_TAG + r"\s{1,4}First\s{1,4}PG\s{1,4}on\s{1,4}this\s{1,4}
 _STUCK = re.compile(r"watchdog\s{1,4}got\s{1,4}stuck\s{1,4}for\s{1,4}(?P<s>\d{1,9})\s{1,4}seconds|"
                     r"Heartbeat\s{1,4}monitor\s{1,4}timed\s{1,4}out")
 _DESYNC_AT = re.compile(r"\[(?P<rank>\d{1,7})\] Timeout at collective: (?P<op>\w{1,40}), #(?P<seq>\d{1,12})")
-_DESYNC_LAG = re.compile(r"^\s*\[(?P<rank>\d{1,7})\] (?P<what>[^\n]{0,200}?collective #\d{1,12}[^\n]{0,80})$")
-_DESYNC_JOINED = re.compile(r"^\s*\[(?P<ranks>\d{1,7}(?:,\s?\d{1,7}){1,4095})\] joined but didn't finish collective "
+# TORCH_NCCL_DESYNC_DEBUG's report (retrieveDesyncReport): the ranks inside the lowest collective anyone is in,
+# the ranks that finished it and never joined the next, and ranks that never joined any collective
+_DESYNC_RANKS = r"\[(?P<ranks>\d{1,7}(?:,\s{0,2}\d{1,7}){0,4095}(?:,\s{0,2}\.\.\.)?)\]"
+_DESYNC_JOINED = re.compile(r"^\s{0,16}(?:-\s{1,4})?" + _DESYNC_RANKS + r" joined but didn't finish collective "
                             r"#(?P<seq>\d{1,12})")
+_DESYNC_FINISHED = re.compile(r"^\s{0,16}(?:-\s{1,4})?" + _DESYNC_RANKS + r" finished collective #(?P<seq>\d{1,12}),"
+                              r" but didn't join collective #(?P<next>\d{1,12})")
+_DESYNC_NEVER = re.compile(r"ranks " + _DESYNC_RANKS + r" are the lagging ranks that caused this timeout")
 _ANY_TAG = re.compile(r"\[(?:PG[^\]\n]{0,80}?\s{1,4})?[Rr]ank\s{0,4}(?P<rank>\d{1,7})\]")
 _QUOTE = re.compile(r"^\s{0,8}(?:>\s?)+")  # a Markdown quote's '> ' on every line
 MARKERS = ("Watchdog caught collective operation timeout", "detected by watchdog at work", "Timeout at NCCL work",
@@ -99,6 +104,7 @@ class RankTimeout:
     ran_ms: int | None = None
     last_enqueued: int | None = None
     last_completed: int | None = None
+    from_report: bool = False  # known only from TORCH_NCCL_DESYNC_DEBUG's report, which counts from 1
 
     def who(self) -> str:
         if self.rank == ANONYMOUS:
@@ -118,6 +124,7 @@ class TimeoutFinding:
     unread: int = 0  # lines naming the watchdog that could not be read
     stuck_watchdogs: tuple[int, ...] = ()  # ranks whose watchdog thread itself hung (a CUDA/NCCL call)
     group_suspects: tuple[str, ...] = ()  # suspects known only by their rank within a process group
+    own_timeouts: tuple[int, ...] = ()  # ranks that dumped for a timeout of their own whose lines are not here
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -126,13 +133,15 @@ class TimeoutFinding:
     @property
     def read(self) -> bool:
         """Whether anything was read: a timeout, a dump signal or a stuck watchdog."""
-        return bool(self.events or self.behind or self.signalled or self.stuck_watchdogs)
+        return bool(self.events or self.behind or self.signalled or self.stuck_watchdogs or self.own_timeouts)
 
     def _work(self) -> str:
         first = min(self.events, key=lambda e: (e.seq, e.rank)) if self.events else None
         if first is None:
             return "a collective"
         group = f" of process group {first.group}" if first.group and not first.group.startswith("0") else ""
+        if first.from_report:
+            return f"{first.op or 'collective'} #{first.seq + 1} (the desync report's count, from 1){group}"
         return f"{first.op or 'a collective'} #{first.seq}{group}"
 
     @property
@@ -147,7 +156,12 @@ class TimeoutFinding:
         parts = []
         if timed or local:
             who = ", ".join(([_ranks(timed)] if timed else []) + local)
-            parts.append(f"{who} timed out" + (f" after {waited / 1000:g} s" if waited else "") + f" in {self._work()}")
+            verb = "joined and did not finish" if all(e.from_report for e in self.events) else "timed out"
+            parts.append(f"{who} {verb}" + (f" after {waited / 1000:g} s" if waited else "") +
+                         (" " if verb != "timed out" else " in ") + self._work())
+        if self.own_timeouts:
+            whose = "its" if len(self.own_timeouts) == 1 else "their"
+            parts.append(f"{_ranks(list(self.own_timeouts))} dumped for a timeout of {whose} own")
         if self.signalled:
             told = sorted(self.signalled)
             parts.append(f"{_ranks(told)} did not time out {'itself' if len(told) == 1 else 'themselves'} (told "
@@ -176,6 +190,7 @@ class TimeoutFinding:
                 "same_work": self.same_work, "summary": self.summary, "unread_lines": self.unread,
                 "signalled": {str(r): s for r, s in sorted(self.signalled.items())},
                 "stuck_watchdogs": list(self.stuck_watchdogs), "group_suspects": list(self.group_suspects),
+                "own_timeouts": list(self.own_timeouts),
                 "events": [vars(e) for e in sorted(self.events, key=lambda e: e.rank)]}
 
 
@@ -232,6 +247,10 @@ def parse(text: str) -> TimeoutFinding:
     events: dict[tuple[int, bool, str, int], RankTimeout] = {}
     lagging: dict[int, str] = {}
     signalled: dict[int, tuple[int, int | None]] = {}
+    own: set[int] = set()  # ranks that dumped for a timeout of their own
+    inside: set[int] = set()  # the desync report's "joined but didn't finish"
+    outside: dict[int, str] = {}  # its "finished collective #N, but didn't join collective #N+1"
+    from_report: set[tuple[int, bool, str, int]] = set()  # events made from its "joined" lines
     stuck: set[int] = set()
     unread = 0
 
@@ -268,8 +287,10 @@ def parse(text: str) -> TimeoutFinding:
             matched = True
         if (m := _SIGNAL.search(line)) is not None:
             tag = _GLOBAL.search(line) or _ANY_TAG.search(line)
-            if tag is not None and m["src"] is not None:  # "from this local rank": its own timeout, printed above
+            if tag is not None and m["src"] is not None:
                 signalled[int(tag.group(1))] = (int(m["src"]), int(m["enq"]) if m["enq"] else None)
+            elif tag is not None:  # "from this local rank": a timeout of its own (its lines may be cut)
+                own.add(int(tag.group(1)))
             matched = True
         if (m := _STUCK.search(line)) is not None:
             tag = _GLOBAL.search(line) or _ANY_TAG.search(line)
@@ -278,29 +299,50 @@ def parse(text: str) -> TimeoutFinding:
             matched = True
         if _FIRST_PG.search(line):
             matched = True
-        if (m := _DESYNC_AT.search(line)) is not None:
-            rank, seq = int(m["rank"]), int(m["seq"])
+        if (m := _DESYNC_AT.search(line)) is not None:  # the report counts from 1, SeqNum from 0
+            rank, seq = int(m["rank"]), int(m["seq"]) - 1
             if not any(k[0] == rank for k in events):
-                events[(rank, True, "", seq)] = RankTimeout(rank, seq, op=m["op"])
+                events[(rank, True, "", seq)] = RankTimeout(rank, seq, op=m["op"], from_report=True)
             matched = True
         elif (m := _DESYNC_JOINED.match(line)) is not None:
-            joined = [int(r) for r in m["ranks"].split(",")]
+            joined = _rank_list(m["ranks"])
+            inside.update(joined)
             for rank in joined:
                 if not any(k[0] == rank for k in events):
-                    events[(rank, True, "", int(m["seq"]))] = RankTimeout(rank, int(m["seq"]))
+                    key = (rank, True, "", int(m["seq"]) - 1)
+                    events[key] = RankTimeout(rank, int(m["seq"]) - 1, from_report=True)
+                    from_report.add(key)
             matched = True
-        elif (m := _DESYNC_LAG.match(line)) is not None:
-            lagging[int(m["rank"])] = m["what"].strip()
+        elif (m := _DESYNC_FINISHED.match(line)) is not None:
+            for rank in _rank_list(m["ranks"]):
+                outside[rank] = f"finished collective #{m['seq']}, but didn't join collective #{m['next']}"
+            matched = True
+        elif (m := _DESYNC_NEVER.search(line)) is not None:
+            for rank in _rank_list(m["ranks"]):
+                lagging[rank] = "never joined any collective (TORCH_NCCL_DESYNC_DEBUG)"
             matched = True
         if not matched and _MARKER.search(line) and not line.lstrip().startswith(("[E", "#")) and \
                 "Stack trace" not in line:
             unread += 1
-    return judge(list(events.values()), lagging, signalled, tuple(sorted(stuck)), unread)
+    # Both sides of a desync report: the fewer are the odd ones (one rank stuck inside while the rest finished
+    # it, or one rank that finished and never joined the next while the rest wait in it)
+    if outside:  # the report's "joined" ranks wait in it; they did not time out themselves
+        events = {k: e for k, e in events.items() if k not in from_report}
+    if outside and (not inside or len(outside) <= len(inside)):
+        lagging.update({r: why for r, why in outside.items() if r not in lagging})
+    elif inside and outside:
+        lagging.update({r: "joined but didn't finish the collective the others finished (TORCH_NCCL_DESYNC_DEBUG)"
+                        for r in inside if r not in lagging})
+    return judge(list(events.values()), lagging, signalled, tuple(sorted(stuck)), unread, tuple(sorted(own)))
+
+
+def _rank_list(text: str) -> list[int]:
+    return [int(r) for r in re.findall(r"\d{1,7}", text)[:4096]]
 
 
 def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
           signalled: dict[int, tuple[int, int | None]] | None = None, stuck: tuple[int, ...] = (),
-          unread: int = 0) -> TimeoutFinding:
+          unread: int = 0, own: tuple[int, ...] = ()) -> TimeoutFinding:
     """`signalled`: rank -> (the rank whose timeout it was told of, its own last enqueued work or None)."""
     behind = dict(lagging or {})
     told = {r: s for r, s in (signalled or {}).items() if not any(e.rank == r for e in events)}
@@ -353,8 +395,9 @@ def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
             behind.setdefault(rank, f"did not time out (told of rank {source}'s): it never entered the collective "
                                     "the others wait in")
     sources = {r: s for r, (s, _) in told.items()}
-    logged = sorted({e.rank for e in first.values() if e.global_known and e.rank >= 0} | set(sources))
+    logged = sorted({e.rank for e in first.values() if e.global_known and e.rank >= 0} | set(sources) | set(own))
     silent = tuple(r for r in range(max(logged) + 1) if r not in logged) if logged and len(groups) <= 1 and \
         len(logged) > 1 else ()
     return TimeoutFinding(tuple(first.values()), behind, silent if not behind and not local else (),
-                          same and not behind and not local, sources, unread, stuck, tuple(local))
+                          same and not behind and not local, sources, unread, stuck, tuple(local),
+                          tuple(r for r in own if not any(e.rank == r for e in first.values())))
