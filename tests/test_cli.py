@@ -210,3 +210,13 @@ def test_a_receiver_typo_lists_the_receivers_keys(tmp_path: Path) -> None:
     done = cli("check-config", str(config))
     assert done.returncode == 2
     assert "alerts.receivers.0.tokn_file: unknown key; valid keys here: type, name, url, url_file" in done.stderr
+
+
+def test_analyze_reads_a_paste_on_standard_input(tmp_path: Path) -> None:
+    log = "".join(f"[rank{r}]:[E ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation timeout: "
+                  f"WorkNCCL(SeqNum={7 if r == 1 else 8}, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000)"
+                  " ran for 600010 milliseconds before timing out.\r\n" for r in range(3))
+    result = subprocess.run([sys.executable, "-m", "watchdog", "analyze", "--json", "-"], input=log, text=True,
+                            capture_output=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["nccl_timeouts"]["culprits"] == [1]

@@ -127,7 +127,8 @@ def test_a_rank_outside_the_collective_is_named_whatever_the_count(outside: list
     for inside, out in ((1, 1), (1, 2), (2, 1)):
         a = analyze(dumps((inside, WAIT), (out, outside)))
         assert a.outliers == tuple(f"rank {r}" for r in range(inside, inside + out)), (inside, out)
-        assert verdict(a).kind == "hang"
+        # a checkpoint writer in saved stacks may still be writing: a wait, never an all-clear
+        assert verdict(a).kind == ("waiting" if outside is SAVE else "hang")
 
 
 def test_one_stack_in_a_collective_says_its_peers_are_missing() -> None:

@@ -41,8 +41,9 @@ def test_the_rank_stuck_in_its_data_loader_never_reached_the_all_reduce(tmp_path
     assert group.stuck and group.waiting == (0, 1, 3) and group.op == "gloo:all_reduce"
     assert dict(group.behind) == {2: (group.seq - 1, "gloo:all_reduce")}
     assert found.culprits == (2,)
-    assert found.summary == (f"Flight Recorder: process group default_pg: ranks 0, 1, 3 wait in all_reduce "
-                             f"#{group.seq}; rank 2 never reached it (its last is all_reduce #{group.seq - 1})")
+    assert found.summary == (f"Flight Recorder: process group default_pg (ranks 0, 1, 2, 3): ranks 0, 1, 3 wait in "
+                             f"all_reduce #{group.seq}; rank 2 never reached it (its last is all_reduce "
+                             f"#{group.seq - 1})")
     pytorch = analyze_with_torch(traces)
     assert pytorch is not None, "PyTorch's analyzer is importable here and must run on these dumps"
     folder = tmp_path / "dumps"  # the dumps as a user keeps them: `analyze` recognises the folder

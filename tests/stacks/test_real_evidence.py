@@ -199,3 +199,74 @@ def test_every_desync_report_sentence_names_the_fewer(report: str, culprits: tup
             "NumelOut=4, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.\n"
             " - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:\n")
     assert nccl_timeouts.parse(head + report).culprits == culprits
+
+
+# -- what a hostile review of the first version found ----------------------------------------------
+def _caught(rank: int, seq: int) -> str:
+    return (f"[rank{rank}]:[E ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600010 "
+            "milliseconds before timing out.")
+
+
+def test_lines_of_one_length_from_grep_are_not_a_wrapped_paste(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    grep = "\n".join(_caught(r, 998 if r == 5 else 999) for r in range(8)) + "\n"
+    assert len({len(line) for line in grep.splitlines()}) == 1
+    assert pasted(grep) == grep
+    (tmp_path / "grep.txt").write_text(grep)
+    picture = verdict_of(tmp_path / "grep.txt", capsys)
+    assert picture["nccl_timeouts"]["culprits"] == [5]  # type: ignore[index]
+    summary = picture["nccl_timeouts"]["summary"]  # type: ignore[index]
+    assert "rank 5 timed out after 600 s in ALLREDUCE #998; ranks 0, 1, 2, 3, 4, 6, 7 timed out" in summary
+
+
+def test_steps_that_rose_before_trouble_are_no_all_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = "".join(f"[2024-04-23 13:4{n}:00][INFO] step={n} loss=2.{n}\n" for n in range(1, 5))
+    (tmp_path / "clean.log").write_text(steps)
+    assert verdict_of(tmp_path / "clean.log", capsys)["verdict"]["kind"] == "no_stall"  # type: ignore[index]
+    (tmp_path / "hung.log").write_text(steps + "[2024-04-23 14:29:46][WARNING] no step logged for 40 minutes\n")
+    assert verdict_of(tmp_path / "hung.log", capsys)["verdict"]["kind"] == "unknown"  # type: ignore[index]
+    (tmp_path / "cut.log").write_text(steps + "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=<x>\n")
+    assert verdict_of(tmp_path / "cut.log", capsys)["verdict"]["kind"] == "unknown"  # type: ignore[index]
+
+
+def test_one_bad_file_among_many_costs_nothing_but_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "rank.log"
+    good.write_text("\n".join(_caught(r, 7 if r == 2 else 8) for r in range(4)) + "\n")
+    (tmp_path / "junk.bin").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "link.log").symlink_to(good)
+    assert main(["analyze", "--json", str(good), str(tmp_path / "junk.bin"), str(tmp_path / "empty.txt"),
+                 str(tmp_path / "missing.log"), str(tmp_path / "folder")]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1])["nccl_timeouts"]["culprits"] == [2]
+    for name, why in (("junk.bin", "binary data"), ("empty.txt", "none of the formats"),
+                      ("missing.log", "no such file"), ("link.log", "a symbolic link, not followed")):
+        assert f"{name}: {why}" in err, name
+
+
+def test_one_ras_report_given_twice_is_not_two_queries(capsys: pytest.CaptureFixture[str]) -> None:
+    report = ITEMS / "ras/nccl-example-2.30.7-mismatch-straggler-rank7.txt"
+    assert main(["analyze", "--json", str(report), str(report)]) == 0
+    out, err = capsys.readouterr()
+    verdict = json.loads(out.splitlines()[-1])["verdict"]
+    assert verdict["kind"] == "waiting" and "counted once" in err
+
+
+def test_a_crafted_flight_recorder_dump_is_read_not_crashed_on(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    entry = {"collective_seq_id": 5, "profiling_name": ["nccl:all_reduce"], "state": {"x": 1},
+             "process_group": ["0", "default_pg"], "pg_id": 0}
+    (tmp_path / "nccl_trace_rank_0").write_text(json.dumps({"entries": [entry], "pg_config": {}, "version": "2.10"}))
+    assert main(["analyze", "--json", str(tmp_path / "nccl_trace_rank_0")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["verdict"]["kind"] in ("hang", "unknown")
+
+
+def test_escape_sequences_in_evidence_never_reach_the_terminal(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    evil = tmp_path / "evil\x1b]0;pwned\x07.txt"
+    evil.write_text('Thread 1 (idle): "MainThread"\n    \x1b[2Jstep (train\x1b[8m.py:1)\n    main (train.py:2)\n')
+    main(["analyze", str(evil), str(tmp_path / "none\x1b[2J.txt")])
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out and "\x1b" not in err and "\x07" not in err and "\\x1b" in out + err

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +32,12 @@ from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.formats import (
     MAX_DUMP_BYTES,
     StackFormatError,
+    from_json,
     looks_like_pyspy,
     parse_capture,
     parse_pyspy_json,
     parse_text,
 )
-from watchdog.stacks.formats import load as load_stacks
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
 from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence, with_notes
@@ -56,16 +57,28 @@ class Evidence:
     timeout_logs: list[str] = field(default_factory=list)
     fr_text: list[fr_text.FrText] = field(default_factory=list)  # torchfrtrace / fr_trace output
     progress: list[str] = field(default_factory=list)  # a training log's counter rising: "iteration went from 1 to 9"
+    doubts: list[str] = field(default_factory=list)  # a counter that rose in a log that also shows trouble
+    ras_seen: set[int] = field(default_factory=set)  # the RAS texts read, so that a copy is not a second query
     skipped: list[str] = field(default_factory=list)  # "path: why", said on stderr, never dropped silently
 
 
 def _read(path: Path) -> bytes:
     """Every file `analyze` reads: a regular file of at most MAX_DUMP_BYTES (a FIFO or /dev/zero is an
     error, never a wait or an endless read)."""
+    if str(path) == STDIN:
+        data = sys.stdin.buffer.read(MAX_DUMP_BYTES + 1)
+        if len(data) > MAX_DUMP_BYTES:
+            raise StackFormatError(f"-: standard input over the {MAX_DUMP_BYTES // 2**20} MiB cap; {_TAIL_HINT}")
+        return data
     try:
         return rank_files.read_given(path, MAX_DUMP_BYTES)
     except rank_files.RankFileError as exc:
-        raise StackFormatError(str(exc)) from None
+        hint = f"; {_TAIL_HINT}" if "cap" in str(exc) else ""
+        raise StackFormatError(str(exc) + hint) from None
+
+
+STDIN = "-"  # `analyze -`: a paste on standard input
+_TAIL_HINT = "give its last part instead (`tail -c 32M FILE > part.log`): a hang is at the end of a log"
 
 
 def _json(path: Path) -> object:
@@ -113,7 +126,12 @@ def _folder(folder: Path, found: Evidence, depth: int = 0) -> None:
     elif (folder / _BUNDLE_MARKER).is_file():
         _bundle(folder, found)
     elif any(fr_dumps.looks_like_dump(p) for p in folder.iterdir()):
-        found.traces.extend(fr_dumps.read(p) for p in sorted(folder.iterdir()) if fr_dumps.looks_like_dump(p))
+        for path in sorted(folder.iterdir()):
+            if fr_dumps.looks_like_dump(path):
+                try:
+                    found.traces.append(fr_dumps.read(path))
+                except FlightRecorderError as exc:  # one cut or foreign dump: the others still count
+                    found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
         found.kinds.append("flight recorder dumps")
     else:
         _each_file(folder, found, depth)
@@ -124,7 +142,10 @@ def _each_file(folder: Path, found: Evidence, depth: int = 0) -> None:
     on its own; one that is none of them is named in `skipped`, with why. Its folders are read too, one level
     down (`stacks dump --out` writes one per job when it found several)."""
     for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or path.name == "analysis.json" or path.is_symlink():
+        if path.name.startswith(".") or path.name == "analysis.json":
+            continue
+        if path.is_symlink():
+            found.skipped.append(f"{path}: a symbolic link, not followed inside a folder (name its target)")
             continue
         if path.is_dir():
             if depth == 0:
@@ -148,7 +169,10 @@ def _file(path: Path, found: Evidence) -> None:
         found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
         return
-    text = pasted(data.decode("utf-8", errors="replace"))
+    decoded = data.decode("utf-8", errors="replace")
+    if b"\x00" in data[:1 << 20] or decoded[:1 << 20].count("\ufffd") > 0.02 * min(len(decoded), 1 << 20):
+        raise StackFormatError(f"{path}: binary data, none of the formats `analyze` reads")
+    text = pasted(decoded)
     if text.lstrip().startswith(("{", "[")) and _json_file(path, text, found):
         return
     read = False
@@ -157,8 +181,7 @@ def _file(path: Path, found: Evidence) -> None:
         found.kinds.append("nccl timeout log")
         read = True
     if nccl_ras.looks_like_report(text) or text.lstrip().startswith(("Job summary", "NCCL version")):
-        found.ras.extend(nccl_ras.parse_all(text))
-        found.kinds.append("ncclras report")
+        _add_ras(path, text, found)
         read = True
     if fr_text.looks_like(text):
         found.fr_text.append(fr_text.parse(text))
@@ -172,7 +195,13 @@ def _file(path: Path, found: Evidence) -> None:
             read = True
     steps = progress_log.steps(text)
     if steps:
-        found.progress.append(steps)
+        # A counter that rose is progress only in a log that shows nothing wrong: every hung job's log shows its
+        # steps rising before the hang.
+        trouble = None if read else progress_log.trouble(text)
+        if read or trouble:
+            found.doubts.append(f"{steps}, then {trouble or 'the evidence above'}")
+        else:
+            found.progress.append(steps)
         read = True
     if not read:
         raise StackFormatError(f"{path}: none of the formats `analyze` reads (py-spy text or JSON, NCCL watchdog "
@@ -203,9 +232,10 @@ def _unwrapped(text: str) -> str:
     width, count = widths.most_common(1)[0]
     if count < 3 or count < 0.2 * sum(1 for line in lines if line.strip()) or max(widths) > width:
         return text  # a cut at a width leaves no line longer than it
-    # ... and goes on mid-word or mid-line: most of the cut lines run on into a line that starts with no indent
+    # ... and cuts words and numbers in two: at a third of the cuts or more, a letter or digit on both sides. Lines
+    # a program wrote at one length (grep's output of one kind of line) end and start whole.
     cut = [n for n, line in enumerate(lines[:-1]) if len(line) == width]
-    if sum(1 for n in cut if lines[n + 1][:1] not in ("", " ", "\t")) * 2 < len(cut):
+    if sum(1 for n in cut if lines[n][-1:].isalnum() and lines[n + 1][:1].isalnum()) * 3 < len(cut):
         return text
     joined: list[str] = []
     carry = ""
@@ -220,6 +250,18 @@ def _unwrapped(text: str) -> str:
     return "\n".join(joined)
 
 
+def _add_ras(path: Path, text: str, found: Evidence) -> None:
+    """The RAS reports in a text; one given twice (the same file under two names) counts once: two copies of
+    one report are not two queries whose counts did not move."""
+    digest = hash(text)
+    if digest in found.ras_seen:
+        found.skipped.append(f"{path}: the same RAS report as one given before (counted once)")
+        return
+    found.ras_seen.add(digest)
+    found.ras.extend(nccl_ras.parse_all(text))
+    found.kinds.append("ncclras report")
+
+
 def _json_file(path: Path, text: str, found: Evidence) -> bool:
     """A JSON file by its shape; False when it is not JSON (a log whose first line starts with '[')."""
     try:
@@ -227,27 +269,38 @@ def _json_file(path: Path, text: str, found: Evidence) -> bool:
     except (ValueError, RecursionError):
         return False
     if isinstance(data, dict) and ("communicators" in data or data.get("event") == "PEER_DEAD"):
-        found.ras.append(nccl_ras.parse(text))
-        found.kinds.append("ncclras report")
+        _add_ras(path, text, found)
     elif isinstance(data, dict) and "odd_ranks" in data:
         found.pictures.append(_job_bundle(path.parent))
         found.kinds.append("job bundle")
     else:
-        found.dumps.extend(load_stacks(path))
+        dumps = from_json(data, str(path))
+        if not dumps:
+            raise StackFormatError(f"{path}: no stack found (expected py-spy output: 'Thread N (idle): ...')")
+        found.dumps.extend(dumps)
         found.kinds.append("stacks")
     return True
 
 
 def gather(paths: list[str]) -> Evidence:
+    """Everything the paths hold. A path that cannot be read is named in `skipped` with why, and the others
+    are still read: one bad file among many never costs the verdict on the rest."""
     found = Evidence()
     for name in paths:
         path = Path(name)
-        if not path.exists():
-            raise StackFormatError(f"{path}: no such file or folder")
+        if name == STDIN:
+            try:
+                _file(path, found)
+            except StackFormatError as exc:
+                found.skipped.append(str(exc))
+            continue
+        if not path.exists() and not path.is_symlink():
+            found.skipped.append(f"{path}: no such file or folder")
+            continue
         try:
             _folder(path, found) if path.is_dir() else _file(path, found)
-        except (FlightRecorderError, RasError) as exc:
-            raise StackFormatError(f"{path}: {exc}") from None
+        except (StackFormatError, FlightRecorderError, RasError) as exc:
+            found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
     return found
 
 
@@ -284,14 +337,16 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     if stuck:
         decided = Verdict("hang", Severity.CRITICAL, ". ".join(notes), headline)
     elif ras is not None and ras.behind:
-        decided = Verdict("waiting", Severity.WARNING, ". ".join(notes) + ". One RAS report cannot tell a stuck "
-                          "rank from a slow one: give two taken a few seconds apart", headline)
+        why = ("One RAS report cannot tell a stuck rank from a slow one: give two taken a few seconds apart"
+               if ras.queries == 1 else "The counts moved between the two reports: a slow rank, not a stuck one")
+        decided = Verdict("waiting", Severity.WARNING, ". ".join(notes) + ". " + why, headline)
     elif found.progress or (ras is not None and ras.moving):
         moved = found.progress + (["the RAS counts moved between the two reports"] if ras and ras.moving else [])
         decided = Verdict("no_stall", None, ". ".join(notes + [f"Progress: {'; '.join(moved)}"]),
                           "the job was making progress: " + moved[0])
     else:
-        decided = Verdict("unknown", None, ". ".join(notes + [_cannot_tell(found, timeouts, ras, frt)]),
+        decided = Verdict("unknown", None, ". ".join(notes + [f"Steps: {d}" for d in found.doubts] +
+                                                     [_cannot_tell(found, timeouts, ras, frt)]),
                           "cannot tell: " + _read_what(found))
     analysis = Analysis((), tuple(f"rank {r}" for r in culprits), ". ".join(notes), 0)
     return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
@@ -374,8 +429,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         pictures += [picture_of(Evidence(dumps=[d for d in found.dumps if d.job == job]), f"{name}: {job or 'unnamed'}")
                      for job in jobs]
         found = Evidence(traces=found.traces, ras=found.ras, timeout_logs=found.timeout_logs, fr_text=found.fr_text,
-                         progress=found.progress, kinds=[k for k in found.kinds if k != "stacks"])
-    if found.dumps or found.traces or found.ras or found.timeout_logs or found.fr_text or found.progress:
+                         progress=found.progress, doubts=found.doubts, kinds=[k for k in found.kinds if k != "stacks"])
+    if found.dumps or found.traces or found.ras or found.timeout_logs or found.fr_text or found.progress or \
+            found.doubts:
         pictures.append(picture_of(found, name))
     if not pictures:
         error("nothing to analyse in " + ", ".join(args.paths))

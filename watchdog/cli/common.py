@@ -10,8 +10,17 @@ from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if c not in (0x0a, 0x09)}
+
+
+def shown(text: str) -> str:
+    """Text for a terminal: control characters (an escape sequence in a pasted log or a file's name would
+    retitle the window or clear the screen) written as \\xNN; new lines and tabs kept."""
+    return text.translate(_CONTROL)
+
+
 def error(message: str) -> None:
-    print(f"stall-watchdog: {message}", file=sys.stderr)
+    print(f"stall-watchdog: {shown(message)}", file=sys.stderr)
 
 
 def open_nvml(config: Config, hint: str | None) -> NvmlSource | None:

@@ -200,7 +200,8 @@ def _add_analyze(verbs: Verbs) -> None:
                     "of progress; UNKNOWN says what was read and what it cannot tell.",
         epilog="Examples:\n  stall-watchdog analyze /var/lib/stall-watchdog/incidents/20261122T101500Z-dump-gpu0-1\n"
                "  stall-watchdog analyze /tmp/nccl_trace_rank_* --json\n"
-               "  stall-watchdog analyze ras-1.json ras-2.json\n")
+               "  stall-watchdog analyze ras-1.json ras-2.json\n"
+               "  xclip -o | stall-watchdog analyze -      # a paste, on standard input\n")
     analyse.add_argument("paths", nargs="+", metavar="PATH")
     analyse.add_argument("--json", action="store_true",
                          help="JSON Lines: one JSON object per picture (per job) on its own line")

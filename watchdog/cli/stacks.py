@@ -8,7 +8,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml, shown
 from watchdog.config import Config, load_config
 from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
@@ -22,7 +22,7 @@ def print_pictures(pictures: list[StackPicture], as_json: bool) -> None:
         if as_json:
             print(json.dumps(picture.to_json()))
         else:
-            print(("\n" if number else "") + render_stacks(picture))
+            print(("\n" if number else "") + shown(render_stacks(picture)))
 
 
 def describe_pids(discovery: RankDiscovery, pids: list[int]) -> tuple[list[RankInfo], list[int]]:

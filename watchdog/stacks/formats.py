@@ -298,6 +298,21 @@ def _parse_json(data: object, source: str) -> list[StackDump] | None:
     return None
 
 
+def from_json(data: object, source: str) -> list[StackDump]:
+    """A dump already parsed from JSON, by its shape; StackFormatError naming `source` when it is none."""
+    if isinstance(data, dict) and "outliers" in data:
+        raise StackFormatError(f"{source}: an analysis written by stall-watchdog, not a dump; analyze the "
+                               "rank-*.json / pid-*.json files beside it (or the folder)")
+    try:
+        parsed = _parse_json(data, source)
+    except (TypeError, AttributeError, KeyError, ValueError, OverflowError, RecursionError) as exc:
+        raise StackFormatError(f"{source}: JSON of the wrong shape for a py-spy dump ({type(exc).__name__}: "
+                               f"{str(exc)[:80]})") from None
+    if parsed is None:
+        raise StackFormatError(f"{source}: JSON, but not a py-spy dump (expected a list of threads)")
+    return parsed
+
+
 def load(path: str | Path) -> list[StackDump]:
     """Any of the forms above, told apart by content. A folder written by `stacks dump --out` is read
     as all the rank dumps in it."""
@@ -321,17 +336,7 @@ def load(path: str | Path) -> list[StackDump]:
             raise StackFormatError(f"{path}: not a dump ({str(exc)[:80]})") from None
         except RecursionError:
             raise StackFormatError(f"{path}: JSON nested too deeply to be a dump") from None
-        if isinstance(data, dict) and "outliers" in data:
-            raise StackFormatError(f"{path}: an analysis written by stall-watchdog, not a dump; analyze the "
-                                   "rank-*.json / pid-*.json files beside it (or the folder)")
-        try:
-            parsed = _parse_json(data, str(path))
-        except (TypeError, AttributeError, KeyError, ValueError, OverflowError, RecursionError) as exc:
-            raise StackFormatError(f"{path}: JSON of the wrong shape for a py-spy dump ({type(exc).__name__}: "
-                                   f"{str(exc)[:80]})") from None
-        if parsed is None:
-            raise StackFormatError(f"{path}: JSON, but not a py-spy dump (expected a list of threads)")
-        dumps = parsed
+        dumps = from_json(data, str(path))
     else:
         dumps = parse_text(text, str(path))
     if not dumps:

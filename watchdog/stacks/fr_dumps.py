@@ -84,8 +84,16 @@ def _entries(raw: object, budget: _Budget, fields: tuple[str, ...]) -> tuple[dic
         if budget.left <= 0:
             break
         if isinstance(entry, dict):
-            kept.append({k: _plain(entry[k], budget) for k in fields if k in entry})
+            kept.append({k: _plain(entry[k], budget) for k in fields if k in entry and _typed(k, entry[k])})
     return tuple(reversed(kept))
+
+
+_TEXT_FIELDS = ("profiling_name", "state")  # compared and hashed by matching: text or nothing
+
+
+def _typed(key: str, value: object) -> bool:
+    """A field of the type matching reads it as (a crafted dump's list where a name goes is left out)."""
+    return isinstance(value, str) if key in _TEXT_FIELDS else True
 
 
 def _rank_number(value: object) -> int:
@@ -329,7 +337,8 @@ class GroupFinding:
         name = _short(self.op)
         parts = []
         if self.waiting:
-            parts.append(f"{_ranks(self.waiting)} wait in {name} #{self.seq}")
+            verb = "waits" if len(self.waiting) == 1 else "wait"
+            parts.append(f"{_ranks(self.waiting)} {verb} in {name} #{self.seq}")
         for rank, (seq, op) in sorted(self.behind.items()):
             last = f"its last is {_short(op)} #{seq}" if seq > 0 else "it enqueued none"
             parts.append(f"rank {rank} never reached it ({last})")
@@ -338,11 +347,13 @@ class GroupFinding:
         for rank, (mine, theirs) in sorted(self.stalled.items()):
             parts.append(f"rank {rank} stopped completing work at #{mine}, its peers at #{theirs}")
         if self.missing:
-            suspect = ": the first suspects" if self.stuck and not self.behind and not self.other_op else ""
+            suspect = (f": the first suspect{'s' if len(self.missing) > 1 else ''}"
+                       if self.stuck and not self.behind and not self.other_op else "")
             parts.append(f"no dump from {_ranks(self.missing)} (its absence is no sign of health){suspect}")
         if not self.stuck and not parts:
             parts.append(f"every rank completed {name} #{self.seq}")
-        return f"process group {self.group}: " + "; ".join(parts)
+        members = sorted({*self.waiting, *self.completed, *self.behind, *self.other_op, *self.missing})
+        return f"process group {self.group} ({_ranks(members)}): " + "; ".join(parts)
 
     def to_json(self) -> dict[str, object]:
         return {"group": self.group, "seq": self.seq, "op": self.op, "stuck": self.stuck,
@@ -374,7 +385,10 @@ class FlightRecorderAnalysis:
         if not stuck:
             return (f"Flight Recorder ({len(self.ranks)} ranks): no process group is stuck" if self.groups
                     else f"Flight Recorder ({len(self.ranks)} ranks): no collective recorded")
-        return "Flight Recorder: " + ". ".join(g.sentence() for g in stuck[:4])
+        # the groups that name a culprit first: a job of many groups is read from the ranks it waits on
+        stuck.sort(key=lambda g: not g.culprits)
+        more = f". And {len(stuck) - 4} more stuck groups" if len(stuck) > 4 else ""
+        return "Flight Recorder: " + ". ".join(g.sentence() for g in stuck[:4]) + more
 
     def to_json(self) -> dict[str, object]:
         return {"analyzer": self.analyzer, "ranks": list(self.ranks), "culprits": list(self.culprits),

@@ -55,7 +55,10 @@ class FrText:
         for m in self.mismatches[:4]:
             where = f"{m.collective}" + (f" #{m.seq}" if m.seq is not None else "") + (
                 f" of group {m.group}" if m.group else "")
-            parts.append(f"{_ranks(m.missing)} never joined {where} ({m.state or 'state not said'})")
+            if m.missing:
+                parts.append(f"{_ranks(m.missing)} never joined {where} ({m.state or 'state not said'})")
+            else:
+                parts.append(f"not every rank joined {where}; the missing ones are not named")
         if self.behind_in_table:
             parts.append(f"{_ranks(self.behind_in_table)} recorded fewer collectives than the others")
         if not parts and self.entries:

@@ -439,6 +439,9 @@ class RasFinding:
         if self.problem:
             return f"NCCL RAS: {self.problem}"
         parts = [b.sentence() for b in self.behind[:4]]
+        if len(self.behind) > 4:
+            parts.append(f"and {len(self.behind) - 4} more ranks: "
+                         + ", ".join(str(b.rank.rank) for b in self.behind[4:64]))
         parts += [f"rank {r.rank}{' on ' + r.host if r.host else ''} is missing (RAS cannot reach it)"
                   for r in self.missing[:4]]
         parts += [f"rank {r.rank}{' on ' + r.host if r.host else ''} is dead" if r.rank >= 0

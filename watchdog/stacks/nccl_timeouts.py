@@ -135,14 +135,35 @@ class TimeoutFinding:
         """Whether anything was read: a timeout, a dump signal or a stuck watchdog."""
         return bool(self.events or self.behind or self.signalled or self.stuck_watchdogs or self.own_timeouts)
 
-    def _work(self) -> str:
-        first = min(self.events, key=lambda e: (e.seq, e.rank)) if self.events else None
-        if first is None:
-            return "a collective"
-        group = f" of process group {first.group}" if first.group and not first.group.startswith("0") else ""
+    @staticmethod
+    def _work(first: RankTimeout) -> str:
+        group = f" of process group {first.group}" if first.group and not _default(first.group) else ""
         if first.from_report:
             return f"{first.op or 'collective'} #{first.seq + 1} (the desync report's count, from 1){group}"
         return f"{first.op or 'a collective'} #{first.seq}{group}"
+
+    def _timed_out(self) -> list[str]:
+        """'ranks 0, 2, 3 timed out after 600 s in ALLREDUCE #42', one clause per work the ranks are stuck in."""
+        by_seq: dict[tuple[int, bool], list[RankTimeout]] = {}
+        for e in sorted(self.events, key=lambda e: (e.seq, e.rank)):
+            by_seq.setdefault((e.seq, e.from_report), []).append(e)
+        works: list[list[RankTimeout]] = []
+        for members in by_seq.values():  # split one sequence number only where its ranks name different collectives
+            ops = sorted({e.op for e in members if e.op})
+            works += [[e for e in members if e.op in (op, None) and (op == ops[0] or e.op)] for op in ops] or [members]
+        clauses = []
+        for members in works[:4]:
+            first = next((e for e in members if e.op and e.group), next((e for e in members if e.op), members[0]))
+            named = sorted({e.rank for e in members if e.global_known and e.rank >= 0})
+            local = sorted({e.who() for e in members if not e.global_known})
+            who = ", ".join(([_ranks(named)] if named else []) + local)
+            limit = next((e.timeout_ms for e in members if e.timeout_ms), None)
+            waited = f" after {limit / 1000:g} s" if limit and limit < 2**40 else ""
+            verb = "joined and did not finish " if first.from_report else "timed out" + waited + " in "
+            clauses.append(f"{who} {verb}{self._work(first)}")
+        if len(works) > 4:
+            clauses.append(f"and {len(works) - 4} more works")
+        return clauses
 
     @property
     def summary(self) -> str:
@@ -150,15 +171,7 @@ class TimeoutFinding:
                   if self.unread else "")
         if not self.read:
             return "NCCL timeout log: no rank's timeout could be read" + unread
-        timed = sorted({e.rank for e in self.events if e.global_known and e.rank >= 0})
-        local = sorted({e.who() for e in self.events if not e.global_known})
-        waited = next((e.timeout_ms for e in self.events if e.timeout_ms), None)
-        parts = []
-        if timed or local:
-            who = ", ".join(([_ranks(timed)] if timed else []) + local)
-            verb = "joined and did not finish" if all(e.from_report for e in self.events) else "timed out"
-            parts.append(f"{who} {verb}" + (f" after {waited / 1000:g} s" if waited else "") +
-                         (" " if verb != "timed out" else " in ") + self._work())
+        parts = self._timed_out()
         if self.own_timeouts:
             whose = "its" if len(self.own_timeouts) == 1 else "their"
             parts.append(f"{_ranks(list(self.own_timeouts))} dumped for a timeout of {whose} own")

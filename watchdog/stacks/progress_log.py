@@ -11,7 +11,21 @@ import re
 
 _COUNTER = re.compile(r"(?<![\w/])(?P<name>iteration|iter|step|global_step|epoch)\s{0,4}[=:]?\s{0,8}(?P<n>\d{1,12})"
                       r"(?:\s{0,4}/\s{0,4}(?P<of>\d{1,12}))?(?![\w.])", re.IGNORECASE)
-MAX_LINES = 200_000
+MAX_LINES = 2_000_000
+# Words a log uses when something went wrong: a counter that rose before them says nothing about after them.
+_TROUBLE = re.compile(r"time[ds]?[ _-]?out|hang|hung\b|stuck|deadlock|Traceback|Error\b|Exception|watchdog|abort|"
+                      r"killed|terminat|SIG[A-Z]{2,6}|no step|not responding|NCCL WARN", re.IGNORECASE)
+
+
+def trouble(text: str) -> str | None:
+    """The first line that says something went wrong, quoted short; None for a log that shows nothing wrong."""
+    found = _TROUBLE.search(text)
+    if found is None:
+        return None
+    start = text.rfind("\n", 0, found.start()) + 1
+    end = text.find("\n", found.end())
+    line = " ".join(text[start:end if end >= 0 else len(text)].split())
+    return f"'{line[:120]}{'...' if len(line) > 120 else ''}'"
 
 
 def steps(text: str) -> str | None:

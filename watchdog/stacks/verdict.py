@@ -85,6 +85,12 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} in another collective "
                            "than the rest: the two will never match", _headline(analysis, stuck=True))
+        if saved and odd_activities <= {CHECKPOINT_IO, EVALUATION}:
+            return Verdict("waiting", Severity.WARNING,
+                           f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} writing a checkpoint or "
+                           "evaluating, which takes a while; saved stacks cannot tell whether it moves: look again "
+                           "in a minute (`stall-watchdog stacks dump`), a hang if it is still there",
+                           _headline(analysis, stuck=False))
         if not host:  # saved stacks: where the odd rank is, not whether it moves
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} not where the others "
