@@ -149,7 +149,7 @@ def confirmed_by(pictures: Sequence[StackPicture]) -> bool:
             return True
         observed = max(picture.observed_seconds, 0.1)
         if picture.host and all(h.cpu_seconds <= _STILL_CPU_RATIO * observed
-                                and (h.read_bytes or 0) + (h.write_bytes or 0) < _STILL_IO_BYTES
+                                and h.io_bytes < _STILL_IO_BYTES
                                 for h in picture.host.values()):
             return True
     return False
@@ -162,7 +162,7 @@ def sign_of_life(picture: StackPicture) -> str | None:
     observed = max(picture.observed_seconds, 0.1)
     limit = max(_STILL_IO_BYTES, _LIVE_IO_BYTES_PER_SECOND * observed)
     for member, h in sorted(picture.host.items()):
-        moved = (h.read_bytes or 0) + (h.write_bytes or 0)
+        moved = h.io_bytes
         if moved >= limit:
             return f"{member} moved {moved / 1e6:.1f} MB of I/O in {observed:.1f} s"
     return None

@@ -131,7 +131,7 @@ def _folder(folder: Path, found: Evidence, depth: int = 0) -> None:
                 try:
                     found.traces.append(fr_dumps.read(path))
                 except FlightRecorderError as exc:  # one cut or foreign dump: the others still count
-                    found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+                    _skip(found, path, exc)
         found.kinds.append("flight recorder dumps")
     else:
         _each_file(folder, found, depth)
@@ -156,7 +156,7 @@ def _each_file(folder: Path, found: Evidence, depth: int = 0) -> None:
         try:
             _file(path, found)
         except (StackFormatError, FlightRecorderError, RasError) as exc:
-            found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+            _skip(found, path, exc)
 
 
 def _file(path: Path, found: Evidence) -> None:
@@ -282,6 +282,11 @@ def _json_file(path: Path, text: str, found: Evidence) -> bool:
     return True
 
 
+def _skip(found: Evidence, path: Path, exc: Exception) -> None:
+    """A path not read, said once with why (the error's own message names the path, or is given it)."""
+    found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+
+
 def gather(paths: list[str]) -> Evidence:
     """Everything the paths hold. A path that cannot be read is named in `skipped` with why, and the others
     are still read: one bad file among many never costs the verdict on the rest."""
@@ -300,7 +305,7 @@ def gather(paths: list[str]) -> Evidence:
         try:
             _folder(path, found) if path.is_dir() else _file(path, found)
         except (StackFormatError, FlightRecorderError, RasError) as exc:
-            found.skipped.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+            _skip(found, path, exc)
     return found
 
 

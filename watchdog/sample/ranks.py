@@ -43,6 +43,11 @@ class HostActivity:
     write_bytes: int | None  # wchar: bytes passed to write syscalls (a checkpoint writer grows it)
     threads: Mapping[str, int] = field(default_factory=dict)  # thread state letter (R, S, D...) -> count
 
+    @property
+    def io_bytes(self) -> int:
+        """Bytes read and written (a counter not readable counts as none moved)."""
+        return (self.read_bytes or 0) + (self.write_bytes or 0)
+
     def since(self, earlier: HostActivity) -> HostActivity:
         def delta(now: int | None, then: int | None) -> int | None:
             return None if now is None or then is None else now - then

@@ -53,8 +53,4 @@ def confirm(first: StackPicture, second: StackPicture, seconds_apart: float) -> 
 
 def _moved_bytes(picture: StackPicture) -> str | None:
     """A rank whose host I/O moved across both looks (the second look's activity counts from the first's)."""
-    for member, activity in picture.host.items():
-        moved = (activity.read_bytes or 0) + (activity.write_bytes or 0)
-        if moved >= _MOVED_BYTES:
-            return member
-    return None
+    return next((member for member, activity in picture.host.items() if activity.io_bytes >= _MOVED_BYTES), None)
