@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from tests.fakes.daemon import FlakySource, Receiver, daemon_config, stepping_clock
@@ -196,10 +197,12 @@ def wait_for_looks(daemon: Daemon, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stopping", [False, True], ids=["running", "stopping"])
+def test_stack_verdict_refines_the_alert_severity(tmp_path: Path, stopping: bool) -> None:
     """odd_rank on real gloo ranks: the GPUs wait on GPU 4 (a warning by telemetry alone). The rank on
     GPU 4 is idle in its data loader while the others sit in all_reduce, so the stacks make it a hang:
-    the alert goes out critical at once, not after 15 minutes."""
+    the alert goes out critical at once, not after 15 minutes. `stopping`: the bundle is written only after
+    the daemon began to stop (its writers held until then): it still holds the stacks the looks captured."""
     from tests.conftest import gloo_job
 
     receiver = Receiver()
@@ -216,9 +219,17 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path) -> None:
                 daemon.tick()
                 ticks += 1
             wait_for_looks(daemon)  # live, the look takes about a second of the 30 s before the episode fires
+            release = threading.Event()
+            if stopping:  # both incident writers busy until the stop has begun
+                for _ in range(2):
+                    daemon.incidents.pool.submit(release.wait, 30)
             for _ in range(45 - ticks):
                 daemon.tick()
-            daemon.shutdown(timeout=15)
+            stopper = threading.Thread(target=daemon.shutdown, kwargs={"timeout": 15})
+            stopper.start()
+            assert daemon.incidents.stopping.wait(10)
+            release.set()
+            stopper.join()
     finally:
         receiver.close()
     (_, body), = receiver.requests

@@ -309,21 +309,22 @@ class IncidentHandler:
                      telemetry: Sequence[NodeSnapshot]) -> None:
         window = self.config.bundles.telemetry_window_seconds
         incident = Incident(event, [s for s in telemetry if s.time_seconds >= event.onset_seconds - window])
-        if self.stopping.is_set():
-            incident.partial = True
-            incident.notes.append("stopping: stacks not captured")
-        elif self.config.bundles.capture_stacks:
-            if state.look is None:  # never suspected (a source that jumps straight to firing): look here
+        if self.config.bundles.capture_stacks:
+            if self.stopping.is_set():
+                pass  # no new capture while stopping; what the looks already saw is kept below
+            elif state.look is None:  # never suspected (a source that jumps straight to firing): look here
                 state.looked_at = self.monotonic()
                 state.look = Future()
                 self._capture(event.key, state, self._on_gpus(state, snapshot), state.look)
             else:  # the look started when the episode was suspected, ahead of this in the pool's queue
                 futures_wait([state.look], timeout=self.config.stacks.timeout_seconds + 10)
+            complete = state.look is not None and state.look.done()
             incident.ranks, incident.pictures = list(state.ranks), list(state.pictures)
-            if self.stopping.is_set():
+            if self.stopping.is_set() and not (complete and incident.pictures):
                 incident.partial = True
-                incident.notes.append("stopping: stack captures cut short")
-            if not incident.ranks:
+                incident.notes.append("stopping: stack captures cut short" if incident.pictures
+                                      else "stopping: stacks not captured")
+            elif not incident.ranks:
                 incident.notes.append("no live process found on the affected GPUs; no stacks")
         # The doctor costs milliseconds: it runs even while stopping.
         facts = gather(self.inventory, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)
