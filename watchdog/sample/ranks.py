@@ -23,6 +23,8 @@ from watchdog.model import NodeSnapshot, Workload, member_id
 from watchdog.sample import workload
 from watchdog.sample.kubelet import PodDirectory
 from watchdog.sample.workload import WORKLOAD_VARIABLES
+from watchdog.secrets import REDACTED as REDACTED  # re-exported: tests and callers name it here
+from watchdog.secrets import redact_arguments, redact_variable
 
 # Launch variables read from each rank's environment, and those that say which pod or Slurm job it is.
 RANK_VARIABLES = (
@@ -54,57 +56,6 @@ class HostActivity:
 
         return HostActivity(self.cpu_seconds - earlier.cpu_seconds, delta(self.read_bytes, earlier.read_bytes),
                             delta(self.write_bytes, earlier.write_bytes), self.threads)
-
-
-# Names that look like they hold a secret: their values never reach a bundle, a log line or a metric.
-SECRET_NAME = re.compile(r"token(?!iz)|secret|passw|passphrase|pwd|credential|api[_-]?key|access[_-]?key|"
-                         r"private[_-]?key|[_-]key$|^key$|^auth$|auth[_-]?(token|key|header)|bearer|jwt|signature|"
-                         r"cookie|^p$|^pw$", re.IGNORECASE)
-# user:password@ in a URL (s3://, https://, redis://...) or before a host (user:pw@host), anywhere in an argument
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s:]*:[^/@\s]*@")
-_HOST_CREDENTIALS = re.compile(r"^(?P<user>[\w.-]+):[^\s/@:]+@(?=[\w.-]+)")
-# A header argument (-H/--header) whose value carries a credential
-_HEADER_OPTIONS = ("-H", "--header")
-_SECRET_HEADER = re.compile(r"^\s*(authorization|proxy-authorization|cookie|x-api-key|x-auth-token)\s*:",
-                            re.IGNORECASE)
-REDACTED = "<redacted>"
-
-
-def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
-    """A command line with the values of secret-looking options hidden: `--hf-token=abc` and
-    `--hf-token abc` become `--hf-token=<redacted>` and `--hf-token <redacted>`; so do `HF_TOKEN=abc`,
-    `--auth u:pw`, `-p pw`, `--wandb-key=...`, `--passphrase=...`, and the `user:password@` of any URL."""
-    out: list[str] = []
-    hide_next = header_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if header_next:
-            header_next = False
-            found = _SECRET_HEADER.match(arg)
-            out.append(f"{found.group(1)}: {REDACTED}" if found else arg)
-            continue
-        arg = _URL_CREDENTIALS.sub(rf"\g<scheme>{REDACTED}@", arg)
-        arg = _HOST_CREDENTIALS.sub(rf"\g<user>:{REDACTED}@", arg)
-        if arg in _HEADER_OPTIONS:
-            header_next = True
-            out.append(arg)
-            continue
-        if len(arg) > 3 and arg[:2] == "-p" and arg[2] not in "-=" and not arg[2:].isdigit():  # -ppassword (MySQL)
-            out.append(f"-p{REDACTED}")
-            continue
-        name, sep, _ = arg.partition("=")
-        if not sep and arg.startswith("--") and ":" in arg:  # --token:abc
-            name, sep, _ = arg.partition(":")
-        if SECRET_NAME.search(name.lstrip("-")):
-            if sep:
-                out.append(f"{name}{sep}{REDACTED}")
-                continue
-            hide_next = arg.startswith("-")
-        out.append(arg)
-    return tuple(out)
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -281,7 +232,7 @@ class RankDiscovery:
                 continue
             name = key.decode(errors="replace")
             if name in RANK_VARIABLES or name.startswith(KEPT_PREFIXES):
-                env[name] = REDACTED if SECRET_NAME.search(name) else value.decode(errors="replace")
+                env[name] = redact_variable(name, value.decode(errors="replace"))
         return env, None
 
     def cgroup(self, pid: int) -> str:

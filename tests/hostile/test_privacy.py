@@ -1,0 +1,88 @@
+"""Hostile privacy cases: secrets in a rank's command line and environment, a dump asked while another user's
+processes claim the job, an NCCL RAS port answered by someone else, and a held action's record over a week."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from watchdog.sample.ranks import RankDiscovery
+from watchdog.secrets import REDACTED, redact_arguments
+
+S = "SeCrEt0x"  # every form below hides this; nothing else of the command line is lost
+
+# Forms of a secret on a command line: those seen in training launch lines, CLIs and URLs.
+ARGUMENT_FORMS = [
+    ["--data", f"s3://AKIA:{S}@bucket/x"], ["--auth", f"user:{S}"], ["-p", S], [f"--wandb-key={S}"],
+    [f"--passphrase={S}"], ["--db", f"postgres://u:{S}@h/db"], ["--hf-token", S], [f"HF_TOKEN={S}"],
+    ["--cache", f"redis://:{S}@h:6379/0"], [f"--mysql-pwd={S}"], [f"--bearer={S}"], [f"--jwt={S}"],
+    [f"--signature={S}"], [f"--cookie=session={S}"], ["-H", f"Authorization: Bearer {S}"],
+    ["--header", f"Cookie: a={S}"], [f"--token:{S}"], [f"-p{S}"], ["--db", f"admin:{S}@db.example:5432"],
+    ["--api-key", S], [f"--password={S}"], ["--secret", S], ["--access-key", S], [f"--private-key={S}"],
+    ["--credentials", S], [f"WANDB_API_KEY={S}"], ["--aws-secret-access-key", S], ["--pw", S],
+    [f"--github-token={S}"], ["--key", S], ["--auth-header", f"Bearer {S}"], ["-H", f"X-Api-Key: {S}"],
+    ["--url", f"https://user:{S}@host.example/path"], ["--proxy", f"http://u:{S}@proxy:3128"],
+    ["--url", f"https://bucket.s3.amazonaws.com/x?X-Amz-Signature={S}&X-Amz-Date=20261126"],
+    ["--url", f"https://api.example/v1?access_token={S}"], ["--client-secret", S],
+    # the nine that survived (issue 40)
+    [f"-P{S}"],
+    ["--blob", f"https://acct.blob.core.windows.net/c/x?sv=2022-11-02&sp=r&sig={S}%3D"],
+    [f"--header=Authorization: Bearer {S}"], [f"-HAuthorization: Bearer {S}"], ["--gh-pat", S], ["--license", S],
+    ["--session", S], ["--hmac", S], ["--notify", f"https://hooks.slack.com/services/T0AAA/B0BBB/{S}"],
+    # tokens known by their shape, wherever they stand
+    [f"ghp_{S}abcdefghijklmnopqrstu"], ["--repo-url", f"https://x:{S}@github.com/o/r.git"],
+    ["--webhook", f"https://discord.com/api/webhooks/123/{S}"],
+]
+
+
+def test_the_table_has_at_least_forty_forms() -> None:
+    assert len(ARGUMENT_FORMS) >= 40
+
+
+@pytest.mark.parametrize("argv", ARGUMENT_FORMS, ids=lambda argv: " ".join(argv).replace(S, "S")[:40])
+def test_each_form_of_a_secret_argument_is_redacted(argv: list[str]) -> None:
+    kept = redact_arguments(["train.py", *argv, "--lr", "0.1"])
+    assert S not in " ".join(kept) and REDACTED in " ".join(kept) and kept[-2:] == ("--lr", "0.1")
+    assert len(kept) == len(argv) + 3
+
+
+@pytest.mark.parametrize("argv", [["--tokenizer", "gpt2"], ["--lr", "0.1"], ["-P3306"], ["--patience", "5"],
+                                  ["--data", "s3://bucket/x?versionId=7"], ["--master-addr", "node-1"],
+                                  ["--session-dir", "/runs/a"], ["-Hv"]])
+def test_plain_arguments_are_kept(argv: list[str]) -> None:
+    assert redact_arguments(argv) == tuple(argv)
+
+
+# Variables a rank's environment keeps for diagnosis (launch, NCCL, Torch), with credentials inside
+VARIABLE_FORMS = {
+    "MASTER_ADDR": f"trainer:{S}@node-1",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"https://u:{S}@store.example/nccl_trace_rank_",
+    "NCCL_NET_PLUGIN_CONFIG": f'{{"endpoint": "fabric", "key": "{S}"}}',
+    "NCCL_IB_AUTH_TOKEN": S,
+    "TORCH_FR_DUMP_TEMP_FILE": f"https://store.example/fr?sig={S}",
+}
+
+
+def test_a_real_ranks_command_line_and_environment_keep_no_credential() -> None:
+    """What a bundle and a dump keep of a rank (RankDiscovery.describe): every argument form at once, and the
+    variables whose values hold a credential in their middle."""
+    argv = [arg for form in ARGUMENT_FORMS for arg in form]
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv],
+                               env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29500",
+                                    "NCCL_DEBUG": "WARN", **VARIABLE_FORMS})
+    try:
+        time.sleep(0.3)
+        info = RankDiscovery().describe(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert info is not None
+    text = " ".join(info.cmdline) + " " + " ".join(f"{k}={v}" for k, v in info.env.items()) + " " + info.job_key
+    assert S not in text
+    assert info.env["MASTER_ADDR"] == f"trainer:{REDACTED}@node-1" and info.env["NCCL_DEBUG"] == "WARN"
+    assert info.env["NCCL_NET_PLUGIN_CONFIG"] == REDACTED
+    assert len(info.cmdline) == 3 + len(argv)
