@@ -268,6 +268,18 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """The word that agrees with `count`: plural(1, "GPU") is 'GPU', plural(2, "GPU") 'GPUs'; irregular words
+    and verbs name both forms: plural(n, "process", "processes"), plural(n, "spins", "spin"). Every generated
+    sentence that counts says it through here."""
+    return one if count == 1 else many if many is not None else one + "s"
+
+
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """'1 GPU', '8 GPUs', '1 process', '3 processes': a number and the noun that agrees with it."""
+    return f"{count} {plural(count, one, many)}"
+
+
 def number_runs(numbers: Sequence[int]) -> str:
     """'0-3', '0, 2, 5-7': sorted, with runs of three or more written as a range."""
     runs: list[list[int]] = []
@@ -282,9 +294,7 @@ def number_runs(numbers: Sequence[int]) -> str:
 def gpu_list(gpus: tuple[int, ...] | list[int]) -> str:
     """'GPU 3', 'GPUs 0-7', 'GPUs 0-3, 5-7', 'GPUs 0, 2, 5' - compact, for summaries."""
     items = sorted(set(gpus))
-    if len(items) == 1:
-        return f"GPU {items[0]}"
-    return "GPUs " + number_runs(items)
+    return f"{plural(len(items), 'GPU')} {number_runs(items)}"
 
 
 # -- stacks -------------------------------------------------------------------------------------------

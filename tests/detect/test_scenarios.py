@@ -101,12 +101,12 @@ def test_throttle_warns_and_is_never_a_spin() -> None:
     assert "hw_thermal_slowdown" in events[0].summary
 
 
-def test_lost_gpu_is_critical_at_once_and_the_others_wait_on_it() -> None:
+def test_lost_gpu_is_critical_at_once_and_the_others_spin_on_without_it() -> None:
     events = fired(events_of("gpu_lost"))
     lost = [e for e in events if e.signature is Signature.GPU_LOST]
-    waiting = [e for e in events if e.signature is Signature.WAITING]
+    spin = [e for e in events if e.signature is Signature.BUSY_SPIN]
     assert lost[0].gpus == (5,) and lost[0].severity is Severity.CRITICAL and lost[0].at_seconds == START + 300
-    assert waiting[0].culprit_gpus == (5,)
+    assert spin[0].gpus == (0, 1, 2, 3, 4, 6, 7) and spin[0].severity is Severity.CRITICAL  # not a wait on GPU 5
 
 
 def test_a_lost_gpu_that_comes_back_resolves() -> None:

@@ -1,13 +1,15 @@
 """Node-level verdicts: what the per-GPU evidence means for the job as a whole.
 
 Among the job's GPUs (those holding memory or running kernels), with S spinning, Z idle with memory
-held, and R the rest (busy, lost, or doing something else):
+held, and R the rest (busy, or doing something else):
   all S                      -> busy_spin, critical: a collective that will never finish
   all Z                      -> zero_util, critical
   S and Z only, |S| >= |Z|   -> waiting on Z;  |S| < |Z| -> zero_util on all, critical
   S and R, |S| >= |Z|+|R|    -> waiting on Z+R (warning; the episode escalates to critical when the wait
                                 outlives a checkpoint or evaluation)
-A few GPUs spinning beside a busy majority is not a verdict.
+A few GPUs spinning beside a busy majority is not a verdict. A GPU that stopped answering is gpu_lost's (a
+per-GPU episode of its own), never an odd GPU the others wait on: what the others do is judged without it
+(spinning on a collective it can no longer join is busy_spin), and the finding names it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Collection, Mapping
 
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.window import GpuView
-from watchdog.model import Finding, Progress, Severity, Signature
+from watchdog.model import Finding, GpuHealth, Progress, Severity, Signature
 
 
 def _merged_legs(evidence: list[Evidence]) -> tuple[str, ...]:
@@ -79,7 +81,8 @@ def job_findings(
 ) -> list[Finding]:
     """The node's verdict from its GPUs' evidence. `pinned` are GPUs at 100% util with no memory traffic
     but not enough power evidence of their own: they spin along when others do, and are never culprits."""
-    job = sorted(i for i, v in views.items() if v.active or i in spin or i in zero)
+    lost = sorted(i for i, v in views.items() if v.latest.health is not GpuHealth.OK)
+    job = sorted(i for i, v in views.items() if i not in lost and (v.active or i in spin or i in zero))
     if not job:
         return []
     strong = [i for i in job if i in spin and not spin[i].weak]
@@ -95,8 +98,11 @@ def job_findings(
     # evidence alone (power fell, flat) counts when every GPU is pinned.
     evidenced = len(strong) + len(weak)
     if s and not z and not rest and 2 * evidenced >= len(job) and (strong or len(s) == len(job)):
+        spun = _spin_facts(spin_ev)
+        if lost:
+            spun["lost"] = ", ".join(map(str, lost))
         return [Finding(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(s), since=max(e.since for e in spin_ev),
-                        legs=_merged_legs(spin_ev), facts=_spin_facts(spin_ev), early=any(e.early for e in spin_ev))]
+                        legs=_merged_legs(spin_ev), facts=spun, early=any(e.early for e in spin_ev))]
     if z and not rest and len(s) < len(z):
         facts: dict[str, float | str] = {}
         held = _mean_fact(zero_ev, "memory_used_bytes")

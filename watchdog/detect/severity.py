@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from watchdog.config import Config, EpisodeTiming, WaitingConfig, ZeroUtilConfig
 from watchdog.detect.pauses import PauseMemory
-from watchdog.model import Finding, Progress, Severity, Signature, Verdict, duration_text
+from watchdog.model import Finding, Progress, Severity, Signature, Verdict, duration_text, plural
 
 PAUSES = (Signature.ZERO_UTIL, Signature.WAITING)  # what a healthy job also shows for a while
 STACK_SIGNATURES = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)  # worth a look at the stacks
@@ -52,6 +52,7 @@ def judge(finding: Finding, onset: float, elapsed: float, timing: EpisodeTiming,
         return Judgement(Severity.CRITICAL, "the stacks show the ranks blocked" + (
             ", twice, with nothing moving between" if stacks.confirmed else ""))
     still, moving = finding.progress is Progress.STILL, finding.progress is Progress.MOVING
+    ranks = len(finding.gpus)  # a rank a GPU: the words agree with how many
     if sig is Signature.BUSY_SPIN:
         if stacks is not None and stacks.kind in ("waiting", "remote"):
             if elapsed >= d.waiting.critical_after_seconds:
@@ -60,15 +61,16 @@ def judge(finding: Finding, onset: float, elapsed: float, timing: EpisodeTiming,
         return Judgement(Severity.CRITICAL, "a collective that will not finish")
     if sig is Signature.ZERO_UTIL:
         if still:
-            return Judgement(Severity.CRITICAL, f"the ranks have not moved on the host for "
-                                                f"{duration_text(finding.still_seconds)}")
+            return Judgement(Severity.CRITICAL, f"{plural(ranks, 'the rank has', 'the ranks have')} not moved on "
+                                                f"the host for {duration_text(finding.still_seconds)}")
         if pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio):
             return None
         if moving and elapsed < job.busy_pause_quiet_seconds:
             return None
         if moving or (stacks is not None and stacks.kind == "waiting"):
-            return Judgement(Severity.WARNING, "the ranks are busy on the host: a checkpoint or evaluation; "
-                                               "critical if they stop moving")
+            return Judgement(Severity.WARNING, f"{plural(ranks, 'the rank is', 'the ranks are')} busy on the "
+                                               f"host: a checkpoint or evaluation; critical if "
+                                               f"{plural(ranks, 'it stops', 'they stop')} moving")
         zero = timing if isinstance(timing, ZeroUtilConfig) else d.zero_util
         limit = zero.critical_after_seconds
         recovered_pause = pauses.longest
@@ -82,15 +84,18 @@ def judge(finding: Finding, onset: float, elapsed: float, timing: EpisodeTiming,
     # waiting
     waiting = timing if isinstance(timing, WaitingConfig) else d.waiting
     critical_after = waiting.critical_after_busy_seconds if culprits_busy else waiting.critical_after_seconds
+    odd = len(finding.culprit_gpus)
     if still:
-        return Judgement(Severity.CRITICAL, f"the odd rank's GPU is idle and its process has not moved for "
-                                            f"{duration_text(finding.still_seconds)}")
+        return Judgement(Severity.CRITICAL, plural(odd, "the odd rank's GPU is idle and its process has",
+                                                   "the odd ranks' GPUs are idle and their processes have")
+                         + f" not moved for {duration_text(finding.still_seconds)}")
     if elapsed >= critical_after:
         return Judgement(Severity.CRITICAL, "longer than a checkpoint or evaluation should take")
     if pauses.expected(onset, elapsed, job.recovered_pause_margin_ratio):
         return None
     if moving and elapsed < job.busy_pause_quiet_seconds:
         return None
-    busy = " (its process is busy on the host)" if moving else ""
-    return Judgement(Severity.WARNING, f"a checkpoint or evaluation on the odd GPU is plausible{busy}; critical "
-                                       f"after {duration_text(critical_after)}")
+    busy = plural(odd, " (its process is busy on the host)", " (their processes are busy on the host)") if moving \
+        else ""
+    return Judgement(Severity.WARNING, f"a checkpoint or evaluation on the odd {plural(odd, 'GPU')} is plausible"
+                                       f"{busy}; critical after {duration_text(critical_after)}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from watchdog.model import Finding, Severity, Signature, Verdict, duration_text, gpu_list
+from watchdog.model import Finding, Severity, Signature, Verdict, duration_text, gpu_list, plural
 
 
 def _power(facts: dict[str, float | str]) -> str:
@@ -19,6 +19,17 @@ def _power(facts: dict[str, float | str]) -> str:
     return text
 
 
+def _lasting(seconds: float) -> str:
+    """' for 45 s'; nothing for a stretch too short to count (a GPU lost on this very sample has not been
+    lost 'for 0 s')."""
+    return f" for {duration_text(seconds)}" if round(seconds) >= 1 else ""
+
+
+def _gpus_of(fact: float | str | None) -> list[int]:
+    """GPUs a finding's fact lists ('2, 5', as detect/node.py writes them)."""
+    return [int(part) for part in str(fact).split(",") if part.strip().isdigit()] if fact is not None else []
+
+
 _WORDS = {Signature.BUSY_SPIN: "SPIN", Signature.ZERO_UTIL: "PAUSE", Signature.WAITING: "WAITING",
           Signature.UNDERUSE: "UNDER-USE", Signature.THROTTLE: "THROTTLED", Signature.GPU_LOST: "GPU LOST"}
 _STALLS = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)
@@ -30,22 +41,25 @@ def headline(finding: Finding, elapsed_seconds: float, severity: Severity, stack
     word = "HANG" if severity is Severity.CRITICAL and finding.signature in _STALLS else _WORDS[finding.signature]
     if stacks is not None and stacks.headline and stacks.kind != "no_stall":
         return f"{word} ({severity.value}): {stacks.headline}"
-    f, gpus, lasting = finding.facts, gpu_list(finding.gpus), duration_text(elapsed_seconds)
+    f, gpus, lasting = finding.facts, gpu_list(finding.gpus), _lasting(elapsed_seconds)
     sig = finding.signature
     if sig is Signature.BUSY_SPIN:
-        what = f"{gpus} spin at 100% util doing no work for {lasting}"
+        lost = _gpus_of(f.get("lost"))
+        what = (f"{gpus} {plural(len(finding.gpus), 'spins', 'spin')} at 100% util doing no work{lasting}"
+                + (f" ({gpu_list(lost)} lost)" if lost else ""))
     elif sig is Signature.ZERO_UTIL:
         held = f.get("memory_used_bytes")
-        what = f"{gpus} idle for {lasting}" + (f" with {float(held) / 2**30:.1f} GiB held" if held else "")
+        what = f"{gpus} idle{lasting}" + (f" with {float(held) / 2**30:.1f} GiB held" if held else "")
     elif sig is Signature.WAITING:
-        spinners = gpu_list([g for g in finding.gpus if g not in finding.culprit_gpus])
-        what = f"{spinners} wait on {gpu_list(finding.culprit_gpus)} for {lasting}"
+        spinners = [g for g in finding.gpus if g not in finding.culprit_gpus]
+        what = (f"{gpu_list(spinners)} {plural(len(spinners), 'waits', 'wait')} on {gpu_list(finding.culprit_gpus)}"
+                f"{lasting}")
     elif sig is Signature.UNDERUSE:
-        what = f"{gpus} at {float(f.get('mean_utilization', 0)):.0%} mean util for {lasting}"
+        what = f"{gpus} at {float(f.get('mean_utilization', 0)):.0%} mean util{lasting}"
     elif sig is Signature.THROTTLE:
-        what = f"{gpus} throttled for {lasting}: slow, not stalled"
+        what = f"{gpus} throttled{lasting}: slow, not stalled"
     else:
-        what = f"{gpus} stopped answering NVML for {lasting}"
+        what = f"{gpus} stopped answering NVML{lasting}"
     return f"{word} ({severity.value}): {what}"
 
 
@@ -53,36 +67,45 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
     """The telemetry behind the verdict, without a judgement of its own."""
     f = finding.facts
     gpus = gpu_list(finding.gpus)
-    lasting = duration_text(elapsed_seconds)
+    lasting = _lasting(elapsed_seconds)
     legs = f" [{', '.join(finding.legs)}]" if finding.legs else ""
     sig = finding.signature
     if sig is Signature.BUSY_SPIN:
         power = f"only {_power(f)}" if "power_watts" in f else "no real work"
-        return f"Busy spin on {gpus} for {lasting}: 100% util but {power}{legs}"
+        lost = _gpus_of(f.get("lost"))
+        gone = (f"; {gpu_list(lost)} stopped answering NVML (gpu_lost), and a collective that needs "
+                f"{plural(len(lost), 'it', 'them')} cannot finish") if lost else ""
+        return f"Busy spin on {gpus}{lasting}: 100% util but {power}{gone}{legs}"
     if sig is Signature.WAITING:
-        spinners = gpu_list([g for g in finding.gpus if g not in finding.culprit_gpus])
-        text = (f"{spinners} spin at 100% util, {_power(f)}, waiting on {gpu_list(finding.culprit_gpus)} "
-                f"({f.get('culprit_state', '')}) for {lasting}")
+        spinners = [g for g in finding.gpus if g not in finding.culprit_gpus]
+        power = f", {_power(f)}" if "power_watts" in f else ""
+        state = f" ({f['culprit_state']})" if f.get("culprit_state") else ""
+        text = (f"{gpu_list(spinners)} {plural(len(spinners), 'spins', 'spin')} at 100% util{power}, waiting on "
+                f"{gpu_list(finding.culprit_gpus)}{state}{lasting}")
         unbroken = elapsed_seconds if unbroken_seconds is None else unbroken_seconds
-        if unbroken < elapsed_seconds - 1:
+        if unbroken < elapsed_seconds - 1 and round(unbroken) >= 1:
             text += f" (the last {duration_text(unbroken)} without progress)"
         return text + legs
     if sig is Signature.ZERO_UTIL:
         held = f.get("memory_used_bytes")
         held_text = f" with {float(held) / 2**30:.1f} GiB held" if held else " with memory held"
-        spin = f"; GPUs {f['spinning']} spin waiting on them" if "spinning" in f else ""
-        return f"Zero util on {gpus} for {lasting}: 0% util{held_text}, memory neither growing nor released{spin}"
+        spinning = _gpus_of(f.get("spinning"))
+        idle = len(finding.gpus) - len(spinning)
+        spin = (f"; {gpu_list(spinning)} {plural(len(spinning), 'spins', 'spin')} waiting on "
+                f"{plural(idle, 'it', 'them')}") if spinning else ""
+        return f"Zero util on {gpus}{lasting}: 0% util{held_text}, memory neither growing nor released{spin}"
     if sig is Signature.UNDERUSE:
-        return (f"Under-use on {gpus} for {lasting}: {float(f.get('mean_utilization', 0)):.0%} mean util over "
+        return (f"Under-use on {gpus}{lasting}: {float(f.get('mean_utilization', 0)):.0%} mean util over "
                 f"the last {duration_text(float(f.get('window_seconds', 0)))}; the job runs but leaves the GPUs idle")
     if sig is Signature.THROTTLE:
         clock = f" at {float(f['clock_ratio']):.0%} of max SM clock" if "clock_ratio" in f else ""
         temp = f", {float(f['temperature_celsius']):.0f} C" if "temperature_celsius" in f else ""
-        return f"{gpus} throttled for {lasting} ({f.get('reasons', '')}){clock}{temp}"
+        return f"{gpus} throttled{lasting} ({f.get('reasons', '')}){clock}{temp}"
     if sig is Signature.GPU_LOST:
         errors = f.get("errors") or "no answer"
-        return f"{gpus} stopped answering NVML for {lasting} ({errors}): drain the node and reset the GPU"
-    return f"{sig.value} on {gpus} for {lasting}"
+        return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "
+                f"{plural(len(finding.gpus), 'the GPU', 'the GPUs')}")
+    return f"{sig.value} on {gpus}{lasting}"
 
 
 def summarize(finding: Finding, elapsed_seconds: float, severity: Severity, reason: str = "",

@@ -320,7 +320,7 @@ class GpuWindow:
     @property
     def active(self) -> bool:
         """Part of a running job: holds job-sized memory, runs a kernel, has compute processes, or has
-        stopped answering (a lost GPU is part of the picture the others wait on)."""
+        stopped answering (detect/node.py leaves a lost GPU to gpu_lost)."""
         s = self.latest
         used = s.memory_used_bytes
         if used is None:  # an [N/A]: the newest reading the window holds stands in

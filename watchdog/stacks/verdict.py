@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from watchdog.model import Severity, Verdict
+from watchdog.model import Severity, Verdict, plural
 from watchdog.sample.ranks import HostActivity
 from watchdog.stacks.analysis import Analysis
 from watchdog.stacks.classify import (
@@ -36,17 +36,16 @@ def _headline(analysis: Analysis, stuck: bool) -> str:
     rest = [g for g in analysis.groups if not odd & set(g.members)]
     if rest:
         count = sum(g.count for g in rest)
-        noun = "rank" if count == 1 else "ranks"
-        others = "the other rank" if count == 1 else f"the other {count} ranks"
-        if odd and rest[0].activity.name == COLLECTIVE:
-            them = "it" if len(odd) == 1 else "them"
-            parts.append(f"{others} {'waits' if count == 1 else 'wait'} for {them} in {rest[0].where}")
-        elif odd:
-            parts.append(f"{others} {'is' if count == 1 else 'are'} in {rest[0].where}")
+        verb = plural(count, "waits", "wait") if rest[0].activity.name == COLLECTIVE else plural(count, "is", "are")
+        if odd:
+            others = "the other rank" if count == 1 else f"the other {count} ranks"
+            them = f" for {plural(len(odd), 'it', 'them')}" if rest[0].activity.name == COLLECTIVE else ""
+            parts.append(f"{others} {verb}{them} in {rest[0].where}")
         else:
-            verb = "wait in" if rest[0].activity.name == COLLECTIVE else "are in"
-            parts.append(f"{'all ' if len(rest) == 1 else ''}{count} {noun} {verb} {rest[0].where}"
-                         + (" and elsewhere" if len(rest) > 1 else ""))
+            (first, *_) = rest[0].members
+            who = analysis.member_label.get(first, first) if count == 1 else \
+                f"{'all ' if len(rest) == 1 else ''}{count} ranks"
+            parts.append(f"{who} {verb} in {rest[0].where}" + (" and elsewhere" if len(rest) > 1 else ""))
     return "; ".join(parts[:4]) or "no stacks"
 
 
@@ -94,7 +93,8 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
         if not host:  # saved stacks: where the odd rank is, not whether it moves
             return Verdict("hang", Severity.CRITICAL,
                            f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} not where the others "
-                           "are, and they wait on it; whether it moves was not measured (saved stacks)",
+                           f"are, and they wait on {plural(len(odd), 'it', 'them')}; whether "
+                           f"{plural(len(odd), 'it moves', 'they move')} was not measured (saved stacks)",
                            _headline(analysis, stuck=True))
         return Verdict("hang", Severity.CRITICAL,
                        f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving (no CPU or "
