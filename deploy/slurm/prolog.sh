@@ -1,8 +1,10 @@
 #!/bin/sh
 # Slurm Prolog (slurm.conf: Prolog=/etc/slurm/prolog.d/stall-watchdog.sh): the node's checks before a
 # job starts. Slurm drains a node whose prolog exits non-zero, so this exits 1 only when the doctor found
-# an error (broken P2P, ACS on, an InfiniBand port down...), with STALL_WATCHDOG_STRICT=1 on a warning
-# too. A doctor that could not run (exit 1 or 2) is said in the log, never a reason to drain.
+# an error (NVML that cannot start on a node whose PCI bus, /dev or /proc/driver/nvidia shows NVIDIA GPUs:
+# a driver that does not work, so no job could use them), with STALL_WATCHDOG_STRICT=1 on a
+# warning too (broken P2P, ACS on, an InfiniBand port down...). A node with no NVIDIA GPU at all passes. A
+# doctor that could not run (exit 1 or 2) is said in the log, never a reason to drain.
 #
 #   STALL_WATCHDOG   the command (default: stall-watchdog on PATH, else /opt/stall-watchdog/bin/...)
 STALL_WATCHDOG=${STALL_WATCHDOG:-$(command -v stall-watchdog || echo /opt/stall-watchdog/bin/stall-watchdog)}

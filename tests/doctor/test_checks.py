@@ -106,14 +106,14 @@ def test_inventory_from_nvml_and_sysfs(tmp_path: Path) -> None:
     ("x8 link", "pcie_link", WARNING, "GPU 3 x8 of x16"),
     ("gen at idle", "pcie_link", INFO, "normal at idle"),
     ("mixed models", "gpu_models", WARNING, "mixed GPU models"),
-    ("old kernel", "kernel", WARNING, "Linux 4.18.0-305.el8_4.x86_64 on a 8-GPU node"),
-    ("p2p broken", "p2p", WARNING, "P2P unavailable between 1 GPU pairs (0-1: chipset not supported)"),
+    ("old kernel", "kernel", WARNING, "Linux 4.18.0-305.el8_4.x86_64 on a node with 8 GPUs"),
+    ("p2p broken", "p2p", WARNING, "P2P unavailable between 1 GPU pair (0-1: chipset not supported)"),
     ("iommu translating", "iommu", WARNING, "IOMMU translating DMA"),
     ("iommu passthrough", "iommu", OK, "passthrough"),
     ("iommu unreadable", "iommu", UNKNOWN, "not readable"),
     ("ib down", "infiniband", WARNING, "mlx5_0/1 DOWN"),
     ("nvlink down", "nvlink", WARNING, "GPU 2 link 1"),
-    ("persistence off", "persistence_mode", WARNING, "persistence mode off on GPUs"),
+    ("persistence off", "persistence_mode", WARNING, "persistence mode off on GPU 5"),
 ])
 def test_node_checks(tmp_path: Path, case: str, check: str, severity: str, phrase: str) -> None:
     gpus, tree, nvml = eight(), {}, {}
@@ -180,8 +180,8 @@ def job_findings(tmp_path: Path, ranks: list[RankInfo], gpus: list[FakeGpu] | No
     ("ib down, not disabled", "ib_disable", WARNING, "no port active, and NCCL_IB_DISABLE is unset"),
     ("ib up, disabled", "ib_disable", WARNING, "NCCL_IB_DISABLE=1 while InfiniBand ports are active"),
     ("h20 p2p", "p2p_settings", WARNING,
-     "P2P reported OK but NCCL_P2P_DISABLE unset on a H20 node with a known P2P issue"),
-    ("p2p broken, unset", "p2p_settings", WARNING, "P2P unavailable on 1 GPU pairs but NCCL_P2P_DISABLE is unset"),
+     "P2P reported OK but NCCL_P2P_DISABLE unset on H20 GPUs, which have a known P2P issue"),
+    ("p2p broken, unset", "p2p_settings", WARNING, "P2P unavailable on 1 GPU pair but NCCL_P2P_DISABLE is unset"),
     ("p2p disabled needlessly", "p2p_settings", INFO, "NCCL_P2P_DISABLE=1 although P2P is reported OK"),
     ("p2p not read", "p2p_settings", UNKNOWN, "the P2P matrix was not read"),
     ("non-contiguous", "visible_devices", WARNING, "CUDA_VISIBLE_DEVICES=0,2,4 is not contiguous"),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from watchdog.doctor.facts import Interface, NodeFacts, kernel_version_tuple
+from watchdog.model import counted, gpu_list
 from watchdog.sample.ranks import RankInfo
 
 
@@ -49,11 +50,22 @@ def _model_short(name: str | None) -> str:
 
 # -- node checks -----------------------------------------------------------------------------------
 def check_driver(f: NodeFacts) -> DoctorFinding:
+    """NVML that cannot start is an error on a node whose host shows NVIDIA GPUs (no job can use them: the
+    Slurm prolog drains it), and unknown on a node that shows none."""
     if f.driver_version is None:
-        return DoctorFinding("driver", UNKNOWN, "; ".join(f.problems or ["NVML could not be read"]),
-                             "install the NVIDIA driver and check that `nvidia-smi` works")
+        reason = "; ".join(p.removeprefix("NVML: ").removeprefix("NVML could not start: ") for p in f.problems
+                           if p.startswith("NVML")) or "not read"
+        if f.host_gpus:
+            seen = ", ".join(f"{counted(n, 'NVIDIA GPU')} {where}" for where, n in f.host_gpus.items())
+            return DoctorFinding("driver", ERROR, f"NVML cannot start ({reason}) on a node with GPUs: {seen}",
+                                 "load or repair the NVIDIA driver until `nvidia-smi` lists every GPU: until then "
+                                 "no job can use a GPU here")
+        return DoctorFinding("driver", UNKNOWN, f"NVML cannot start ({reason}); no NVIDIA GPU on the PCI bus, in "
+                             "/proc/driver/nvidia or in /dev either",
+                             "if this node should have GPUs: install the NVIDIA driver and check that "
+                             "`nvidia-smi` works")
     return DoctorFinding("driver", INFO, f"driver {f.driver_version}, NVML {f.nvml_version or '?'}, "
-                                         f"CUDA driver {f.cuda_driver_version or '?'}, {len(f.gpus)} GPUs")
+                                         f"CUDA driver {f.cuda_driver_version or '?'}, {counted(len(f.gpus), 'GPU')}")
 
 
 def check_mixed_models(f: NodeFacts) -> DoctorFinding:
@@ -69,7 +81,7 @@ def check_mixed_models(f: NodeFacts) -> DoctorFinding:
 def check_persistence(f: NodeFacts) -> DoctorFinding:
     off = [g.index for g in f.gpus if g.persistence_mode is False]
     if off:
-        return DoctorFinding("persistence_mode", WARNING, f"persistence mode off on GPUs {off}",
+        return DoctorFinding("persistence_mode", WARNING, f"persistence mode off on {gpu_list(off)}",
                              "enable it (`nvidia-smi -pm 1` or nvidia-persistenced) so the driver stays loaded "
                              "between jobs")
     known = [g for g in f.gpus if g.persistence_mode is not None]
@@ -79,8 +91,9 @@ def check_persistence(f: NodeFacts) -> DoctorFinding:
 def check_kernel(f: NodeFacts) -> DoctorFinding:
     if f.kernel is None:
         return DoctorFinding("kernel", UNKNOWN, "kernel release not readable")
-    if len(f.gpus) > 1 and kernel_version_tuple(f.kernel) < (5, 5):
-        return DoctorFinding("kernel", WARNING, f"Linux {f.kernel} on a {len(f.gpus)}-GPU node",
+    gpus = len(f.gpus) if f.driver_version is not None else max(f.host_gpus.values(), default=0)
+    if gpus > 1 and kernel_version_tuple(f.kernel) < (5, 5):
+        return DoctorFinding("kernel", WARNING, f"Linux {f.kernel} on a node with {counted(gpus, 'GPU')}",
                              "use a kernel >= 5.5: multi-GPU NCCL jobs are known to hang on older ones")
     return DoctorFinding("kernel", OK, f"Linux {f.kernel}")
 
@@ -95,10 +108,11 @@ def check_p2p(f: NodeFacts) -> DoctorFinding:
     broken = {pair: status for pair, status in read.items() if status != "ok"}
     if broken:
         listed = ", ".join(f"{i}-{j}: {s}" for (i, j), s in sorted(broken.items())[:6])
-        return DoctorFinding("p2p", WARNING, f"P2P unavailable between {len(broken)} GPU pairs ({listed})",
+        return DoctorFinding("p2p", WARNING, f"P2P unavailable between {counted(len(broken), 'GPU pair')} ({listed})",
                              "set NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL) for jobs here, or fix the PCIe/ACS setup")
     unread = len(f.p2p) - len(read)
-    return DoctorFinding("p2p", OK, f"P2P reported OK between all {len(read)} GPU pairs read"
+    return DoctorFinding("p2p", OK, f"P2P reported OK between {'all ' if len(read) > 1 else ''}"
+                                    f"{counted(len(read), 'GPU pair')} read"
                          + (f" ({unread} not read)" if unread else ""))
 
 
@@ -139,8 +153,8 @@ def check_nvlink(f: NodeFacts) -> DoctorFinding:
     if not f.gpus:
         return DoctorFinding("nvlink", UNKNOWN, "no GPU seen")
     with_links = [g for g in f.gpus if g.nvlinks]
-    return DoctorFinding("nvlink", OK if with_links else INFO,
-                         f"{sum(len(g.nvlinks or ()) for g in with_links)} links up" if with_links else "no NVLink")
+    return DoctorFinding("nvlink", OK if with_links else INFO, counted(sum(len(g.nvlinks or ()) for g in with_links),
+                                                                       "link") + " up" if with_links else "no NVLink")
 
 
 def check_acs(f: NodeFacts) -> DoctorFinding:
@@ -154,7 +168,7 @@ def check_acs(f: NodeFacts) -> DoctorFinding:
     if unknown or not f.acs_bridges:
         return DoctorFinding("pcie_acs", UNKNOWN, "bridge config space not readable (run as root)"
                              if unknown else "no bridges found above the GPUs")
-    return DoctorFinding("pcie_acs", OK, f"ACS redirect off on {len(f.acs_bridges)} bridges")
+    return DoctorFinding("pcie_acs", OK, f"ACS redirect off on {counted(len(f.acs_bridges), 'bridge')}")
 
 
 def check_iommu(f: NodeFacts) -> DoctorFinding:
@@ -176,10 +190,12 @@ def check_infiniband(f: NodeFacts) -> DoctorFinding:
     if down:
         return DoctorFinding("infiniband", WARNING, "InfiniBand ports not active: " + ", ".join(down),
                              "bring the ports up (subnet manager, cable), or set NCCL_IB_DISABLE=1 for jobs here")
-    return DoctorFinding("infiniband", OK, f"{len(f.ib_ports)} InfiniBand ports active")
+    return DoctorFinding("infiniband", OK, f"{counted(len(f.ib_ports), 'InfiniBand port')} active")
 
 
 def check_interfaces(f: NodeFacts) -> DoctorFinding:
+    if f.interfaces is None:
+        return DoctorFinding("network", UNKNOWN, "the network interfaces could not be read")
     up = [i.name for i in f.interfaces if i.up and i.name != "lo"]
     return DoctorFinding("network", INFO if up else WARNING, f"interfaces up: {', '.join(up) or 'none but lo'}")
 
@@ -215,6 +231,10 @@ def check_socket_ifname(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorF
     for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         specs = {r.env[variable] for r in ranks if variable in r.env}
         for spec in sorted(specs):
+            if f.interfaces is None:
+                out.append(DoctorFinding("socket_ifname", UNKNOWN, f"{variable}={spec}: the network interfaces "
+                                         "could not be read"))
+                continue
             found = interface_matches(spec, f.interfaces)
             if not found:
                 existing = ", ".join(i.name + ("" if i.up else " (down)") for i in f.interfaces)
@@ -249,16 +269,20 @@ def check_p2p_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFi
     broken = [pair for pair, status in read.items() if status != "ok"]
     troubled = sorted({_model_short(g.name) for g in f.gpus if g.name and any(k in g.name for k in KNOWN_P2P_TROUBLE)})
     if broken and not disabled and not level:
-        return [DoctorFinding("p2p_settings", WARNING, f"P2P unavailable on {len(broken)} GPU pairs but "
+        return [DoctorFinding("p2p_settings", WARNING, f"P2P unavailable on {counted(len(broken), 'GPU pair')} but "
                               "NCCL_P2P_DISABLE is unset", "set NCCL_P2P_DISABLE=1 for this job")]
-    if troubled and not broken and not disabled and not level:
-        return [DoctorFinding("p2p_settings", WARNING, f"P2P reported OK but NCCL_P2P_DISABLE unset on a "
-                              f"{'/'.join(troubled)} node with a known P2P issue",
+    if troubled and read and not broken and not disabled and not level:
+        return [DoctorFinding("p2p_settings", WARNING, f"P2P reported OK but NCCL_P2P_DISABLE unset on "
+                              f"{'/'.join(troubled)} GPUs, which have a known P2P issue",
                               "if collectives hang at 100% util, set NCCL_P2P_DISABLE=1 (costs 7-10% speed)")]
     if disabled and read and not broken:
         return [DoctorFinding("p2p_settings", INFO, "NCCL_P2P_DISABLE=1 although P2P is reported OK",
                               "P2P off costs throughput: drop it unless it was set to work around a hang")]
-    if not read and len(f.gpus) > 1:  # the matrix was not read: nothing to agree with
+    if not f.gpus:  # no GPU seen (NVML did not start): nothing to agree with
+        return [DoctorFinding("p2p_settings", UNKNOWN, "no GPU seen, so the NCCL P2P settings cannot be checked")]
+    if len(f.gpus) == 1:
+        return [DoctorFinding("p2p_settings", OK, "one GPU: no P2P between GPUs for the NCCL settings to agree with")]
+    if not read:  # the matrix was not read: nothing to agree with
         return [DoctorFinding("p2p_settings", UNKNOWN, "the P2P matrix was not read, so the NCCL P2P settings "
                               "cannot be checked against it")]
     return [DoctorFinding("p2p_settings", OK, "NCCL P2P settings agree with the P2P matrix")]

@@ -1,14 +1,16 @@
 """What the doctor looks at: the node's GPUs, PCIe, NVLink, P2P, IOMMU, InfiniBand, network and kernel.
 
-sysfs and procfs are read through injectable roots so every check can be tested with a fixture tree;
+sysfs, procfs and /dev are read through injectable roots so every check can be tested with a fixture tree;
 NVML's facts come from the open NVML source's inventory (sample/nvml_inventory.py). A fact that cannot be read is
-None ("unknown"), never a guess.
+None ("unknown"), never a guess. Whether the node has NVIDIA GPUs at all is read without NVML too (the PCI
+bus, the driver's device nodes and its /proc folder), so a driver that does not start is told from a node
+with no GPU.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -19,6 +21,9 @@ from watchdog.sample.nvml_inventory import GpuFacts, Inventory
 ACS_CAPABILITY = 0x000D
 ACS_P2P_REDIRECT = 0x4  # ACS P2P Request Redirect: peer traffic goes up to the root complex
 ACS_COMPLETION_REDIRECT = 0x8
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers; an NVIDIA GPU's audio function (0x0403) and an
+# NVSwitch (0x0680) are not GPUs
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class NodeFacts(Inventory):
     iommu_groups: int | None = None  # None: unknown
     acs_bridges: dict[str, bool | None] = field(default_factory=dict)  # bridge -> redirect on (None: unreadable)
     ib_ports: list[IbPort] = field(default_factory=list)
-    interfaces: list[Interface] = field(default_factory=list)
+    interfaces: list[Interface] | None = None  # None: not read
+    host_gpus: dict[str, int] = field(default_factory=dict)  # NVIDIA GPUs the host shows, by where (no NVML)
     problems: list[str] = field(default_factory=list)  # what could not be read, for the report
 
 
@@ -132,6 +138,33 @@ def read_infiniband(sys_root: Path) -> list[IbPort]:
     return ports
 
 
+def _count(entries: Callable[[], Iterable[object]]) -> int:
+    """How many entries a folder listing yields; none when it cannot be read."""
+    try:
+        return sum(1 for _ in entries())
+    except OSError:
+        return 0
+
+
+def host_gpus(sys_root: Path, proc_root: Path, dev_root: Path) -> dict[str, int]:
+    """The NVIDIA GPUs this host shows without NVML, by where they are seen: display or 3D controllers of
+    vendor 0x10de on the PCI bus (seen whether or not a driver is loaded), the driver's /proc/driver/nvidia/gpus
+    entries, and its /dev/nvidiaN character devices. Only the places that show one are kept."""
+    devices = sys_root / "bus" / "pci" / "devices"
+
+    def on_the_bus() -> list[Path]:
+        return [d for d in devices.iterdir() if _read(d / "vendor") == NVIDIA_VENDOR
+                and (_read(d / "class") or "").startswith(GPU_CLASSES)]
+
+    def device_nodes() -> list[Path]:
+        return [d for d in dev_root.glob("nvidia*") if d.name[6:].isdigit() and d.is_char_device()]
+
+    driver = proc_root / "driver" / "nvidia" / "gpus"
+    seen = {"on the PCI bus": _count(on_the_bus), f"in {driver}": _count(driver.iterdir),
+            f"as {dev_root / 'nvidia'}N devices": _count(device_nodes)}
+    return {where: count for where, count in seen.items() if count}
+
+
 def read_interfaces() -> list[Interface]:
     stats = psutil.net_if_stats()
     out = []
@@ -143,7 +176,7 @@ def read_interfaces() -> list[Interface]:
 
 def gather(inventory: Callable[[], Inventory] | None, sys_root: str | Path = "/sys",
            proc_root: str | Path = "/proc", interfaces: Callable[[], list[Interface]] = read_interfaces,
-           ) -> NodeFacts:
+           dev_root: str | Path = "/dev") -> NodeFacts:
     facts = NodeFacts()
     if inventory is not None:
         try:
@@ -153,6 +186,7 @@ def gather(inventory: Callable[[], Inventory] | None, sys_root: str | Path = "/s
         except Exception as exc:  # NVML missing or failing: the host checks still run
             facts.problems.append(f"NVML: {exc}")
     sys_root, proc_root = Path(sys_root), Path(proc_root)
+    facts.host_gpus = host_gpus(sys_root, proc_root, Path(dev_root))
     facts.kernel = kernel_release(proc_root)
     facts.cmdline = _read(proc_root / "cmdline")
     groups = sys_root / "kernel" / "iommu_groups"

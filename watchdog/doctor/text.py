@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from watchdog.doctor.checks import ERROR, INFO, UNKNOWN, WARNING, DoctorFinding
+from watchdog.model import counted
 
 _MARK = {"error": "ERROR", "warning": "WARN ", "unknown": "  ?  ", "info": "info ", "ok": " ok  "}  # by Level value
 
@@ -16,5 +17,5 @@ def render(findings: Sequence[DoctorFinding], title: str) -> str:
         if f.fix and f.severity in (ERROR, WARNING, INFO):
             lines.append(f"  {'':5} {'':<19} -> {f.fix}")
     counts = {s: sum(f.severity == s for f in findings) for s in (ERROR, WARNING, UNKNOWN)}
-    lines.append(f"{counts[ERROR]} error(s), {counts[WARNING]} warning(s), {counts[UNKNOWN]} unknown")
+    lines.append(f"{counted(counts[ERROR], 'error')}, {counted(counts[WARNING], 'warning')}, {counts[UNKNOWN]} unknown")
     return "\n".join(lines)
