@@ -36,7 +36,7 @@ def test_replay_text_timeline() -> None:
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert "FIRED" in lines[0] and "busy_spin" in lines[0] and "HANG (critical): GPUs 0-7 spin at 100% util" in lines[0]
-    assert "1 episode(s) fired: 1 critical, 0 warning" in lines[-1]
+    assert "1 episode fired: 1 critical, 0 warning" in lines[-1]
     assert "Still open at the end: busy_spin (critical) on GPUs 0-7" in lines[-1]
 
 
@@ -105,7 +105,7 @@ def test_malformed_trace_line_is_named_and_lenient_goes_on(tmp_path: Path) -> No
     assert strict.returncode == 1 and f"{log}:3: column 'utilization.gpu [%]'" in strict.stderr
     lenient = cli("replay", str(log), "--lenient")
     assert lenient.returncode == 0 and "1 line(s) or sample(s) skipped" in lenient.stderr
-    assert "2 samples of 1 GPUs" in lenient.stdout
+    assert "2 samples of 1 GPU," in lenient.stdout
 
 
 def test_check_config_exit_codes(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.config import load_config
 from watchdog.daemon import build, source_for
 from watchdog.export.server import Endpoint, EndpointError
+from watchdog.model import counted
 from watchdog.sample.nvml import NvmlUnavailable
 
 
@@ -41,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     endpoint.start()
 
     def ready() -> None:
-        status = f"watching {source.gpu_count} GPUs ({config.source.kind}); metrics on {endpoint.url}"
+        status = f"watching {counted(source.gpu_count, 'GPU')} ({config.source.kind}); metrics on {endpoint.url}"
         daemon.notifier.ready(status)
         logfmt.event("started", gpus=source.gpu_count, source=config.source.kind, metrics=endpoint.url,
                      bundles=config.bundles.directory, systemd=daemon.notifier.enabled or None)

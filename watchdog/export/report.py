@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 PANELS = (("utilization_ratio", "Utilization", 100.0, "%"), ("power_watts", "Power", 1.0, "W"),
           ("sm_clock_hertz", "SM clock", 1e-6, "MHz"))
 MAX_POINTS = 1200
+_ROUND = (1, 1.2, 2, 3, 4, 5, 6, 8, 10)  # an axis tops at one of these x a power of ten: its half is round too
 
 
 @dataclass
@@ -54,8 +56,8 @@ def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, objec
         if e.event is EventKind.RESOLVED:
             entry["end"] = e.at_seconds
         else:
-            entry.update(severity=e.severity.value, summary=e.summary, headline=e.headline,
-                         culprit_gpus=list(e.culprit_gpus))
+            entry.update(severity=e.severity.value, summary=e.summary, headline=e.headline, at=e.at_seconds,
+                         culprit_gpus=list(e.culprit_gpus))  # `at`: when this headline was said
     return list(episodes.values())
 
 
@@ -70,6 +72,15 @@ def thin(snapshots: Sequence[NodeSnapshot], limit: int = MAX_POINTS) -> list[Nod
     return list(snapshots[::step])
 
 
+def axis_top(peak: float) -> float:
+    """The top of a panel's axis: the first round number at or above the peak (100 for a utilization that
+    reaches 100%, 800 for 700 W, 40 for 37%), so its three labels (top, half, 0) are round numbers too."""
+    if peak <= 0:
+        return 1.0
+    magnitude = 10.0 ** math.floor(math.log10(peak))
+    return next(m * magnitude for m in _ROUND if m * magnitude >= peak * (1 - 1e-9))
+
+
 def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit: str, width: int = 960,
                height: int = 170) -> str:
     snaps = thin(data.snapshots)
@@ -81,7 +92,7 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
     if not values:  # nvidia-smi logs often leave a column out, or say [N/A]: say so, draw no empty chart
         return (f'<p class="absent muted" data-field="{field_name}">{html.escape(label)}: not in this '
                 'recording.</p>')
-    top = max(values, default=1.0) * 1.05 or 1.0
+    top = axis_top(max(values, default=1.0))
     left, right, pad = 56, 12, 18
 
     def x(t: float) -> float:
@@ -104,7 +115,7 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
     for fraction in (0.0, 0.5, 1.0):
         v = top * fraction
         parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
-                     f'<text class="axis" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
+                     f'<text class="axis" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
     parts.append(f'<text class="axis" x="{left}" y="12">{html.escape(label)} ({unit})</text>')
     parts.append(f'<text class="axis" x="{left}" y="{height - 3}">{html.escape(iso_time(t0, data.naive_time))}'
                  f'</text><text class="axis" x="{width - right}" y="{height - 3}" text-anchor="end">'
@@ -173,6 +184,9 @@ def render(data: ReportData) -> str:
              f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(heading)}</h1>"]
     if data.headline and data.title != heading:
         parts.append(f'<p class="muted">{html.escape(data.title)}</p>')
+    said = next((e for e in data.episodes if e.get("headline") == data.headline), None) if data.headline else None
+    if said is not None:
+        parts.append(f'<p class="muted">{html.escape(_when_said(said, data.naive_time))}</p>')
     if rest or data.severity:
         parts.append(f'<p class="verdict {html.escape(data.severity)}">{html.escape(rest or data.severity)}</p>')
     parts.append("<h2>Timeline</h2>" + _legend(data))
@@ -181,7 +195,8 @@ def render(data: ReportData) -> str:
         one = len(data.episodes) == 1 and data.episodes[0].get("headline") == data.headline
         parts.append("<h2>Episodes</h2>" + _table(
             [_episode_row(e, data.naive_time) for e in data.episodes],
-            ["signature", "severity", "onset", "end", "lasted", *([] if one else ["headline"])], set()))
+            ["signature", "severity", "onset", "verdict after", "end", "lasted", *([] if one else ["headline"])],
+            set()))
     if data.actions:
         parts.append("<h2>Actions</h2>" + _table([_action_row(a, data.naive_time) for a in data.actions],
                                                  ["at", "decision", "after", "reason", "steps", "evidence"], set()))
@@ -208,11 +223,23 @@ def render(data: ReportData) -> str:
     return "".join(parts)
 
 
+def _when_said(episode: dict[str, object], naive: bool) -> str:
+    """Under the heading: when in the episode its verdict (and the duration it quotes) was said, beside how long
+    the episode lasted, so the two durations on the page read as what they are."""
+    onset, at, end = float(episode["onset"]), float(episode["at"]), episode.get("end")  # type: ignore[arg-type]
+    text = f"This verdict was said {duration_text(at - onset)} into the episode"
+    if end is None:
+        return text + ", which was still open when this page was written."
+    return (f"{text}; the episode lasted {duration_text(float(end) - onset)}, "  # type: ignore[arg-type]
+            f"to {iso_time(float(end), naive)}.")  # type: ignore[arg-type]
+
+
 def _episode_row(episode: dict[str, object], naive: bool) -> dict[str, object]:
-    """When it began and ended, and how long it lasted: an episode still open says so, with how long so far."""
+    """When it began, when its verdict was said, when it ended, and how long it lasted: an episode still open
+    says so, with how long so far."""
     onset, at, end = float(episode["onset"]), float(episode["at"]), episode.get("end")  # type: ignore[arg-type]
     lasted = duration_text((float(end) if end is not None else at) - onset)  # type: ignore[arg-type]
-    return {**episode, "onset": iso_time(onset, naive),
+    return {**episode, "onset": iso_time(onset, naive), "verdict after": duration_text(at - onset),
             "end": iso_time(float(end), naive) if end is not None else "still open",  # type: ignore[arg-type]
             "lasted": lasted if end is not None else f"{lasted} so far"}
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from watchdog.detect.summary import duration_text
-from watchdog.model import EpisodeEvent, EventKind, Severity, iso_time
+from watchdog.model import EpisodeEvent, EventKind, Severity, counted, iso_time
 
 
 def json_line(event: EpisodeEvent, naive_time: bool, trace: str | None = None) -> str:
@@ -35,9 +35,9 @@ class TextTimeline:
 
     def footer(self, first: float, last: float, samples: int, gpus: int, still_open: Sequence[str]) -> None:
         span = duration_text(last - first)
-        self.out.write(f"{self.source}: {samples} samples of {gpus} GPUs, "
+        self.out.write(f"{self.source}: {counted(samples, 'sample')} of {counted(gpus, 'GPU')}, "
                        f"{iso_time(first, self.naive)} to {iso_time(last, self.naive)} ({span}). ")
         total = sum(self.fired.values())
-        self.out.write(f"{total} episode(s) fired: {self.fired[Severity.CRITICAL]} critical, "
+        self.out.write(f"{counted(total, 'episode')} fired: {self.fired[Severity.CRITICAL]} critical, "
                        f"{self.fired[Severity.WARNING]} warning. ")
         self.out.write(f"Still open at the end: {', '.join(still_open) if still_open else 'none'}.\n")
