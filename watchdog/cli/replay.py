@@ -80,14 +80,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def expand_traces(specs: Iterable[str]) -> list[str]:
-    """The traces named on the command line, a folder standing for its trace files (sorted)."""
+    """The traces named on the command line, a folder standing for the trace files in it and its subfolders
+    (sorted by path; a link to a folder is not followed, so a loop of links cannot make it walk forever)."""
     traces: list[str] = []
     for spec in specs:
         path = Path(spec)
         if not spec.startswith(SIM_PREFIX) and path.is_dir():
-            found = sorted(str(p) for p in path.iterdir() if p.is_file() and p.suffix.lower() in TRACE_SUFFIXES)
+            found = sorted(str(file) for folder, _, names in os.walk(path) for name in names
+                           if (file := Path(folder, name)).suffix.lower() in TRACE_SUFFIXES and file.is_file())
             if not found:
-                raise TraceError(f"{spec}: no trace files in the folder (looked for {', '.join(TRACE_SUFFIXES)})")
+                raise TraceError(f"{spec}: no trace files in the folder or its subfolders (looked for "
+                                 f"{', '.join(TRACE_SUFFIXES)})")
             traces += found
         else:
             traces.append(spec)
