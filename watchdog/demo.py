@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -198,5 +199,7 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
             rank_file.unlink()
     if not reported:
         say("no incident was written in time; the ranks' log is in " + str(workdir / "ranks.log"))
-        return 1
-    return 0
+    # A folder the demo made itself outlives it (the bundle and report are what a user opens next): say so.
+    say(f"the demo's files stay in {workdir} (incident bundles, their reports, the ranks' log)"
+        + ("" if folder else f"; remove them with `rm -r {shlex.quote(str(workdir))}`"))
+    return 0 if reported else 1
