@@ -45,7 +45,7 @@ from typing import Any
 import psutil
 
 from watchdog.coordinate.job_verdict import merge
-from watchdog.coordinate.nodes import MAX_ANSWER_BYTES, MAX_JOB_BYTES, NodeAnswer
+from watchdog.coordinate.nodes import MAX_ANSWER_BYTES, MAX_JOB_BYTES, NodeAnswer, Placement
 from watchdog.model import iso_time
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.analysis import analyze
@@ -346,7 +346,7 @@ def run_size(nodes: int, node_seconds: float, fr_entries: int) -> dict[str, floa
     gc.collect()
     gc.freeze()  # the parsed answers are the input: the collector need not walk them again and again
     started = time.perf_counter()
-    merged = merge(JOB, parsed, [a.instance for a in parsed])
+    merged = merge(JOB, parsed, Placement([a.instance for a in parsed]))
     merging = time.perf_counter() - started
     gc.unfreeze()
     assert [o["rank"] for o in merged.odd] == [culprit], merged.odd

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +58,15 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
                     f"alerts: {{node: node-{node}}}\n"
                     f"dump: {{token_file: '{token}'}}\n")
                 start([sys.executable, "-m", "watchdog", "run", "--config", str(tmp_path / f"{node}.yaml")], node)
+            callers = tmp_path / "coordinator-token"  # holding the node token, it wants its callers' own
+            callers.write_text("alertmanagers-token-for-the-test\n")
             start([sys.executable, "-m", "watchdog", "coordinate", "--prometheus", f"http://127.0.0.1:{ports['prom']}",
                    "--listen", f"127.0.0.1:{ports['coord']}", "--out", str(tmp_path / "jobs"),
-                   "--node-token-file", str(token)], "coord")
+                   "--node-token-file", str(token), "--token-file", str(callers)], "coord")
 
             shipped = (REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
-            (tmp_path / "am.yml").write_text(shipped.replace("127.0.0.1:9945", f"127.0.0.1:{ports['coord']}"))
+            (tmp_path / "am.yml").write_text(shipped.replace("127.0.0.1:9945", f"127.0.0.1:{ports['coord']}")
+                                             .replace("/etc/alertmanager/coordinator-token", str(callers)))
             start([alertmanager, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
                    f"--web.listen-address=127.0.0.1:{ports['am']}", "--cluster.listen-address="], "am")
             (tmp_path / "prometheus.yml").write_text(
@@ -85,8 +89,13 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
             fired_at = time.time()
             assert alert["labels"]["training_job"] == job  # type: ignore[index]
             assert alert["labels"]["instance"] == f"127.0.0.1:{ports['b']}"  # type: ignore[index]
-            verdicts = until(lambda: get_json(coord + "/v1/jobs").get(job), 120,  # type: ignore[union-attr]
-                             "the coordinator's job verdict")
+            def job_verdict() -> object:
+                asked = urllib.request.Request(coord + "/v1/jobs", headers={
+                    "Authorization": "Bearer alertmanagers-token-for-the-test"})
+                with urllib.request.urlopen(asked, timeout=5) as response:
+                    return json.loads(response.read()).get(job)
+
+            verdicts = until(job_verdict, 120, "the coordinator's job verdict")
             verdict_after = time.time() - fired_at
         finally:
             stop_all(processes)

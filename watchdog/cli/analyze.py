@@ -24,8 +24,7 @@ from pathlib import Path
 from watchdog import rank_files
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.stacks import print_pictures
-from watchdog.coordinate.job_verdict import merge
-from watchdog.coordinate.nodes import NodeAnswer
+from watchdog.coordinate import job_bundle
 from watchdog.model import Severity, StackDump, Verdict
 from watchdog.stacks import fr_dumps, fr_text, nccl_ras, nccl_timeouts, progress_log
 from watchdog.stacks.analysis import Analysis, analyze
@@ -94,13 +93,7 @@ def _job_bundle(folder: Path) -> StackPicture:
     job = _json(folder / "job.json")
     if not isinstance(job, dict):
         raise StackFormatError(f"{folder}/job.json: not a job verdict")
-    answers = []
-    for node in sorted((folder / "nodes").glob("*.json")):
-        raw = _json(node)
-        if isinstance(raw, dict):
-            answers.append(NodeAnswer(str(raw.get("instance")), raw.get("status"), raw.get("answer") or {},
-                                      raw.get("error")))
-    result = merge(str(job.get("training_job")), answers)
+    result = job_bundle.read(job, [_json(node) for node in sorted((folder / "nodes").glob("*.json"))])
     return StackPicture(result.job, None, bool(result.silent), result.analysis, result.verdict, fr=result.fr)
 
 

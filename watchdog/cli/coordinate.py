@@ -9,7 +9,7 @@ import threading
 
 from watchdog import http_client, logfmt, secrets
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
-from watchdog.coordinate.nodes import NodeClient, raise_fd_limit
+from watchdog.coordinate.nodes import DAEMON_SCRAPE_JOB, NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.http_server import Auth, parse_address
 
@@ -41,9 +41,19 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         error(f"--prometheus: {exc}")
         return EXIT_USAGE
-    client = NodeClient(args.node_scheme, token, args.node_ca_file, args.timeout_seconds)
+    scrape_job = DAEMON_SCRAPE_JOB if args.scrape_job is None else args.scrape_job
+    if not 0 < len(scrape_job) <= 200 or not scrape_job.isprintable():
+        error("--scrape-job: a Prometheus job name of 1 to 200 printable characters")
+        return EXIT_USAGE
+    try:
+        allowed = NodeAllowList(args.allow_node or ())
+    except ValueError as exc:
+        error(f"--allow-node: {exc}")
+        return EXIT_USAGE
+    client = NodeClient(args.node_scheme, token, args.node_ca_file, args.timeout_seconds, allowed)
     coordinator = Coordinator(args.prometheus, args.out, client, args.cooldown_seconds,
-                              auth=Auth(args.basic_auth_user, password, callers), max_per_minute=args.max_per_minute)
+                              auth=Auth(args.basic_auth_user, password, callers), max_per_minute=args.max_per_minute,
+                              scrape_job=scrape_job)
     if args.job:
         result = coordinator.investigate(args.job)
         if result.problem is not None:

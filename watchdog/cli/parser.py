@@ -227,9 +227,15 @@ def _add_coordinate(verbs: Verbs) -> None:
                        help="how to reach the daemons' endpoints (their export.listen_address)")
     coord.add_argument("--node-token-file", metavar="FILE", help="bearer token for POST /v1/dump (dump.token_file)")
     coord.add_argument("--node-ca-file", metavar="FILE", help="CA bundle to trust for --node-scheme https")
+    coord.add_argument("--scrape-job", metavar="NAME",
+                       help="the daemons' Prometheus scrape job (its `job` label; default stall-watchdog, as "
+                            "deploy/ names it): only its instances are asked, and given the node token")
+    coord.add_argument("--allow-node", action="append", metavar="HOST|HOST:PORT|NETWORK",
+                       help="ask only these nodes (repeat): a host, a host:port or an IP network such as "
+                            "10.0.0.0/8 (default: every instance of --scrape-job)")
     coord.add_argument("--token-file", metavar="FILE",
                        help="bearer token callers (Alertmanager's http_config.authorization) must present; "
-                            "off loopback this or --basic-auth-user is required")
+                            "this or --basic-auth-user is required with --node-token-file, and off loopback")
     coord.add_argument("--basic-auth-user", metavar="USER", help="basic auth for callers (with the next option)")
     coord.add_argument("--basic-auth-password-file", metavar="FILE", help="the basic auth password")
     coord.add_argument("--max-per-minute", type=int, default=30, metavar="N",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from watchdog import private_files
 
-from .job_verdict import MAX_BUNDLE_BYTES, JobVerdict
-from .nodes import NodeAnswer
+from .job_verdict import MAX_BUNDLE_BYTES, JobVerdict, merge
+from .nodes import NodeAnswer, Placement
 
 MARKER = ".stall-watchdog-job-bundle"
 
@@ -96,6 +96,21 @@ def write(root: str | Path, result: JobVerdict, keep: int = 200) -> Path:
     with contextlib.suppress(OSError):  # the bundle is in place; the next write rotates again
         rotate(root, keep)
     return final
+
+
+def read(job: dict[str, object], nodes: list[object]) -> JobVerdict:
+    """A job bundle read back for `analyze`: job.json and each nodes/ file as parsed, the answers read at
+    the same edge as live ones (a malformed one costs its node), with the placement Prometheus gave."""
+    answers = []
+    for node in nodes:
+        if not isinstance(node, dict) or not isinstance(node.get("instance"), str):
+            continue
+        status, error, body = node.get("status"), node.get("error"), node.get("answer", {})
+        if not isinstance(body, dict):
+            body, error = {}, "a malformed answer: not an object"
+        answers.append(NodeAnswer(node["instance"], status if isinstance(status, int) else None, body,
+                                  str(error)[:300] if error is not None else None))
+    return merge(str(job.get("training_job")), answers, Placement.from_json(job.get("rank_placement")))
 
 
 def _rows(rows: list[list[object]], head: list[str]) -> str:

@@ -2,8 +2,9 @@
 
 The ranks' raw py-spy threads from all nodes are analysed together (the same grouping and verdict as
 on one node), so the odd rank is found across the job and named with its node, pid, GPU and activity.
-The Flight Recorder dumps of all nodes are matched together; NCCL RAS already sees the whole job, so
-the first node's finding that is not a failure stands for it.
+The Flight Recorder dumps of all nodes are matched together; NCCL RAS already sees the whole job, so a
+finding the answering nodes agree on stands for it. Each answer speaks only for its own instance: its
+name is its claim, and it is believed only of the ranks Prometheus places on that instance.
 
 The answers of a thousand nodes are hundreds of MB parsed: JobEvidence reads each one as it arrives into
 what the verdict needs, so they are never all held at once.
@@ -12,19 +13,21 @@ what the verdict needs, so they are never all held at once.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchdog.model import StackDump, Verdict
+from watchdog.model import Verdict
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.analysis import Analysis, analyze
-from watchdog.stacks.formats import parse_pyspy_json
-from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, FlightRecorderError, RankTrace, SharedGroups
+from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, SharedGroups
 from watchdog.stacks.picture import corroborated, corroborations, with_notes
 from watchdog.stacks.verdict import verdict
 
-from .nodes import NodeAnswer
+from . import answers
+from .answers import NodeEvidence
+from .nodes import NodeAnswer, Placement
 
 
 @dataclass
@@ -37,7 +40,7 @@ class JobVerdict:
     ranks: list[dict[str, object]] = field(default_factory=list)
     fr: FlightRecorderAnalysis | None = None
     ras: dict[str, Any] | None = None
-    instances: list[str] = field(default_factory=list)
+    placement: Placement = field(default_factory=lambda: Placement([]))  # what Prometheus said of the job
     problem: str | None = None  # Prometheus could not be asked
     seconds: float = 0.0
 
@@ -51,7 +54,7 @@ class JobVerdict:
                                   "nodes": [a.to_json() for a in self.answers],
                                   "nodes_answered": sum(a.answered for a in self.answers),
                                   "nodes_silent": [a.instance for a in self.silent], "ranks": self.ranks,
-                                  "problem": self.problem}
+                                  "problem": self.problem, "rank_placement": self.placement.to_json()}
         out.update(self.analysis.to_json())
         if self.fr is not None:
             out["flight_recorder"] = self.fr.to_json()
@@ -60,19 +63,7 @@ class JobVerdict:
         return out
 
 
-def _node_name(answer: NodeAnswer) -> str:
-    return str(answer.body.get("node") or answer.instance)
-
-
 MAX_BUNDLE_BYTES = 64 * 2**20  # one job bundle: node answers past it are neither kept nor written, and said so
-
-
-@dataclass
-class _NodeEvidence:
-    dumps: list[StackDump] = field(default_factory=list)
-    ranks: list[dict[str, object]] = field(default_factory=list)
-    traces: list[RankTrace] = field(default_factory=list)
-    ras: dict[str, Any] | None = None
 
 
 class JobEvidence:
@@ -85,113 +76,186 @@ class JobEvidence:
         self.job = job
         self.keep_bytes = keep_bytes
         self._lock = threading.Lock()
-        self._read: dict[str, list[_NodeEvidence]] = {}  # by instance, in the order read
+        self._read: dict[str, list[NodeEvidence]] = {}  # by instance, in the order read
         self._groups: SharedGroups = {}
         self._kept = 0
 
-    def add(self, answer: NodeAnswer) -> None:
-        found = _NodeEvidence()
+    def add(self, answer: NodeAnswer) -> NodeEvidence:
         with self._lock:
-            if answer.answered:
-                _read_answer(self.job, answer, found, self._groups)
+            found = answers.read(self.job, answer.body, answer.instance, self._groups) if answer.answered \
+                else NodeEvidence()
             self._read.setdefault(answer.instance, []).append(found)
+        return found
 
     def keep(self, answer: NodeAnswer) -> NodeAnswer:
-        """`add`, then the answer without its parsed body (its node-level fields stay), with its bytes as
-        they came while the answers kept are within `keep_bytes` (the bundle could not hold more)."""
-        self.add(answer)
+        """`add`, then the answer without its parsed body (its name as it gave it stays), with its bytes as
+        they came while the answers kept are within `keep_bytes` (the bundle could not hold more); a
+        malformed answer with its problem as its error."""
+        found = self.add(answer)
         with self._lock:
             raw = answer.raw if answer.raw is not None and self._kept + len(answer.raw) <= self.keep_bytes else None
             self._kept += len(raw or b"")
-        return replace(answer, body={k: v for k, v in answer.body.items() if k != "jobs"}, raw=raw)
+        bundle = answer.body.get("bundle")
+        return replace(answer, body={"node": found.node, "bundle": bundle if isinstance(bundle, str) else None},
+                       raw=raw, error=answer.error or found.problem)
 
-    def verdict(self, answers: Sequence[NodeAnswer], instances: Sequence[str] = (),
+    def verdict(self, answered: Sequence[NodeAnswer], placement: Placement | None = None,
                 problem: str | None = None) -> JobVerdict:
-        """The job verdict from the answers read (in the answers' order, whatever order they came in)."""
+        """The job verdict from the answers read (in the answers' order, whatever order they came in). Each
+        answer speaks only for its own instance: under its own name (a name another answer gives too, or
+        another instance's address, is said with the instance), and for the ranks Prometheus places there
+        (`placement`); a rank two instances answer for is believed of neither."""
+        placement = placement or Placement([a.instance for a in answered])
         taken: dict[str, int] = {}
-        read = []
-        for answer in answers:
+        pairs = []
+        for answer in answered:
             n = taken[answer.instance] = taken.get(answer.instance, -1) + 1
             found = self._read.get(answer.instance, [])
-            read.append(found[n] if n < len(found) else _NodeEvidence())
-        dumps = [d for r in read for d in r.dumps]
-        ranks = [row for r in read for row in r.ranks]
-        traces = [t for r in read for t in r.traces]
-        ras = next((r.ras for r in read if r.ras is not None), None)
-        return _decide(self.job, answers, dumps, ranks, traces, ras, instances, problem)
+            evidence = found[n] if n < len(found) else NodeEvidence()
+            pairs.append((replace(answer, error=answer.error or evidence.problem), evidence))
+        names = _names([(a.instance, e.node) for a, e in pairs if a.answered])
+        refused, notes = _attribution([(a.instance, e) for a, e in pairs if a.answered], placement)
+        read = [e.without(refused[a.instance], names[a.instance]) for a, e in pairs if a.answered]
+        ras, ras_note = _ras([(a.instance, e.ras) for a, e in pairs if a.answered and e.ras is not None],
+                             sum(a.answered for a, _ in pairs))
+        return _decide(self.job, [a for a, _ in pairs], read, ras, placement, problem,
+                       notes + ([ras_note] if ras_note else []), any(refused.values()))
 
 
-def merge(job: str, answers: Sequence[NodeAnswer], instances: Sequence[str] = (),
+def merge(job: str, answered: Sequence[NodeAnswer], placement: Placement | None = None,
           problem: str | None = None) -> JobVerdict:
     evidence = JobEvidence(job)
-    for answer in answers:
+    for answer in answered:
         evidence.add(answer)
-    return evidence.verdict(answers, instances, problem)
+    return evidence.verdict(answered, placement, problem)
 
 
-def _read_answer(job: str, answer: NodeAnswer, found: _NodeEvidence, groups: SharedGroups) -> None:
-    node = _node_name(answer)
-    for picture in answer.body.get("jobs") or []:
-        if not isinstance(picture, dict) or picture.get("training_job") != job:
-            continue
-        for rank in picture.get("ranks") or []:
-            if not isinstance(rank, dict):
-                continue
-            gpus = tuple(g for g in rank.get("gpus") or [] if isinstance(g, int))
-            number = rank.get("rank") if isinstance(rank.get("rank"), int) else None
-            threads = rank.get("threads")
-            if isinstance(threads, list) and threads:
-                for dump in parse_pyspy_json(threads, answer.instance, number, gpus):
-                    found.dumps.append(StackDump(dump.member, dump.threads, dump.pid, dump.rank, dump.gpus,
-                                                 dump.source, dump.count, node))
-            found.ranks.append({"rank": number, "node": node, "instance": answer.instance, "pid": rank.get("pid"),
-                                "gpus": list(gpus), "capture": rank.get("capture")})
-        for raw in picture.get("flight_recorder_traces") or []:
-            try:
-                found.traces.append(RankTrace.for_matching(raw, node, groups))
-            except FlightRecorderError:
-                continue
-        ras = picture.get("nccl_ras")
-        if found.ras is None and isinstance(ras, dict) and not ras.get("problem"):
-            found.ras = ras
+def _names(claims: Sequence[tuple[str, str | None]]) -> dict[str, str]:
+    """Each instance's name: the one its answer gives, unless another answer gives it too or it is another
+    instance's address (then said with the instance: "node-b at 10.0.0.7:9944"); its instance without one."""
+    given = Counter(name for _, name in claims if name)
+    instances = {instance for instance, _ in claims}
+    names = {}
+    for instance, name in claims:
+        if not name or name == instance:
+            names[instance] = instance
+        elif given[name] > 1 or name in instances:
+            names[instance] = f"{name} at {instance}"
+        else:
+            names[instance] = name
+    return names
 
 
-def _decide(job: str, answers: Sequence[NodeAnswer], dumps: list[StackDump], ranks: list[dict[str, object]],
-            traces: list[RankTrace], ras: dict[str, Any] | None, instances: Sequence[str],
-            problem: str | None) -> JobVerdict:
+def _listed(items: Sequence[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def _attribution(found: Sequence[tuple[str, NodeEvidence]],
+                 placement: Placement) -> tuple[dict[str, set[str]], list[str]]:
+    """What each instance's answer is not believed for, and why: a rank Prometheus places on other
+    instances only, and a rank (or rank-less pid) that answers from several instances speak for."""
+    claims: dict[str, set[str]] = {}
+    for instance, evidence in found:
+        for member in evidence.members():
+            claims.setdefault(member, set()).add(instance)
+    refused: dict[str, set[str]] = {instance: set() for instance, _ in found}
+    elsewhere: dict[str, list[str]] = {}
+    shared: list[tuple[str, list[str]]] = []
+    for member, instances in sorted(claims.items(), key=lambda c: _order(c[0])):
+        rank = int(member[5:]) if member.startswith("rank ") else None
+        placed = placement.ranks.get(rank) if rank is not None else None
+        if placed:
+            for instance in sorted(instances - placed):
+                refused[instance].add(member)
+                elsewhere.setdefault(instance, []).append(member)
+            instances = instances & placed
+        if len(instances) > 1:
+            for instance in instances:
+                refused[instance].add(member)
+            shared.append((member, sorted(instances)))
+    notes = []
+    for instance, members in elsewhere.items():
+        if len(members) == 1:
+            where = sorted(placement.ranks.get(int(members[0][5:]), ()))
+            notes.append(f"{instance} answered for {members[0]}, which Prometheus places on {_listed(where)}: "
+                         "not believed")
+        else:
+            notes.append(f"{instance} answered for {len(members)} ranks Prometheus places on other instances "
+                         f"({_listed(members)}): not believed")
+    if len(shared) == 1:
+        member, alike = shared[0]
+        notes.append(f"{member} was answered for by {len(alike)} instances ({_listed(alike)}): believed "
+                     + ("of neither" if len(alike) == 2 else "of none of them"))
+    elif shared:
+        notes.append(f"{len(shared)} ranks were answered for by several instances "
+                     f"({_listed([m for m, _ in shared])}): believed of none of them")
+    return refused, notes
+
+
+def _order(member: str) -> tuple[int, int]:
+    kind, _, number = member.partition(" ")
+    return (0 if kind == "rank" else 1, int(number) if number.isdigit() else -1)
+
+
+def _ras(findings: Sequence[tuple[str, dict[str, Any]]], answered: int) -> tuple[dict[str, Any] | None, str | None]:
+    """NCCL RAS sees the whole job, so one node's finding would speak for every other: a conclusive finding
+    is believed when the nodes that answered with one all name the same culprits and are more than half
+    of the nodes that answered; otherwise the first one stands as not conclusive, and why is said."""
+    if not findings:
+        return None, None
+    first = findings[0][1]
+    conclusive = [(i, tuple(f.get("culprits") or ())) for i, f in findings if f.get("conclusive")]
+    if not conclusive:
+        return first, None
+    named = {c for _, c in conclusive}
+    if len(named) == 1 and len(conclusive) == len(findings) and 2 * len(conclusive) > answered:
+        return next(f for _, f in findings if f.get("conclusive")), None
+    why = (f"the nodes' NCCL RAS findings name different culprits ({_listed([i for i, _ in conclusive])})"
+           if len(named) > 1 or len(conclusive) < len(findings) else
+           f"NCCL RAS's culprit comes from {len(conclusive)} of the {answered} nodes that answered")
+    return {**first, "conclusive": False}, why + ": not believed"
+
+
+def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidence], ras: dict[str, Any] | None,
+            placement: Placement, problem: str | None, notes: list[str], refused: bool = False) -> JobVerdict:
+    dumps = [d for r in read for d in r.dumps]
+    ranks: list[dict[str, object]] = [row for r in read for row in r.ranks]
+    traces = [t for r in read for t in r.traces]
     analysis = analyze(dumps)
-    silent = [a for a in answers if not a.answered]
-    decided = verdict(analysis, spans_other_nodes=bool(silent))
+    silent = [a for a in answered if not a.answered]
+    decided = verdict(analysis, spans_other_nodes=bool(silent) or refused)  # some ranks' evidence is missing
     fr = fr_dumps.analyze(traces) if traces else None
     conclusive = ras is not None and bool(ras.get("conclusive"))
-    ras_culprits = [r for r in (ras or {}).get("culprits") or [] if isinstance(r, int)] if conclusive else []
+    ras_culprits = list((ras or {}).get("culprits") or []) if conclusive else []
     if not dumps and not traces and ras is None:
         # Nothing was read: not an all-clear. Unknown is said as unknown.
-        why = problem or ("no node answered" if answers else "no node exports ranks of this job")
+        why = problem or ("no node answered" if answered else "no node exports ranks of this job")
         decided = Verdict("unknown", None, f"Unknown: no evidence was gathered ({why})", "unknown: no evidence")
     found = corroborations(fr, ras_culprits, str(ras.get("summary")) if ras is not None and conclusive else None)
-    decided = with_notes(corroborated(decided, found), _silent_note(silent))
+    decided = with_notes(corroborated(decided, found), _silent_note(silent) + notes)
     where = analysis.group_by_member()
     by_member = {d.member: d for d in dumps}
-    instance_of = {(r["node"], r["pid"]): r["instance"] for r in ranks}
-    odd = []
+    odd: list[dict[str, object]] = []
     for member in analysis.outliers:
         dump, group = by_member.get(member), where.get(member)
         if dump is None or group is None:
             continue
         odd.append({"member": member, "rank": dump.rank, "node": dump.node, "pid": dump.pid,
-                    "gpus": list(dump.gpus), "instance": instance_of.get((dump.node, dump.pid)),
+                    "gpus": list(dump.gpus), "instance": dump.source,
                     "activity": group.activity.name, "where": group.where})
     for row in ranks:
-        member = f"rank {row['rank']}" if row["rank"] is not None else f"pid {row['pid']}"
-        group = where.get(member)
+        group = where.get(answers.member(row["rank"], row["pid"]))
         row["activity"] = group.activity.name if group else None
         row["where"] = group.where if group else None
-    return JobVerdict(job, list(answers), analysis, decided, odd, ranks, fr, ras, list(instances), problem)
+    return JobVerdict(job, list(answered), analysis, decided, odd, ranks, fr, ras, placement, problem)
 
 
 def _silent_note(silent: Sequence[NodeAnswer]) -> list[str]:
-    if not silent:
-        return []
-    return [f"{len(silent)} node{'s' if len(silent) > 1 else ''} did not answer: "
-            + ", ".join(f"{a.instance} ({a.error})" for a in silent[:4])]
+    """The nodes that did not answer, and those whose answer could not be read, each said as such."""
+    notes = []
+    for unread, said in ((False, "did not answer"), (True, "answered what cannot be read")):
+        these = [a for a in silent if (a.status == 200) == unread]
+        if these:
+            notes.append(f"{len(these)} node{'s' if len(these) > 1 else ''} {said}: "
+                         + ", ".join(f"{a.instance} ({a.error})" for a in these[:4]))
+    return notes

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import ipaddress
 import json
 import re
 import resource
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ MAX_ANSWER_BYTES = 16 * 2**20  # one node's /v1/dump answer
 MAX_JOB_BYTES = 256 * 2**20  # every node's answers to one investigation, together
 MAX_PROMETHEUS_BYTES = 8 * 2**20
 MAX_NODES = 4096
+DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
 MAX_PARALLEL = 1024  # nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds
 
 
@@ -48,10 +50,41 @@ def valid_instance(text: str) -> bool:
     return bool(_INSTANCE.match(text)) and 0 < int(text.rsplit(":", 1)[1]) <= 65535
 
 
-def instances_of(prometheus: str, job: str, timeout_seconds: float = 10.0) -> list[str]:
-    """The `instance` labels of the daemons exporting ranks of `job` (stall_watchdog_rank_info), sorted.
-    Labels that are not host:port are left out (and named in the error when nothing else is left)."""
-    expr = f"count by (instance) (stall_watchdog_rank_info{{training_job={promql_string(job)}}})"
+@dataclass(frozen=True)
+class Placement:
+    """Where Prometheus says a job's ranks run: the instances of the daemons' scrape job exporting them
+    (sorted), and for each rank the instances exporting it (what each node's answer may speak for)."""
+
+    instances: list[str]
+    ranks: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, list[int]]:
+        """instance -> its ranks, as the job bundle keeps it for `analyze`."""
+        out: dict[str, list[int]] = {}
+        for rank, instances in sorted(self.ranks.items()):
+            for instance in sorted(instances):
+                out.setdefault(instance, []).append(rank)
+        return out
+
+    @classmethod
+    def from_json(cls, data: object) -> Placement:
+        """A job bundle's placement (what to_json wrote); anything else read as none known."""
+        ranks: dict[int, set[str]] = {}
+        for instance, numbers in (data.items() if isinstance(data, dict) else ()):
+            for rank in numbers if isinstance(numbers, list) else ():
+                if isinstance(rank, int) and not isinstance(rank, bool) and valid_instance(str(instance)):
+                    ranks.setdefault(rank, set()).add(str(instance))
+        return cls(sorted({i for found in ranks.values() for i in found}),
+                   {r: frozenset(i) for r, i in ranks.items()})
+
+
+def placement_of(prometheus: str, job: str, scrape_job: str, timeout_seconds: float = 10.0) -> Placement:
+    """The instances of scrape job `scrape_job` (the daemons: Prometheus's `job` label) exporting ranks of
+    `job` (stall_watchdog_rank_info), and the ranks each exports. Only they are asked, and given the node
+    token: another exporter scraped by the same Prometheus may publish such a series too. Labels that are
+    not host:port are left out (and named in the error when nothing else is left)."""
+    expr = (f"count by (instance, rank) (stall_watchdog_rank_info{{training_job={promql_string(job)}, "
+            f"job={promql_string(scrape_job)}}})")
     url = prometheus.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
         answer = http_client.request("GET", url, timeout=timeout_seconds, max_bytes=MAX_PROMETHEUS_BYTES)
@@ -61,13 +94,52 @@ def instances_of(prometheus: str, job: str, timeout_seconds: float = 10.0) -> li
     if not isinstance(data, dict) or data.get("status") != "success":
         raise PrometheusError(f"{prometheus}: query failed (HTTP {answer.status}): {str(data)[:200]}")
     try:
-        found = sorted({str(r["metric"]["instance"]) for r in data["data"]["result"]})
-    except (KeyError, TypeError) as exc:
+        rows = [(str(r["metric"]["instance"]), str(r["metric"].get("rank", ""))) for r in data["data"]["result"]]
+    except (KeyError, TypeError, AttributeError) as exc:
         raise PrometheusError(f"{prometheus}: unexpected answer shape ({exc})") from None
+    found = sorted({instance for instance, _ in rows})
     bad = [i for i in found if not valid_instance(i)]
     if bad and len(bad) == len(found):
         raise PrometheusError(f"{prometheus}: no instance label is host:port (e.g. {bad[0][:80]!r})")
-    return [i for i in found if valid_instance(i)][:MAX_NODES]
+    instances = [i for i in found if valid_instance(i)][:MAX_NODES]
+    kept = set(instances)
+    ranks: dict[int, set[str]] = {}
+    for instance, rank in rows:
+        if instance in kept and rank.isdigit() and len(rank) < 10:
+            ranks.setdefault(int(rank), set()).add(instance)
+    return Placement(instances, {r: frozenset(i) for r, i in ranks.items()})
+
+
+class NodeAllowList:
+    """The nodes the coordinator may ask (and give the node token): each entry a host, a host:port or an
+    IP network (10.0.0.0/8); empty, every instance of the daemons' scrape job."""
+
+    def __init__(self, entries: Sequence[str] = ()):
+        self.entries = tuple(entries)
+        self._hosts: set[str] = set()
+        self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for entry in entries:
+            if "/" in entry:
+                try:
+                    self._networks.append(ipaddress.ip_network(entry, strict=False))
+                except ValueError:
+                    raise ValueError(f"{entry!r} is not an IP network (10.0.0.0/8)") from None
+            elif valid_instance(entry) or valid_instance(entry + ":1"):
+                self._hosts.add(entry.lower())
+            else:
+                raise ValueError(f"{entry!r} is not a host, host:port or IP network")
+
+    def allows(self, instance: str) -> bool:
+        if not self.entries:
+            return True
+        host = instance.rsplit(":", 1)[0]
+        if instance.lower() in self._hosts or host.lower() in self._hosts:
+            return True
+        try:
+            address = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return False
+        return any(address in network for network in self._networks)
 
 
 @dataclass
@@ -82,7 +154,8 @@ class NodeAnswer:
 
     @property
     def answered(self) -> bool:
-        return self.status == 200
+        """It answered, and what it said can be read."""
+        return self.status == 200 and self.error is None
 
     def to_json(self) -> dict[str, object]:
         return {"instance": self.instance, "status": self.status, "error": self.error,
@@ -142,12 +215,14 @@ def _parsed(instance: str, status: int, raw: bytes, seconds: float) -> NodeAnswe
 
 @dataclass(frozen=True)
 class NodeClient:
-    """How to reach the daemons: scheme, a bearer token (dump.token_file on the nodes), a CA to trust."""
+    """How to reach the daemons: scheme, a bearer token (dump.token_file on the nodes), a CA to trust, and
+    the nodes that may be asked at all."""
 
     scheme: str = "http"
     token: str | None = None
     ca_file: str | None = None
     timeout_seconds: float = 60.0
+    allowed: NodeAllowList = field(default_factory=NodeAllowList)
 
     def ask(self, instance: str, job: str, max_bytes: int = MAX_ANSWER_BYTES) -> NodeAnswer:
         return self._exchange(instance, job, max_bytes)()
@@ -157,6 +232,8 @@ class NodeClient:
         started = time.monotonic()
         if not valid_instance(instance):
             return lambda: NodeAnswer(instance, None, error="not a host:port instance label; not asked")
+        if not self.allowed.allows(instance):
+            return lambda: NodeAnswer(instance, None, error="not on the allow-list (--allow-node); not asked")
         url = f"{self.scheme}://{instance}/v1/dump"
         headers = {"Content-Type": "application/json"}
         if self.token:

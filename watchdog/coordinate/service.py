@@ -10,11 +10,12 @@ once, merge the answers into one job verdict, write the job bundle, log one line
 less than `cooldown_seconds` ago (Alertmanager repeats its notifications) or still being investigated
 is not investigated again. Stateless apart from the bundles: any node or a pod can run it.
 
-The coordinator holds the node token, so it is a door to every node's stacks: off loopback it does not
-start without credentials for its callers (a bearer token, basic auth, or both), and with them every path
-but /healthz needs them. A request names at most MAX_JOBS_PER_REQUEST jobs; at most `max_per_minute`
-investigations start a minute (a request that starts none costs nothing of that budget); the latest
-verdicts kept are the newest MAX_JOBS_KEPT.
+The coordinator holds the node token, so it is a door to every node's stacks: holding it, or off loopback,
+it does not start without credentials for its callers (a bearer token, basic auth, or both: every local
+user reaches loopback), and with them every path but /healthz needs them. It asks only the instances of
+the daemons' scrape job (and of the allow-list): the token goes to no other exporter. A request names at
+most MAX_JOBS_PER_REQUEST jobs; at most `max_per_minute` investigations start a minute (a request that
+starts none costs nothing of that budget); the latest verdicts kept are the newest MAX_JOBS_KEPT.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from watchdog.webhook import PayloadError, training_jobs
 
 from . import job_bundle
 from .job_verdict import JobEvidence, JobVerdict
-from .nodes import NodeClient, PrometheusError, instances_of
+from .nodes import DAEMON_SCRAPE_JOB, NodeClient, Placement, PrometheusError, placement_of
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_JOBS_PER_REQUEST = 16
@@ -45,8 +46,9 @@ class CoordinatorError(Exception):
 class Coordinator:
     def __init__(self, prometheus: str, out: str | Path, client: NodeClient, cooldown_seconds: float = 120.0,
                  monotonic: Callable[[], float] = time.monotonic, auth: Auth | None = None,
-                 max_per_minute: int = 30):
+                 max_per_minute: int = 30, scrape_job: str = DAEMON_SCRAPE_JOB):
         self.auth = auth or Auth()
+        self.scrape_job = scrape_job
         self.max_per_minute = max_per_minute
         self._minute: list[float] = []
         self.prometheus = prometheus
@@ -64,14 +66,16 @@ class Coordinator:
         started = time.monotonic()
         problem = None
         try:
-            instances = instances_of(self.prometheus, job)
+            placement = placement_of(self.prometheus, job, self.scrape_job)
         except PrometheusError as exc:
-            instances, problem = [], str(exc)
+            placement, problem = Placement([]), str(exc)
+        instances = placement.instances
         if not instances and problem is None:
-            problem = f"Prometheus knows no instance exporting ranks of training job {job!r}"
+            problem = (f"Prometheus knows no instance of scrape job {self.scrape_job!r} exporting ranks of training "
+                       f"job {job!r}")
         evidence = JobEvidence(job)
         answers = self.client.ask_all(instances, job, evidence.keep)
-        result = evidence.verdict(answers, instances, problem)
+        result = evidence.verdict(answers, placement, problem)
         result.seconds = time.monotonic() - started
         try:
             bundle: str | None = str(job_bundle.write(self.out, result))
@@ -135,9 +139,13 @@ class Coordinator:
                 self._running.discard(job)
 
     def serve(self, host: str, port: int) -> HardenedServer:
-        if not self.auth.configured and not is_loopback(host):
-            raise CoordinatorError(f"listening on {host} (off loopback) needs credentials for the callers: "
-                                   "--token-file and/or --basic-auth-user with --basic-auth-password-file")
+        if not self.auth.configured and (self.client.token or not is_loopback(host)):
+            why = ("holding the node token (--node-token-file), the coordinator would dump any job for any caller, "
+                   "and every local user reaches loopback" if self.client.token else f"listening on {host} (off "
+                   "loopback)")
+            raise CoordinatorError(f"{why}: give credentials for its callers: --token-file FILE (Alertmanager "
+                                   "sends the same token: http_config.authorization.credentials_file) and/or "
+                                   "--basic-auth-user with --basic-auth-password-file")
         coordinator = self
 
         class Handler(QuietHandler):
