@@ -94,11 +94,13 @@ def python_target(mode: str, tmp: Path, env: dict[str, str] | None = None) -> It
 
 @contextmanager
 def gloo_job(scenario: str, tmp: Path, ranks: int = 4, odd_rank: int = 2, env: dict[str, str] | None = None,
-             flight_recorder: bool = False, elsewhere: int = 0) -> Iterator[list[subprocess.Popen[str]]]:
+             flight_recorder: bool = False, elsewhere: int = 0, rank_env: dict[int, dict[str, str]] | None = None
+             ) -> Iterator[list[subprocess.Popen[str]]]:
     """A real torch.distributed job on CPU (tests/targets/gloo_job.py), launched the way torchrun launches
     workers, held at its stall. `flight_recorder`: PyTorch records the collectives and each rank answers
     the dump pipe (`<tmp>/fr_pipe_<rank>.pipe`, dumps to `<tmp>/fr_dump_<rank>`). `elsewhere`: ranks of the
-    job past `ranks`, standing for another node's (not yielded: the node under test does not see them)."""
+    job past `ranks`, standing for another node's (not yielded: the node under test does not see them).
+    `rank_env`: variables of some ranks only (by rank), e.g. which rank stands in for NCCL's RAS service."""
     extra = dict(env or {})
     if flight_recorder:
         extra.update(TORCH_FR_BUFFER_SIZE="2000", TORCH_FR_DEBUG_INFO_PIPE_FILE=str(tmp / "fr_pipe_"),
@@ -112,7 +114,8 @@ def gloo_job(scenario: str, tmp: Path, ranks: int = 4, odd_rank: int = 2, env: d
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks + elsewhere),
                    "LOCAL_RANK": str(rank % ranks), "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port),
-                   "TORCHELASTIC_RUN_ID": f"test-{port}", "ODD_RANK": str(odd_rank), "NCCL_DEBUG": "WARN", **extra}
+                   "TORCHELASTIC_RUN_ID": f"test-{port}", "ODD_RANK": str(odd_rank), "NCCL_DEBUG": "WARN", **extra,
+                   **(rank_env or {}).get(rank, {})}
             processes.append(subprocess.Popen([sys.executable, str(TARGETS / "gloo_job.py"), scenario, str(tmp)],
                                               env=env, text=True, stderr=subprocess.DEVNULL))
         wait_for([tmp / f"rank-{r}" for r in range(ranks + elsewhere)], processes=processes)

@@ -19,7 +19,8 @@ import pytest
 
 from tests.conftest import REPO, gloo_job
 from tests.fakes.daemon import daemon_config
-from tests.fakes.nccl_ras import FakeRank, FakeRasService
+from tests.fakes.nccl_ras import FakeRank, json_report
+from tests.integration.test_prometheus import free_port
 from watchdog.daemon import build
 from watchdog.export.server import Endpoint
 from watchdog.sample.ranks import RankDiscovery
@@ -53,13 +54,14 @@ def alertmanager_payload(job: str) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("dump")
-    frozen: list[FakeRank] = []
-    with FakeRasService(lambda: frozen).running() as ras, gloo_job("dataloader", tmp, flight_recorder=True,
-                  env={"NCCL_RAS_ADDR": f"127.0.0.1:{ras.port}"}) as processes:
-        frozen.extend(FakeRank(r, "node-a", p.pid, r, {"AllReduce": 4 if r != 2 else 3})
-                      for r, p in enumerate(processes))
+    report = tmp / "ras-report.json"  # rank 0 stands in for NCCL's RAS service, answering with this file
+    with gloo_job("dataloader", tmp, flight_recorder=True,
+                  env={"NCCL_RAS_ADDR": f"127.0.0.1:{free_port()}", "RAS_STAND_IN_REPORT": str(report)},
+                  rank_env={0: {"RAS_STAND_IN_LISTEN": "1"}}) as processes:
+        report.write_text(json_report([FakeRank(r, "node-a", p.pid, r, {"AllReduce": 4 if r != 2 else 3})
+                                       for r, p in enumerate(processes)]))
         key = RankDiscovery().describe(processes[0].pid).job_key  # type: ignore[union-attr]
-        yield {"tmp": tmp, "processes": processes, "key": key, "ras": ras}
+        yield {"tmp": tmp, "processes": processes, "key": key}
 
 
 def start(tmp: Path, processes: list[Any], export: dict[str, Any] | None = None, stacks: dict[str, Any] | None = None,

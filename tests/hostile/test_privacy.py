@@ -7,11 +7,18 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from watchdog.sample.ranks import RankDiscovery
+from tests.fakes.nccl_ras import FakeRank, json_report
+from tests.users import ALICE, BOB, shared_folder, user_process
+from watchdog.config import StacksConfig
+from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.secrets import REDACTED, redact_arguments
+from watchdog.stacks import nccl_ras
+from watchdog.stacks.capture import StackCapturer
+from watchdog.stacks.picture import capture_job
 
 S = "SeCrEt0x"  # every form below hides this; nothing else of the command line is lost
 
@@ -86,3 +93,66 @@ def test_a_real_ranks_command_line_and_environment_keep_no_credential() -> None:
     assert info.env["MASTER_ADDR"] == f"trainer:{REDACTED}@node-1" and info.env["NCCL_DEBUG"] == "WARN"
     assert info.env["NCCL_NET_PLUGIN_CONFIG"] == REDACTED
     assert len(info.cmdline) == 3 + len(argv)
+
+
+# A process that speaks NCCL RAS's protocol on 127.0.0.1:PORT and answers with the report in REPORT_FILE: what
+# a rank's NCCL does (run with a rank's variables) or what another user's listener does (run without).
+RAS_SPEAKER = """
+import pathlib, socket, sys
+port, report, ready = int(sys.argv[1]), pathlib.Path(sys.argv[2]).read_bytes(), pathlib.Path(sys.argv[-1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", port))
+server.listen(8)
+ready.write_text("listening")
+while True:
+    conn, _ = server.accept()
+    with conn, conn.makefile("rwb") as f:
+        for line in f:
+            word = line.decode().strip().upper()
+            if word.endswith("STATUS"):
+                f.write(report)
+                break
+            f.write(b"SERVER PROTOCOL 2\\n" if word.startswith("CLIENT PROTOCOL") else b"OK\\n")
+            f.flush()
+"""
+JOB = {"TORCHELASTIC_RUN_ID": "victim-42", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+def _ras_picture(rank_pid: int) -> nccl_ras.RasFinding | None:
+    rank = RankDiscovery().describe(rank_pid)
+    assert rank is not None and "NCCL_RAS_ADDR" not in rank.env
+    cfg = StacksConfig(observe_seconds=0, flight_recorder=False, nccl_ras_gap_seconds=0.2,
+                       nccl_ras_timeout_seconds=1.0)
+    return capture_job(job_of(rank.job_key, [rank]), StackCapturer.from_config(cfg), RankDiscovery(), cfg).ras
+
+
+def _report(folder: Path, victim_pid: int) -> Path:
+    """Rank 1 of the victim's job behind in AllReduce, in both queries: a conclusive culprit, if believed."""
+    path = folder / "report.json"
+    path.write_text(json_report([FakeRank(0, "node-a", victim_pid, 0, {"AllReduce": 9}),
+                                 FakeRank(1, "node-a", victim_pid + 1, 1, {"AllReduce": 4})]))
+    path.chmod(0o644)
+    return path
+
+
+def test_nccl_ras_is_believed_only_from_the_jobs_own_process_on_the_default_port() -> None:
+    """Another user listens on localhost:28028 (the default) and answers for a job whose ranks set no
+    NCCL_RAS_ADDR: the answer is not the job's (no rank of it holds that socket), so RAS is unknown. The
+    same answer from a rank of the job that listens there is believed."""
+    port = nccl_ras.DEFAULT_PORT
+    with shared_folder() as folder:
+        (folder / "ras_speaker.py").write_text(RAS_SPEAKER)
+        (folder / "ras_speaker.py").chmod(0o644)
+        with user_process(folder, ALICE, ["queue"], env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as victim:
+            report = _report(folder, victim.pid)
+            with user_process(folder, BOB, [str(port), str(report)], script="ras_speaker.py"):
+                finding = _ras_picture(victim.pid)
+            assert finding is not None and finding.culprits == () and not finding.conclusive
+            assert finding.problem is not None and "not a process of this job" in finding.problem
+        with user_process(folder, ALICE, [str(port), str(report)], script="ras_speaker.py",
+                          env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as listening_rank:
+            report = _report(folder, listening_rank.pid)
+            finding = _ras_picture(listening_rank.pid)
+            assert finding is not None and finding.problem is None and finding.culprits == (1,), finding
+

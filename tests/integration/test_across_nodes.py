@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO, gloo_job, need_tool
-from tests.fakes.nccl_ras import FakeRank, FakeRasService
+from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.integration.test_prometheus import free_port, get_json, stop_all, until
 from watchdog.coordinate.job_bundle import node_file_name
 from watchdog.sample.ranks import RankDiscovery
@@ -33,13 +33,17 @@ def test_the_coordinator_names_the_odd_rank_and_its_node(tmp_path: Path) -> None
         processes.append(subprocess.Popen(args, cwd=REPO, stdout=(tmp_path / (log + ".out")).open("wb"),
                                           stderr=(tmp_path / log).open("wb")))
 
-    ras_ranks: list[FakeRank] = []
-    with FakeRasService(lambda: ras_ranks).running() as ras, \
-            gloo_job("dataloader", tmp_path, odd_rank=2, flight_recorder=True,
-                     env={"NCCL_RAS_ADDR": f"127.0.0.1:{ras.port}"}) as ranks:
-        nodes = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
-        ras_ranks.extend(FakeRank(r, nodes[r], p.pid, r % 2, {"AllReduce": 3 if r == 2 else 4})
-                         for r, p in enumerate(ranks))
+    # Each node's NCCL RAS service: its first rank stands in for it (rank 0 on node-a, rank 2 on node-b),
+    # answering with this report of the whole job.
+    report = tmp_path / "ras-report.json"
+    ras_ports = {"node-a": free_port(), "node-b": free_port()}
+    nodes = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+    with gloo_job("dataloader", tmp_path, odd_rank=2, flight_recorder=True,
+                  env={"RAS_STAND_IN_REPORT": str(report)},
+                  rank_env={r: {"NCCL_RAS_ADDR": f"127.0.0.1:{ras_ports[nodes[r]]}",
+                                **({"RAS_STAND_IN_LISTEN": "1"} if r in (0, 2) else {})} for r in nodes}) as ranks:
+        report.write_text(json_report([FakeRank(r, nodes[r], p.pid, r % 2, {"AllReduce": 3 if r == 2 else 4})
+                                       for r, p in enumerate(ranks)]))
         job = RankDiscovery().describe(ranks[0].pid).job_key  # type: ignore[union-attr]
         try:
             # node-a: GPUs 0-7 spin; its ranks 0 and 1 sit on GPUs 0 and 1. node-b: one odd GPU (4), where

@@ -15,12 +15,17 @@ With TORCH_FR_BUFFER_SIZE set, PyTorch's Flight Recorder records the gloo collec
 dump-on-request pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE / TORCH_FR_DEBUG_INFO_PIPE_FILE) only in
 ProcessGroupNCCL, so a rank here does what that code does: a thread reads `<pipe stem><rank>.pipe` and
 writes PyTorch's own dump (`_dump_fr_trace`) to `<TORCH_FR_DUMP_TEMP_FILE><rank>`.
+
+NCCL's RAS service needs GPUs, so a rank given RAS_STAND_IN_REPORT (a report file) and RAS_STAND_IN_LISTEN
+stands in for it: it listens on its NCCL_RAS_ADDR, as the first NCCL process on a node does, and answers
+each query with the file as it is then (the daemon believes RAS only from a socket its job's ranks hold).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -92,6 +97,28 @@ def serve_flight_recorder_pipe(rank: int) -> None:
     threading.Thread(target=serve, name="fr-pipe", daemon=True).start()
 
 
+def serve_ras_stand_in() -> None:
+    report = os.environ.get("RAS_STAND_IN_REPORT")
+    if not report or not os.environ.get("RAS_STAND_IN_LISTEN"):
+        return
+    host, _, port = os.environ["NCCL_RAS_ADDR"].rpartition(":")
+    server = socket.create_server((host, int(port)))
+
+    def serve() -> None:
+        while True:
+            conn, _ = server.accept()
+            with conn, conn.makefile("rwb") as talk:
+                for line in talk:
+                    word = line.decode().strip().upper()
+                    if word.endswith("STATUS"):
+                        talk.write(Path(report).read_bytes())
+                        break
+                    talk.write(b"SERVER PROTOCOL 2\n" if word.startswith("CLIENT PROTOCOL") else b"OK\n")
+                    talk.flush()
+
+    threading.Thread(target=serve, name="ras-stand-in", daemon=True).start()
+
+
 def burn() -> None:
     """A core at 100%, as a rank's spin-wait burns it: no I/O, no progress."""
     while True:
@@ -100,6 +127,7 @@ def burn() -> None:
 
 def main() -> None:
     scenario, ready = sys.argv[1], Path(sys.argv[2])
+    serve_ras_stand_in()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     serve_flight_recorder_pipe(rank)

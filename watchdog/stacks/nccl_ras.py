@@ -32,9 +32,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
+
+from watchdog.sample import listeners
 
 DEFAULT_PORT = 28028
 PROTOCOL = 2
@@ -524,15 +527,26 @@ def _counts(status: RasStatus) -> dict[tuple[str, int], Mapping[str, int]]:
 
 
 def ask_twice(host: str, port: int, gap_seconds: float = 3.0, timeout_seconds: float = 5.0,
-              binary: str | None = None) -> RasFinding:
-    """Query, wait `gap_seconds`, query again, judge. A failure is a finding with its problem, never raised."""
+              binary: str | None = None, pids: Sequence[int] | None = None,
+              proc_root: str | Path = "/proc") -> RasFinding:
+    """Query, wait `gap_seconds`, query again, judge. A failure is a finding with its problem, never raised.
+    `pids`: the job's local ranks; each query is made only while every socket listening on `port` is one of
+    theirs (any user may listen on a free port and answer for the job)."""
     try:
-        first = parse(query(host, port, timeout_seconds, binary))
+        first = parse(_ask(host, port, timeout_seconds, binary, pids, proc_root))
         time.sleep(gap_seconds)
-        second = parse(query(host, port, timeout_seconds, binary))
+        second = parse(_ask(host, port, timeout_seconds, binary, pids, proc_root))
     except RasError as exc:
         return RasFinding(False, (), (), (), 0, problem=str(exc))
     return judge(first, second)
+
+
+def _ask(host: str, port: int, timeout_seconds: float, binary: str | None, pids: Sequence[int] | None,
+         proc_root: str | Path) -> str:
+    why = listeners.strangers(port, pids, proc_root) if pids is not None else None
+    if why is not None:
+        raise RasError(f"not asked: {why}, so its answer would not be this job's")
+    return query(host, port, timeout_seconds, binary)
 
 
 def where_to_ask(envs: Sequence[Mapping[str, str]]) -> tuple[str, int] | None:

@@ -127,7 +127,8 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg
     ras: list[RasFinding] = []
     where = nccl_ras.where_to_ask([r.env for r in ranks]) if cfg.nccl_ras else None
     asking = threading.Thread(target=lambda: ras.append(nccl_ras.ask_twice(
-        *where, cfg.nccl_ras_gap_seconds, cfg.nccl_ras_timeout_seconds)), daemon=True) if where else None
+        *where, cfg.nccl_ras_gap_seconds, cfg.nccl_ras_timeout_seconds, pids=[r.pid for r in ranks],
+        proc_root=discovery.proc_root)), daemon=True) if where else None
     if asking is not None:
         asking.start()
     recorders = [trigger(r, discovery.proc_root) for r in ranks] if cfg.flight_recorder else []
