@@ -95,7 +95,7 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     # The incidents' capturer serves the dumps too: py-spy is found once, and one abort stops every capture.
     daemon.dumps = DumpService(config, counters, incidents.capturer, discovery, bundles,
                                lambda: daemon.published.snapshot, incidents.node, monotonic,
-                               last_look=incidents.last_look)
+                               last_look=incidents.last_look, slurm_check=incidents.actions.slurm_job_runs_as)
     return daemon
 
 

@@ -3,17 +3,23 @@ processes claim the job, an NCCL RAS port answered by someone else, and a held a
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.users import ALICE, BOB, shared_folder, user_process
 from watchdog.config import StacksConfig
+from watchdog.daemon import build
 from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.secrets import REDACTED, redact_arguments
 from watchdog.stacks import nccl_ras
@@ -155,4 +161,53 @@ def test_nccl_ras_is_believed_only_from_the_jobs_own_process_on_the_default_port
             report = _report(folder, listening_rank.pid)
             finding = _ras_picture(listening_rank.pid)
             assert finding is not None and finding.problem is None and finding.culprits == (1,), finding
+
+
+CLAIMANTS = 3000
+
+
+@contextlib.contextmanager
+def claimants(uid: int, env: dict[str, str], count: int) -> Iterator[subprocess.Popen[bytes]]:
+    """`count` /bin/sleep processes of `uid`, each with `env` (the claims of another user's job), started by
+    one shell of that user that stays their parent."""
+    script = f'i=0; while [ $i -lt {count} ]; do /bin/sleep 600 & i=$((i+1)); done; echo started; wait'
+    shell = subprocess.Popen(["/bin/sh", "-c", script], user=uid, group=uid, extra_groups=[], start_new_session=True,
+                             env={"PATH": "/usr/bin:/bin", **env}, stdout=subprocess.PIPE, cwd="/")
+    try:
+        assert shell.stdout is not None and shell.stdout.readline().strip() == b"started"
+        yield shell
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+
+
+def test_a_dump_in_scan_mode_answers_for_the_proven_job_only_and_fast(tmp_path: Path) -> None:
+    """No GPU lists the job's ranks (scan mode). Another user starts 3,000 processes claiming the victim's job
+    and one forged "rank 1": the dump of that job captures the victim's rank alone, says that others claim the
+    job, and stays fast (the work per request is bounded, whatever the claimants' number)."""
+    config = daemon_config(tmp_path, source={"kind": "sim", "scenario": "spin_hang"},
+                           stacks={"observe_seconds": 0.2, "flight_recorder": False, "nccl_ras": False})
+    daemon = build(config)
+    daemon.tick()
+    with shared_folder() as folder, \
+            user_process(folder, ALICE, ["queue"], env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as victim, \
+            claimants(BOB, {**JOB, "RANK": "1", "LOCAL_RANK": "1"}, CLAIMANTS), \
+            user_process(folder, BOB, ["queue"], env={**JOB, "RANK": "1", "LOCAL_RANK": "1"}, launched=False) as forged:
+        try:
+            started = time.monotonic()
+            status, answer, _ = daemon.dump_request(json.dumps({"training_job": "run:victim-42"}).encode())
+            took = time.monotonic() - started
+        finally:
+            daemon.shutdown()
+    assert status == 200, answer
+    jobs = answer["jobs"]
+    assert isinstance(jobs, list) and [j["training_job"] for j in jobs] == ["run:victim-42"], jobs
+    ranks = jobs[0]["ranks"]
+    assert [(r["pid"], r["rank"]) for r in ranks] == [(victim.pid, 0)], ranks
+    assert ranks[0]["capture"] == "ok"
+    assert forged.pid not in [r["pid"] for job in jobs for r in job["ranks"]]  # the forged rank 1 is no rank
+    claims = answer["claimants"]
+    assert isinstance(claims, dict) and claims["count"] >= 1, claims
+    assert took < 5, f"the dump took {took:.1f} s with {CLAIMANTS} claimants"
 

@@ -12,6 +12,13 @@ answer again (`"shared": true`); at most `dump.max_per_minute` dumps start per m
 that finds nothing to capture (404) gives its place in that budget back and is not kept for reuse, so
 requests that name no local job cannot use up the budget of the real dump or the Slurm epilog; answers
 kept for reuse are dropped once their cooldown has passed.
+
+A job's ranks are those its proof gathers (act/membership.py: its launcher, slurmstepd's cgroup, its pod),
+never those its name is claimed by: a process that claims a job's variables without its proof, or another
+proven job that copies its name, is a claimant, counted and shown in `claimants`, never captured as the job's.
+Without NVML's list (scan mode) every process is looked at, so one dump describes and captures at most
+MAX_RANKS of them, the longest running first: the work a request costs does not grow with the processes any
+user can start.
 """
 
 from __future__ import annotations
@@ -26,14 +33,22 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from watchdog import logfmt
+from watchdog.act import membership
 from watchdog.act.bundles import BundleStore
 from watchdog.config import Config
 from watchdog.counters import Counters
 from watchdog.model import NodeSnapshot, iso_time
-from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
+from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
 from watchdog.webhook import PayloadError, dump_target
+
+MAX_RANKS = 128  # processes one dump describes and captures
+MAX_CLAIMANTS_SHOWN = 8
+
+
+def _no_slurm(job: str, uid: int) -> str:
+    return "no Slurm check is wired here"
 
 
 @dataclass(frozen=True)
@@ -47,9 +62,11 @@ class DumpService:
     def __init__(self, config: Config, counters: Counters, capturer: StackCapturer, discovery: RankDiscovery,
                  bundles: BundleStore, snapshot: Callable[[], NodeSnapshot | None], node: str,
                  monotonic: Callable[[], float] = time.monotonic,
-                 last_look: Callable[[str], list[tuple[StackPicture, tuple[RankInfo, ...]]]] | None = None):
+                 last_look: Callable[[str], list[tuple[StackPicture, tuple[RankInfo, ...]]]] | None = None,
+                 slurm_check: membership.SlurmCheck = _no_slurm):
         """`last_look(slurm_job_id)`: the pictures (and their ranks) of open or lately resolved episodes that
-        concerned that Slurm job, for a job that ended before it could be dumped."""
+        concerned that Slurm job, for a job that ended before it could be dumped. `slurm_check`: Slurm's word
+        on a job and its user (act/actions.py), which proves a Slurm job's ranks."""
         self.config = config
         self.counters = counters
         self.capturer = capturer
@@ -59,6 +76,7 @@ class DumpService:
         self.node = node
         self.monotonic = monotonic
         self.last_look = last_look
+        self.slurm_check = slurm_check
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dump")
         self._lock = threading.Lock()
         self._running: dict[tuple[str, ...], Future[Answer]] = {}
@@ -128,27 +146,53 @@ class DumpService:
             elif started is not None and started in self._started:
                 self._started.remove(started)  # nothing was captured: the budget is not spent
 
-    def _ranks(self) -> list[RankInfo]:
+    def _ranks(self, jobs: tuple[str, ...]) -> tuple[list[RankInfo], int]:
+        """The processes to consider (NVML's on the GPUs, else a scan for those claiming `jobs`), and how many
+        more claimed them than one dump describes."""
         snapshot = self.snapshot()
-        ranks = self.discovery.from_snapshot(snapshot) if snapshot is not None else []
-        return ranks or self.discovery.scan()
+        ranks = self.discovery.from_snapshot(snapshot)[:MAX_RANKS] if snapshot is not None else []
+        if ranks:
+            return ranks, 0
+        before = self.discovery.counters["scan_over_limit"]
+        ranks = self.discovery.scan(jobs, limit=MAX_RANKS)
+        return ranks, self.discovery.counters["scan_over_limit"] - before
+
+    def _jobs(self, ranks: list[RankInfo], jobs: tuple[str, ...]) -> tuple[list[Job], list[Job], dict[int, str]]:
+        """(the jobs to capture: those asked for, proven, or with none asked for every one; every job here; why
+        each other process that claims a job asked for is not one of its ranks). At most MAX_RANKS are captured."""
+        proven, claimed, left = membership.sorted_out(ranks, self.slurm_check)
+        every = proven + claimed
+        chosen: list[Job] = []
+        for job in proven if jobs else every:
+            if (not jobs or job.key in jobs) and sum(len(j.ranks) for j in chosen) + len(job.ranks) <= MAX_RANKS:
+                chosen.append(job)
+        taken = {r.pid for job in chosen for r in job.ranks}
+        why = {r.pid: f"a rank of {job.key}, not captured (over {MAX_RANKS} ranks a dump)" if jobs and job.key in
+               jobs else f"a rank of another job, {job.key}" for job in every for r in job.ranks}
+        why.update({alone.rank.pid: f"not proven a rank of the job: {alone.why}" for alone in left})
+        claims = {r.pid: why[r.pid] for r in ranks if r.pid not in taken and (not jobs or r.job_key in jobs)}
+        return chosen, every, claims
 
     def _dump(self, jobs: tuple[str, ...], slurm_job: str | None = None) -> Answer:
         started = time.time()
-        ranks = self._ranks()
+        ranks, unseen = self._ranks(jobs)
         if slurm_job is not None:
             ranks = [r for r in ranks if r.workload.slurm_job_id == slurm_job]
-        every = group_jobs(ranks)
-        chosen = [j for j in every if not jobs or j.key in jobs]
+        chosen, every, claims = self._jobs(ranks, jobs)
         ended: list[tuple[StackPicture, tuple[RankInfo, ...]]] = []
         if not chosen and slurm_job is not None and self.last_look is not None:
             ended = self.last_look(slurm_job)
         if not chosen and not ended:
             self.counters.inc("dumps_total", "no_ranks")
-            here = ", ".join(j.key for j in group_jobs(self._ranks())) or "none"
+            here = ", ".join(j.key for j in every[:16]) + (f" and {len(every) - 16} more" if len(every) > 16 else "")
             what = (f"no local rank and no open episode of Slurm job {slurm_job}" if slurm_job else
                     f"no local rank of training job {', '.join(jobs)}" if jobs else "no training ranks")
-            return Answer(404, {"error": f"{what} on this node (jobs here: {here})", "node": self.node, "jobs": []})
+            n = len(claims) + unseen
+            said = (f"; {n} {'process claims' if n == 1 else 'processes claim'} it without proof (claimants)"
+                    if jobs and n else "")
+            return Answer(404, {"error": f"{what} on this node (jobs here: {here or 'none'}){said}", "node": self.node,
+                                "jobs": [],
+                                "claimants": _claimants(ranks, claims, unseen)})
         if ended:
             pictures = [picture for picture, _ in ended]
             members = [ranks for _, ranks in ended]
@@ -161,7 +205,8 @@ class DumpService:
                     self.counters.inc("stack_captures_total", capture.result)
         body: dict[str, object] = {"node": self.node, "captured_at": iso_time(started), "shared": False,
                                    "seconds": round(time.time() - started, 3),
-                                   "jobs": [_job_json(p, r) for p, r in zip(pictures, members)]}
+                                   "jobs": [_job_json(p, r) for p, r in zip(pictures, members)],
+                                   "claimants": _claimants(ranks, claims, unseen)}
         if slurm_job is not None:
             body["slurm_job_id"] = slurm_job
             body["ended"] = bool(ended)
@@ -181,6 +226,14 @@ class DumpService:
     def close(self) -> None:
         self.capturer.abort()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _claimants(ranks: list[RankInfo], claims: dict[int, str], unseen: int) -> dict[str, object]:
+    """The processes that claim a job asked for without being its ranks: how many, and a few with why."""
+    shown = [r for r in ranks if r.pid in claims][:MAX_CLAIMANTS_SHOWN]
+    return {"count": len(claims) + unseen, "not_described": unseen,
+            "shown": [{"pid": r.pid, "uid": r.uid, "claims": r.job_key, "rank": r.rank, "why": claims[r.pid]}
+                      for r in shown]}
 
 
 def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...]) -> dict[str, object]:

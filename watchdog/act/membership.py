@@ -162,9 +162,39 @@ def prove(ranks: Iterable[RankInfo], onset: float, slurm_check: SlurmCheck) -> t
     return jobs, left
 
 
+_PROOF_ORDER = ("slurm:", "pod:", "launcher:")  # the stronger proof first
+
+
+def named(jobs: Sequence[ProvenJob]) -> list[tuple[str, ProvenJob]]:
+    """Each proven job with the name its pictures, dumps and labels use: the job key its ranks claim, where no
+    other proven job claims it too. Of several that claim one key, the one proven by Slurm or a pod, else the
+    one whose ranks started first, keeps it; the others are named with their proof ("run:x (started by pid 9
+    as uid 1002)"), so a job that copies another's claims never answers in its name."""
+    by_claim: dict[str, list[ProvenJob]] = {}
+    for job in jobs:
+        by_claim.setdefault(job.claimed() or "", []).append(job)
+    out = []
+    for claim, claimants in by_claim.items():
+        claimants.sort(key=lambda j: (next((i for i, p in enumerate(_PROOF_ORDER) if j.key.startswith(p)), 9),
+                                      min(r.create_time for r in j.ranks)))
+        out += [(claim if claim and n == 0 else job.name(), job) for n, job in enumerate(claimants)]
+    return out
+
+
 def pictured(ranks: Sequence[RankInfo], slurm_check: SlurmCheck) -> list[Job]:
     """The jobs to look at together (one stack picture each): the proven jobs, whenever their ranks started,
-    then the other processes by the job their environment claims (shown, never acted on). A claim never
-    puts a process in a proven job's picture, so one job's stacks and host activity speak for it alone."""
+    then the other processes by the job their environment claims (shown, never acted on)."""
+    proven, claimed, _ = sorted_out(ranks, slurm_check)
+    return proven + claimed
+
+
+def sorted_out(ranks: Sequence[RankInfo], slurm_check: SlurmCheck) -> tuple[list[Job], list[Job], list[LeftAlone]]:
+    """(the proven jobs, by their names; the other processes by the job they claim; why each of those is not
+    proven). A claim never puts a process in a proven job's picture, nor gives its picture a proven job's name
+    (it is then "<claim> (claimed, unproven)"), so one job's stacks and host activity speak for it alone."""
     jobs, left = prove(ranks, float("inf"), slurm_check)
-    return [job_of(job.claimed() or job.name(), job.ranks) for job in jobs] + group_jobs(alone.rank for alone in left)
+    proven = [job_of(name, job.ranks) for name, job in named(jobs)]
+    taken = {job.key for job in proven}
+    claimed = [job_of(f"{job.key} (claimed, unproven)" if job.key in taken else job.key, job.ranks)
+               for job in group_jobs(alone.rank for alone in left)]
+    return proven, claimed, left

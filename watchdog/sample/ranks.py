@@ -9,11 +9,12 @@ A process that exits, a reused pid or an unreadable /proc file is counted and re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,17 @@ def _job_key(kind: str, claim: str) -> str:
     return f"{kind}:{head}~{digest}"
 
 
+def claimed_key(env: Mapping[str, str]) -> str:
+    """The job a rank's environment claims: the elastic run id, else the rendezvous address, else Slurm's job."""
+    if env.get("TORCHELASTIC_RUN_ID") and env["TORCHELASTIC_RUN_ID"] != "none":
+        return _job_key("run", env["TORCHELASTIC_RUN_ID"])
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return _job_key("master", f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
+    if env.get("SLURM_JOB_ID"):
+        return _job_key("slurm", env["SLURM_JOB_ID"])
+    return "unlaunched"  # no launcher variables: the processes chosen (or on the GPUs) form one picture
+
+
 @dataclass(frozen=True)
 class Parent:
     """The process that started a rank, as the kernel says (its /proc/<pid>/stat): what a launcher's tree is
@@ -153,15 +165,8 @@ class RankInfo:
 
     @property
     def job_key(self) -> str:
-        """Ranks of one job share this: the elastic run id, else the rendezvous address, else Slurm's job."""
-        env = self.env
-        if env.get("TORCHELASTIC_RUN_ID") and env["TORCHELASTIC_RUN_ID"] != "none":
-            return _job_key("run", env["TORCHELASTIC_RUN_ID"])
-        if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-            return _job_key("master", f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
-        if env.get("SLURM_JOB_ID"):
-            return _job_key("slurm", env["SLURM_JOB_ID"])
-        return "unlaunched"  # no launcher variables: the processes chosen (or on the GPUs) form one picture
+        """Ranks of one job share this (claimed_key of its environment)."""
+        return claimed_key(self.env)
 
     @property
     def label(self) -> str:
@@ -348,19 +353,23 @@ class RankDiscovery:
                  for pid, gpus in sorted(gpus_of.items()))
         return [r for r in ranks if r is not None]
 
-    def scan(self) -> list[RankInfo]:
-        """Every process a launcher gave a rank: RANK or LOCAL_RANK (or SLURM_PROCID) with WORLD_SIZE."""
-        found = []
-        own = os.getpid()
-        for pid in sorted(int(p.name) for p in self.proc_root.iterdir() if p.name.isdigit()):
-            if pid == own:
-                continue
+    def scan(self, keys: Collection[str] = (), limit: int | None = None) -> list[RankInfo]:
+        """Every process a launcher gave a rank: RANK or LOCAL_RANK (or SLURM_PROCID) with WORLD_SIZE. `keys`:
+        only those claiming one of these jobs (claimed_key). `limit`: describe at most this many, the longest
+        running first (a job's ranks were there before anyone who copies its claims), and count the rest
+        (`scan_over_limit`): any user can start thousands of processes that claim to be ranks."""
+        claims = []
+        for pid in (int(p.name) for p in self.proc_root.iterdir() if p.name.isdigit() and int(p.name) != os.getpid()):
             env, _ = self.environment(pid, count=False)
-            if "WORLD_SIZE" in env and ({"RANK", "LOCAL_RANK", "SLURM_PROCID"} & env.keys()):
-                rank = self.describe(pid, _visible_gpus(env))
-                if rank is not None:
-                    found.append(rank)
-        return found
+            if "WORLD_SIZE" in env and {"RANK", "LOCAL_RANK", "SLURM_PROCID"} & env.keys() and (
+                    not keys or claimed_key(env) in keys):
+                with contextlib.suppress(OSError, ValueError, IndexError):  # else gone
+                    claims.append((stat_counters(_read(f"{self.proc_root}/{pid}/stat"))[0], pid, env))
+        claims.sort()
+        if limit is not None and len(claims) > limit:
+            self.counters["scan_over_limit"] += len(claims) - limit
+        found = (self.describe(pid, _visible_gpus(env)) for _, pid, env in sorted(claims[:limit], key=lambda c: c[1]))
+        return [rank for rank in found if rank is not None]
 
 
 def _visible_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
