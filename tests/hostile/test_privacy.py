@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +18,10 @@ import pytest
 from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.users import ALICE, BOB, shared_folder, user_process
+from watchdog.act.bundles import MAX_ACTION_RECORDS, Incident
 from watchdog.config import StacksConfig
 from watchdog.daemon import build
+from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.secrets import REDACTED, redact_arguments
 from watchdog.stacks import nccl_ras
@@ -211,3 +213,102 @@ def test_a_dump_in_scan_mode_answers_for_the_proven_job_only_and_fast(tmp_path: 
     assert isinstance(claims, dict) and claims["count"] >= 1, claims
     assert took < 5, f"the dump took {took:.1f} s with {CLAIMANTS} claimants"
 
+
+class Clock:
+    """The handler's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+WEEK = 7 * 86400.0
+
+
+def _wait(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+# A rank that writes a checkpoint in bursts of random size: a sign of life whose clause (the bytes moved) differs
+# at each look.
+RESTLESS_WRITER = """
+import os, pathlib, random, sys, time
+pathlib.Path(sys.argv[-1]).write_text("ready")
+chunk = os.urandom(64 * 1024)
+with open(pathlib.Path(sys.argv[1]) / f"shard-{os.getpid()}.pt", "wb") as f:
+    while True:
+        for _ in range(random.randint(1, 64)):
+            f.write(chunk)
+        f.flush()
+        if f.tell() > 64 * 2**20:
+            f.seek(0)
+        time.sleep(0.05)
+"""
+
+
+def test_a_held_action_is_recorded_once_over_a_simulated_week(tmp_path: Path) -> None:
+    """A critical episode whose job keeps a sign of life (a rank writing a checkpoint) holds its action for a
+    week, reconsidered all the while: each reconsideration decides `alive` again, each time with another
+    clause (the bytes moved). The decision is recorded once, so the bundle's summary and report stay the
+    size they had after the first, however long the week (the clock moves a week in steps: a reconsideration
+    costs a real capture)."""
+    clock = Clock()
+    config = daemon_config(tmp_path, source={"kind": "sim", "scenario": "zero_util_hang"},
+                           bundles={"capture_stacks": True},
+                           stacks={"observe_seconds": 0.3, "flight_recorder": False, "nccl_ras": False,
+                                   "confirm_seconds": 0},
+                           actions={"mode": "act", "after_seconds": 10, "on_telemetry_only": True,
+                                    "pause_file": str(tmp_path / "pause")})
+    daemon = build(config, monotonic=clock)
+    handler = daemon.incidents
+    onset, steps = 1.9e9, 24
+    sizes = []
+    with shared_folder() as folder:
+        (folder / "restless_writer.py").write_text(RESTLESS_WRITER)
+        (folder / "restless_writer.py").chmod(0o644)
+        with user_process(folder, ALICE, [str(folder)], {**JOB, "RANK": "0", "LOCAL_RANK": "0"},
+                          script="restless_writer.py") as writer:
+            def snapshot(at: float) -> NodeSnapshot:
+                return NodeSnapshot(at, (GpuSample(0, uuid="GPU-0", pids=(writer.pid,)),))
+
+            event = EpisodeEvent(EventKind.FIRED, Signature.ZERO_UTIL, Severity.CRITICAL, (0,), (0,), onset,
+                                 onset + 600, "GPU 0 idle", key="zero_util:0", headline="HANG (critical): GPU 0 idle")
+            try:
+                handler.handle(event, snapshot(onset + 600), [])
+                [state] = handler.open.values()
+                _wait(lambda: state.bundle is not None, 60, "the bundle was never written")
+                bundle = Path(str(state.bundle))
+                for step in range(steps):
+                    clock.now += WEEK / steps
+                    handler.consider(snapshot(onset + 600 + (step + 1) * WEEK / steps))
+                    _wait(lambda: not state.acting, 60, "the decision never came")
+                    sizes.append(((bundle / "summary.json").stat().st_size, (bundle / "report.html").stat().st_size))
+            finally:
+                daemon.shutdown(timeout=15)
+    decisions = json.loads((bundle / "summary.json").read_text())["actions"]
+    assert state.decision is not None and state.decision.name == "alive", state.decision
+    assert [d["decision"] for d in decisions] == ["alive"], [d["reason"] for d in decisions]
+    assert sizes[-1] == sizes[0], f"summary and report grew from {sizes[0]} to {sizes[-1]} bytes in a week"
+
+
+def test_a_flapping_decision_keeps_a_bounded_record(tmp_path: Path) -> None:
+    """Decisions that change at every reconsideration for a week (20,160 of them) leave at most
+    MAX_ACTION_RECORDS in the bundle: the first half and the newest, with the number left out."""
+    daemon = build(daemon_config(tmp_path, source={"kind": "sim", "scenario": "zero_util_hang"}))
+    event = EpisodeEvent(EventKind.FIRED, Signature.ZERO_UTIL, Severity.CRITICAL, (0,), (0,), 1.9e9, 1.9e9 + 600,
+                         "GPU 0 idle", key="zero_util:0", headline="HANG (critical): GPU 0 idle")
+    bundles = daemon.incidents.bundles
+    bundle = bundles.write(Incident(event, []))
+    assert bundle is not None
+    for n in range(3 * MAX_ACTION_RECORDS):
+        bundles.record_action(str(bundle), {"decision": ("alive", "cooldown")[n % 2], "reason": f"look {n}"})
+    daemon.shutdown()
+    summary = json.loads((bundle / "summary.json").read_text())
+    kept = [a["reason"] for a in summary["actions"]]
+    assert len(kept) == MAX_ACTION_RECORDS and summary["actions_left_out"] == 2 * MAX_ACTION_RECORDS
+    assert kept[0] == "look 0" and kept[-1] == f"look {3 * MAX_ACTION_RECORDS - 1}"

@@ -69,6 +69,7 @@ class Incident:
         }
 
 
+MAX_ACTION_RECORDS = 64  # decisions one bundle records
 MARKER = ".stall-watchdog-bundle"  # written first into every bundle: what rotation may remove
 _BUNDLE_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+-gpu[\w-]*$")
 
@@ -186,10 +187,17 @@ class BundleStore:
         return folder.name
 
     def record_action(self, bundle: str, record: dict[str, object]) -> None:
-        """An actions decision (and each step it took) appended to the summary's `actions`."""
+        """An actions decision (and each step it took) appended to the summary's `actions`. At most
+        MAX_ACTION_RECORDS are kept (a decision that flaps for a week): the first half and the newest, with the
+        number left out between them in `actions_left_out`."""
         summary = json.loads((Path(bundle) / "summary.json").read_text(encoding="utf-8"))
         done = summary.get("actions") if isinstance(summary.get("actions"), list) else []
-        self._update_summary(bundle, {"actions": [*done, record]})
+        changes: dict[str, object] = {"actions": [*done, record]}
+        if len(done) >= MAX_ACTION_RECORDS:
+            left_out = summary.get("actions_left_out")
+            changes = {"actions": [*done[:MAX_ACTION_RECORDS // 2], *done[MAX_ACTION_RECORDS // 2 + 1:], record],
+                       "actions_left_out": (left_out if isinstance(left_out, int) else 0) + 1}
+        self._update_summary(bundle, changes)
 
     def _update_summary(self, bundle: str, changes: dict[str, object]) -> None:
         """summary.json with `changes` merged in, replaced atomically, and the page rendered again."""

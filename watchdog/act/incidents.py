@@ -478,10 +478,12 @@ class IncidentHandler:
             for key, decision, steps in results:
                 before = state.decisions.get(key)
                 state.decisions[key] = decision
-                if steps or before is None or (before.name, before.reason) != (decision.name, decision.reason):
+                if steps or before is None or before.name != decision.name:
                     changed.append((key, decision, steps))
             state.decision = _overall(list(state.decisions.values()))
-            # Recorded and logged when it changes (an episode looked at every 30 s for hours adds nothing new).
+            # Recorded, logged and alerted when it changes: the same decision for another clause (a sign of life
+            # of other bytes, a cooldown a minute older) adds nothing new, and an episode held for a week is
+            # reconsidered every 30 s.
             said = [(key, d, steps) for key, d, steps in changed if d.name not in ("wait", "unconfirmed")]
             for key, decision, steps in said:
                 record: dict[str, object] = {
@@ -493,7 +495,7 @@ class IncidentHandler:
                 logfmt.event("action", level=logfmt.WARNING, decision=decision.name, reason=decision.reason,
                              job=names.get(key, state.job),
                              steps="; ".join(f"{st.action}={st.result}" for st in steps) or None, bundle=state.bundle)
-            loud = [(key, d, steps) for key, d, steps in results if d.said or d.name == "act"]
+            loud = [(key, d, steps) for key, d, steps in said if d.said or d.name == "act"]
             if loud:
                 name = _overall([d for _, d, _ in loud]).name
                 if name == "act" and not all(acted(steps) for _, d, steps in loud if d.name == "act"):
