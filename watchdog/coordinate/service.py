@@ -140,12 +140,11 @@ class Coordinator:
 
     def serve(self, host: str, port: int) -> HardenedServer:
         if not self.auth.configured and (self.client.token or not is_loopback(host)):
-            why = ("holding the node token (--node-token-file), the coordinator would dump any job for any caller, "
-                   "and every local user reaches loopback" if self.client.token else f"listening on {host} (off "
-                   "loopback)")
-            raise CoordinatorError(f"{why}: give credentials for its callers: --token-file FILE (Alertmanager "
-                                   "sends the same token: http_config.authorization.credentials_file) and/or "
-                                   "--basic-auth-user with --basic-auth-password-file")
+            why = ("it holds the node token (--node-token-file), so any caller could have it dump any job, and "
+                   "every local user reaches loopback" if self.client.token else f"it listens on {host}, off loopback")
+            raise CoordinatorError(f"credentials for its callers are required: {why}. Give --token-file FILE "
+                                   "(Alertmanager sends the same token: http_config.authorization.credentials_file) "
+                                   "and/or --basic-auth-user with --basic-auth-password-file")
         coordinator = self
 
         class Handler(QuietHandler):
