@@ -85,6 +85,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
 
         sink = Sink()
         shipped = (REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
+        (tmp / "coordinator-token").write_text("callers-token\n")
+        shipped = shipped.replace("/etc/alertmanager/coordinator-token", str(tmp / "coordinator-token"))
         (tmp / "am.yml").write_text(re.sub(r"http://127\.0\.0\.1:\d+/(\w+)(/\w+)?",
                                            lambda m: f"{sink.url}/{m.group(1)}", shipped))
         start([alertmanager, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",
