@@ -3,25 +3,33 @@
 - a Flight Recorder pickle that shares one list through its memo: its size, what is kept, the time;
 - py-spy printing without end: the time until it is cut off, and the daemon's peak memory;
 - an Alertmanager webhook of 2 MB naming 3,000 jobs: the parse time, and the coordinator's answer;
-- 300 half-open clients and 64 slow POST bodies against the endpoint: the latency of a scrape.
+- 300 half-open clients and 64 slow POST bodies against the endpoint: the latency of a scrape;
+- the readers (issue 40): each hostile input read in a fresh Python, its peak memory past its imports and its
+  time, by this checkout and, with `--before`, by an older one beside it (`git worktree add /tmp/old HEAD~N`).
 
-    python bench/hostile_costs.py
+    python bench/hostile_costs.py [--readers] [--before /tmp/old]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
 import pickletools
+import random
 import resource
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.hostile import test_readers as hostile  # noqa: E402  the hostile inputs, and how a reading is measured
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.service import Coordinator
 from watchdog.stacks import fr_dumps
@@ -36,6 +44,14 @@ def memo_bomb(levels: int) -> bytes:
     entry = {"pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 1,
              "profiling_name": "nccl:all_reduce", "state": "scheduled", "input_sizes": inner}
     return pickletools.optimize(pickle.dumps({"version": "2.7", "entries": [entry] * 3, "pg_config": {}}, 2))
+
+
+def shared_string() -> bytes:
+    """4,096 entries whose every kept field is a list of 64 references to one 300-character string: cheap to
+    unpickle (references), dear to copy (each copy cut to 256 characters is a new string)."""
+    text = "x" * 300
+    entry = {name: [text] * 64 for name in fr_dumps._KEPT}
+    return pickle.dumps({"version": "2.7", "entries": [entry] * 4096, "pg_config": {}}, 2)
 
 
 def flight_recorder() -> None:
@@ -109,8 +125,95 @@ def slow_clients() -> None:
             endpoint.stop()
 
 
+READER_CASES = {  # name -> (what a fresh Python does with args["path"], what to make there)
+    "Flight Recorder pickle, 16 MiB of `]`": ("fr", lambda: hostile.opcode_pickle(b"]")),
+    "Flight Recorder pickle, 16 MiB of `(`": ("fr", lambda: hostile.opcode_pickle(b"(")),
+    "Flight Recorder pickle, 16 MiB of `}`": ("fr", lambda: hostile.opcode_pickle(b"}")),
+    "Flight Recorder pickle, 16 MiB of `N`": ("fr", lambda: hostile.opcode_pickle(b"N")),
+    "Flight Recorder JSON, 16 MiB of `[],`": ("fr", lambda: hostile.empty_lists_json()),
+    "py-spy's JSON, 15 MiB of `[],`": ("py-spy", lambda: hostile.empty_lists_json(15 * 2**20, head=b"[")),
+    "RAS reply, 16 MiB of `[],`": ("ras", lambda: hostile.empty_lists_json(16 * 2**20 - 64,
+                                                                           head=b'{"communicators": [')),
+    "py-spy text, a frame line of `f` and 20,000 ` (`": ("analyze",
+                                                          lambda: hostile.PATHOLOGICAL["py-spy frame"].encode()),
+    "timeout log naming ranks 0 and 9999999": ("analyze", lambda: (hostile.TIMEOUT_LINE.format(rank=0) +
+                                                                   hostile.TIMEOUT_LINE.format(rank=9_999_999)).encode()),
+    "60 MB of random bytes": ("analyze", lambda: random.Random(40).randbytes(60_000_000)),
+    "8 MiB of random printable text": ("analyze", lambda: bytes(random.Random(40).choices(
+        b"ab cdefghij(0123456789):\n\"'_.-/[]{}", k=8 * 2**20))),
+    "Flight Recorder pickle, one 300-character string in every field through the memo": ("fr", lambda: shared_string()),
+    "a folder of 12 logs of 60 MB": ("analyze", "logs"),
+}
+READERS = {
+    "fr": """
+from watchdog.stacks import fr_dumps
+try:
+    outcome = f"read, {len(fr_dumps.parse(open(args['path'], 'rb').read(), 3, args['path']).entries)} entries"
+except Exception as exc:
+    outcome = f"{type(exc).__name__}: {exc}"
+""",
+    "py-spy": """
+import os, sys
+from watchdog.stacks.capture import StackCapturer, Target
+capture = StackCapturer([sys.executable, args["script"], args["path"]], 60).capture_one(Target(os.getpid()))
+outcome = f"{capture.result}: {capture.message}"
+""",
+    "ras": """
+from watchdog.stacks import nccl_ras
+try:
+    outcome = nccl_ras.parse(open(args["path"]).read()).format
+except Exception as exc:
+    outcome = f"{type(exc).__name__}: {exc}"
+""",
+    "analyze": """
+import contextlib, io
+from watchdog.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = main(["analyze", "--json", args["path"]])
+verdicts = [json.loads(line)["verdict"]["kind"] for line in out.getvalue().splitlines() if line.startswith("{")]
+outcome = f"exit {code}, {len(out.getvalue()):,} bytes out, verdicts {verdicts}; " + err.getvalue()[-160:].strip()
+""",
+}
+
+
+def readers(before: Path | None) -> None:
+    """Each hostile input read by this checkout and, with `before`, by the older one: peak RSS past the imports
+    of a fresh Python (MiB), its time, and what it made of the input."""
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "py-spy"
+        script.write_text(hostile.HOSTILE_PY_SPY)
+        for name, (reader, make) in READER_CASES.items():
+            path = Path(folder) / "input"
+            if make == "logs":
+                path.mkdir()
+                line = b"2026-11-26 22:00:00 INFO iteration 10 / 1000 | loss 2.31 | lr 1e-4 | grad norm 0.5\n"
+                for n in range(12):
+                    (path / f"rank{n:02d}.log").write_bytes(line * (60_000_000 // len(line)) +
+                                                             hostile.TIMEOUT_LINE.format(rank=n).encode())
+            else:
+                path.write_bytes(make())  # type: ignore[operator]
+            args = {"path": str(path), "script": str(script)}
+            for label, root in (("before", before), ("after", hostile.REPO)):
+                if root is None:
+                    continue
+                try:
+                    found = hostile.measure(READERS[reader], args, root, timeout=600)
+                    print(f"{name} [{label}]: peak +{float(found['grew_mib']):.0f} MiB, "  # type: ignore[arg-type]
+                          f"{float(found['seconds']):.2f} s; {str(found['outcome'])[:300]}", flush=True)  # type: ignore[arg-type]
+                except (AssertionError, subprocess.TimeoutExpired) as exc:
+                    print(f"{name} [{label}]: did not finish ({str(exc)[:200]})", flush=True)
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 if __name__ == "__main__":
-    flight_recorder()
-    py_spy()
-    webhook()
-    slow_clients()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--readers", action="store_true", help="only the readers' figures")
+    parser.add_argument("--before", type=Path, help="an older checkout to measure the readers against")
+    options = parser.parse_args()
+    if not options.readers:
+        flight_recorder()
+        py_spy()
+        webhook()
+        slow_clients()
+    readers(options.before)

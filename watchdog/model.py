@@ -323,6 +323,7 @@ class ThreadStack:
     name: str | None
     state: str | None  # "active" | "idle" | None when the dump does not say
     frames: tuple[Frame, ...]  # innermost first
+    os_thread_id: int | None = None  # the kernel's id for it, where the dump gives one: the process's id is its main
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +343,11 @@ class StackDump:
 
     @property
     def main_thread(self) -> ThreadStack | None:
+        """The thread whose kernel id is the process's id (what it cannot choose), else the one named MainThread
+        (a name any thread may take), else the first."""
+        for thread in self.threads:
+            if self.pid is not None and thread.os_thread_id == self.pid:
+                return thread
         for thread in self.threads:
             if thread.name == "MainThread":
                 return thread

@@ -14,14 +14,13 @@ The output is `stacks analyze`'s contract: `groups`, `outliers` ("rank N" / "pid
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog import rank_files
+from watchdog import rank_files, untrusted_data
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.stacks import print_pictures
 from watchdog.coordinate import job_bundle
@@ -59,6 +58,7 @@ class Evidence:
     doubts: list[str] = field(default_factory=list)  # a counter that rose in a log that also shows trouble
     ras_seen: set[int] = field(default_factory=set)  # the RAS texts read, so that a copy is not a second query
     skipped: list[str] = field(default_factory=list)  # "path: why", said on stderr, never dropped silently
+    read_bytes: int = 0  # what this run has read, against MAX_TOTAL_BYTES
 
 
 def _read(path: Path) -> bytes:
@@ -77,12 +77,28 @@ def _read(path: Path) -> bytes:
 
 
 STDIN = "-"  # `analyze -`: a paste on standard input
+MAX_TOTAL_BYTES = 128 * 2**20  # what one run reads in all, whatever a folder holds: its memory stays bounded
+
+
+def _charge(path: Path, found: Evidence) -> None:
+    """A file's size charged to the run's total before it is read; StackFormatError (the file left out, said
+    on stderr) when it would take the run past MAX_TOTAL_BYTES."""
+    try:
+        size = MAX_DUMP_BYTES if str(path) == STDIN else path.stat().st_size
+    except OSError:
+        size = 0  # the read says why
+    if found.read_bytes + size > MAX_TOTAL_BYTES:
+        raise StackFormatError(f"{path}: left out: this run read {found.read_bytes / 2**20:.0f} MiB, and one run "
+                               f"reads at most {MAX_TOTAL_BYTES // 2**20} MiB in all; analyze it on its own")
+    found.read_bytes += size
 _TAIL_HINT = "give its last part instead (`tail -c 32M FILE > part.log`): a hang is at the end of a log"
 
 
 def _json(path: Path) -> object:
     try:
-        return json.loads(_read(path).decode("utf-8", errors="replace"))
+        return untrusted_data.loads_json(_read(path).decode("utf-8", errors="replace"), str(path))
+    except untrusted_data.TooMuchData as exc:
+        raise StackFormatError(str(exc)) from None
     except ValueError as exc:
         raise StackFormatError(f"{path}: not valid JSON ({str(exc)[:120]})") from None
     except RecursionError:
@@ -122,8 +138,9 @@ def _folder(folder: Path, found: Evidence, depth: int = 0) -> None:
         for path in sorted(folder.iterdir()):
             if fr_dumps.looks_like_dump(path):
                 try:
+                    _charge(path, found)
                     found.traces.append(fr_dumps.read(path))
-                except FlightRecorderError as exc:  # one cut or foreign dump: the others still count
+                except (FlightRecorderError, StackFormatError) as exc:  # one cut or foreign dump: the others count
                     _skip(found, path, exc)
         found.kinds.append("flight recorder dumps")
     else:
@@ -156,6 +173,7 @@ def _file(path: Path, found: Evidence) -> None:
     """One file, by its content: a Flight Recorder dump, JSON (a RAS report or event, a job verdict, py-spy's
     JSON), or text, which may hold several kinds at once (a log with a RAS report after it, a timeout with the
     stacks pasted below): each kind it holds is read."""
+    _charge(path, found)
     data = _read(path)
     head = data[:4096]
     if fr_dumps.starts_like_dump(head):
@@ -207,8 +225,14 @@ _QUOTED = re.compile(r"^[ \t]{0,3}>+[ \t]?", re.MULTILINE)
 
 def pasted(text: str) -> str:
     """A text as it was before it was pasted: CRLF or CR line ends made LF, and a Markdown quote (`> ` before
-    most lines, a mail reply or a GitHub comment quoting a log) taken off."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    most lines, a mail reply or a GitHub comment quoting a log) taken off. A CR inside py-spy's `Process` or
+    `Thread` line is the process's own (its command or a thread's name) and stays: made a line end, it would
+    cut the line and hide that process."""
+    text = text.replace("\r\n", "\n")
+    if "\r" in text:
+        lines = text.split("\n")
+        text = "\n".join(line if len(lines) > 1 and line.lstrip().startswith(("Thread ", "Process ")) else
+                          line.replace("\r", "\n") for line in lines)
     lines = [line for line in text.splitlines()[:2000] if line.strip()]
     if lines and sum(1 for line in lines if line.lstrip().startswith(">")) >= 0.6 * len(lines):
         text = _QUOTED.sub("", text)
@@ -258,7 +282,11 @@ def _add_ras(path: Path, text: str, found: Evidence) -> None:
 def _json_file(path: Path, text: str, found: Evidence) -> bool:
     """A JSON file by its shape; False when it is not JSON (a log whose first line starts with '[')."""
     try:
-        data = json.loads(text)
+        data = untrusted_data.loads_json(text, str(path))
+    except untrusted_data.TooMuchData as exc:
+        if not untrusted_data.starts_as_json(text):
+            return False  # a log whose first line begins with '['
+        raise StackFormatError(str(exc)) from None
     except (ValueError, RecursionError):
         return False
     if isinstance(data, dict) and ("communicators" in data or data.get("event") == "PEER_DEAD"):

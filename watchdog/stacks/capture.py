@@ -9,7 +9,6 @@ hold tokens and data. Failures are classified so that the message says what to d
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog import children
+from watchdog import children, untrusted_data
 from watchdog.config import StacksConfig
 from watchdog.model import StackDump
 from watchdog.stacks.formats import parse_pyspy_json, trim_pyspy_json
@@ -189,8 +188,10 @@ class StackCapturer:
             message = f"{_ADVICE[kind]} ({detail})" if kind in _ADVICE else detail
             return Capture(target, kind, message, seconds, blocking)
         try:
-            raw = trim_pyspy_json(json.loads(stdout))
+            raw = trim_pyspy_json(untrusted_data.loads_json(stdout, "py-spy's output"))
             dumps = parse_pyspy_json(raw, "py-spy", target.rank, target.gpus)
+        except untrusted_data.TooMuchData as exc:  # what py-spy prints is the rank's to choose (its names)
+            return Capture(target, FAILED, str(exc), seconds, blocking)
         except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             return Capture(target, FAILED, f"py-spy printed something that is not its JSON ({exc})", seconds,
                            blocking)

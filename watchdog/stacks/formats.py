@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from watchdog import rank_files
+from watchdog import rank_files, untrusted_data
 from watchdog.model import Frame, StackDump, ThreadStack, member_id
 
 MAX_DUMP_BYTES = 64 * 2**20  # a saved dump, as a person hands it to `analyze` or `stacks analyze`
@@ -27,15 +27,14 @@ class StackFormatError(Exception):
     """A dump that cannot be read; the message names the file (and line)."""
 
 
+# Each pattern matches at the start of a line, its repetitions bounded or unambiguous: no line makes one backtrack
+# (a frame, whose parts are found from its ends, is read without a pattern).
 _PROCESS = re.compile(r"^Process (\d{1,10}):(.*)$")  # bounded digits: a longer number is prose, not a pid
-_THREAD = re.compile(r'^\s*Thread (0x[0-9A-Fa-f]{1,16}|\d{1,19}) \(([\w+]+)\)(?:: "(.*)")?\s*$')
-_FRAME = re.compile(r"^\s+(\S.*?) \((.*?)(?::(\d{1,9}))?\)\s*$")
+_THREAD = re.compile(r"\s{0,64}Thread (0x[0-9A-Fa-f]{1,16}|\d{1,19}) \(([\w+]{1,20})\)")
 _BARE_FRAME = re.compile(r"^\s+([A-Za-z_<][\w.<>]*)\s*$")
 _DIGEST_HOST = re.compile(r"^([A-Za-z][\w.-]*)\s*$")
 _LOCALS = re.compile(r"^\s+(Arguments|Locals):\s*$")
 _GROUP = re.compile(r"^\s*(\d{1,9}) (?:processes |ranks |procs )?(?:are )?in:?\s*$")
-
-
 _PYSPY_MARK = re.compile(r"^\s{0,8}(?:Thread (?:0x[0-9A-Fa-f]{1,16}|\d{1,19}) \([\w+]{1,20}\)|Process \d{1,10}: )",
                          re.MULTILINE)
 
@@ -43,10 +42,6 @@ _PYSPY_MARK = re.compile(r"^\s{0,8}(?:Thread (?:0x[0-9A-Fa-f]{1,16}|\d{1,19}) \(
 def looks_like_pyspy(text: str) -> bool:
     """Whether a text holds py-spy's dump: a `Thread N (idle)` or `Process N:` header."""
     return _PYSPY_MARK.search(text) is not None
-
-
-def _thread_id(text: str) -> int:
-    return int(text, 16) if text.lower().startswith("0x") else int(text)
 
 
 def program(command: str) -> str:
@@ -62,28 +57,67 @@ def program(command: str) -> str:
     return words[0].rsplit("/", 1)[-1][:200] if words else ""
 
 
+def _header(line: str) -> tuple[int, int | None, str, str | None, bool] | None:
+    """A `Thread N (state): "name"` line: (id, the OS thread id where py-spy printed one (in decimal; a pthread id
+    is hex), state, name, whether the name's quote closes on this line). The name is the process's to choose and
+    py-spy prints it as it is: one holding a new line goes on over the next lines, which are name, not dump."""
+    match = _THREAD.match(line)
+    if match is None:
+        return None
+    rest = line[match.end():].rstrip()
+    if rest and not rest.startswith(': "'):
+        return None
+    pthread = match.group(1).lower().startswith("0x")
+    tid, state = int(match.group(1), 16 if pthread else 10), match.group(2).split("+")[0]  # "active+gil": GIL holder
+    os_tid = None if pthread else tid
+    name = rest[3:] if rest else None
+    closed = name is None or (len(name) > 0 and name.endswith('"'))
+    return tid, os_tid, state, name[:-1] if name and closed else name, closed
+
+
+def _frame(line: str) -> Frame | None:
+    """`    function (file:line)`: indented, the function up to the first ` (`, the file up to the line's last `)`
+    with its `:line` where it has one. Read from its two ends, never by a pattern that could backtrack."""
+    body = line.strip()
+    cut = body.find(" (")
+    if not line[:1].isspace() or cut < 1 or not body.endswith(")"):
+        return None
+    where = body[cut + 2:-1]
+    file, colon, number = where.rpartition(":")
+    numbered = bool(colon) and number.isascii() and number.isdigit() and len(number) <= 9
+    return Frame(body[:cut][:MAX_NAME], (file if numbered else where)[:MAX_NAME], int(number) if numbered else None)
+
+
+MAX_CLAIMED = 64  # processes one count line ("6 processes are in:", a person's digest of a node) may stand for
+
+
 def parse_text(text: str, source: str = "") -> list[StackDump]:
     """py-spy text output, grouped or not, or a digest of top frames per host."""
     dumps: list[StackDump] = []
     process_pid: int | None = None
     process_threads: list[ThreadStack] = []
-    headers: list[tuple[int, str, str | None]] = []  # Thread lines waiting for their frames
+    headers: list[tuple[int, int | None, str, str | None]] = []  # Thread lines waiting for their frames
     frames: list[Frame] = []
     digest_host: str | None = None
     digest_count = 0
     in_locals = False
     group_size = 0  # "6 processes are in:" before a group of headers
     process_program = ""  # what the "Process N: COMMAND" line says it runs
-
+    naming: str | None = None  # a thread's name that goes on past its header's line
+    digest: set[int] = set()  # dumps read in the digest form (id), and the lines that were (a weak form: _dense)
+    digest_lines = lines = 0
 
     def flush_threads() -> None:
         nonlocal headers, frames, group_size
-        # One representative header for "6 processes are in:" stands for all six.
-        extra = max(0, group_size - len(headers)) if headers else 0
+        # One representative header for "6 processes are in:" stands for all six. A count line is a person's
+        # summary: py-spy never prints one, so inside a process it prints it stands for nothing, and elsewhere
+        # for at most MAX_CLAIMED processes.
+        claimed = min(group_size, MAX_CLAIMED) if process_pid is None else 0
+        extra = max(0, claimed - len(headers)) if headers else 0
         group_size = 0
-        for position, (tid, state, name) in enumerate(headers):
+        for position, (tid, os_tid, state, name) in enumerate(headers):
             weight = 1 + (extra if position == 0 else 0)
-            thread = ThreadStack(tid, name, state if state in ("active", "idle") else None, tuple(frames))
+            thread = ThreadStack(tid, name, state if state in ("active", "idle") else None, tuple(frames), os_tid)
             if process_pid is not None:
                 process_threads.append(thread)
             elif name == "MainThread" or not dumps:
@@ -106,6 +140,14 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
 
     for raw in text.splitlines():
         line = raw.rstrip()
+        lines += bool(line)
+        if naming is not None:  # the name's lines until the one its closing quote ends
+            naming = (naming + "\n" + line)[:MAX_NAME + 1]
+            if line.endswith('"'):
+                tid, os_tid, state, _ = headers[-1]
+                headers[-1] = (tid, os_tid, state, naming.removesuffix('"')[:MAX_NAME])
+                naming = None
+            continue
         if (match := _GROUP.match(line)) is not None:
             if frames:
                 flush_threads()
@@ -116,21 +158,21 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
             process_pid, process_program = int(match.group(1)), program(match.group(2))
             digest_host = None
             continue
-        if (match := _THREAD.match(line)) is not None:
+        if (header := _header(line)) is not None:
             if frames:
                 flush_threads()
-            state = match.group(2).split("+")[0]  # py-spy prints "active+gil" for the GIL holder
-            headers.append((_thread_id(match.group(1)), state, match.group(3)))
+            tid, os_tid, state, name, closed = header
+            headers.append((tid, os_tid, state, name[:MAX_NAME] if name is not None else None))
+            naming = None if closed else name
             in_locals = False
             continue
         if headers:
             if _LOCALS.match(line):
                 in_locals = True
                 continue
-            if (match := _FRAME.match(line)) is not None and not (in_locals and raw.startswith(" " * 8)):
+            if (frame := _frame(line)) is not None and not (in_locals and raw.startswith(" " * 8)):
                 in_locals = False
-                function, file, number = match.groups()
-                frames.append(Frame(function, file, int(number) if number else None))
+                frames.append(frame)
                 continue
             if in_locals and raw.startswith(" " * 8):
                 continue  # a local variable under --locals
@@ -142,13 +184,22 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
             digest_host, digest_count = match.group(1), 0
             continue
         if digest_host is not None and (match := _BARE_FRAME.match(line)) is not None:
-            name = match.group(1)
-            thread = ThreadStack(None, None, None, (Frame(name),))
+            thread = ThreadStack(None, None, None, (Frame(match.group(1)),))
             dumps.append(StackDump(f"{digest_host}#{digest_count}", (thread,), source=source))
+            digest.add(id(dumps[-1]))
+            digest_lines += 1 + (digest_count == 0)
             digest_count += 1
             continue
     flush_process()
+    if digest and not _dense(digest_lines, lines):
+        dumps = [d for d in dumps if id(d) not in digest]
     return dumps or _frame_lists(text, source)
+
+
+def _dense(read: int, lines: int) -> bool:
+    """Whether stacks read in a weak form (a digest's bare names, frames with no py-spy header) are what the text
+    is about: a tenth of its lines at least. A few lines that random bytes or prose happen to shape are not."""
+    return read * 10 >= lines
 
 
 _SOURCE_FILE = re.compile(r"\.py\b|^<|\.so\b|/")
@@ -162,13 +213,11 @@ def _frame_lists(text: str, source: str) -> list[StackDump]:
     blocks: list[tuple[int | None, list[Frame]]] = []
     frames: list[Frame] = []
     pid: int | None = None
+    lines = 0
 
     def frame(piece: str) -> Frame | None:
-        match = _FRAME.match(piece if piece.startswith((" ", "\t")) else " " + piece)
-        if match is None or not _SOURCE_FILE.search(match.group(2)):
-            return None
-        line = int(match.group(3)) if match.group(3) else None
-        return Frame(match.group(1)[:MAX_NAME], match.group(2)[:MAX_NAME], line)
+        found = _frame(piece if piece.startswith((" ", "\t")) else " " + piece)
+        return found if found is not None and _SOURCE_FILE.search(found.file) else None
 
     def close() -> None:
         nonlocal frames
@@ -178,6 +227,7 @@ def _frame_lists(text: str, source: str) -> list[StackDump]:
 
     for raw in text.splitlines()[:200_000]:
         line = raw.rstrip()[:4096]
+        lines += bool(line)
         if "|" in line and line.count("(") >= 2:
             sample = [f for f in (frame(p.strip()) for p in line.split("|")) if f is not None]
             if len(sample) >= 2:
@@ -192,6 +242,8 @@ def _frame_lists(text: str, source: str) -> list[StackDump]:
         header = _PID_HEADER.search(line)
         pid = int(header.group(1)) if header else None
     close()
+    if not _dense(sum(len(block) for _, block in blocks), lines):
+        return []
     return [StackDump(member_id(pid, None) if pid is not None else f"stack {n + 1}",
                       (ThreadStack(None, "MainThread", None, tuple(block[:MAX_FRAMES])),), pid, source=source)
             for n, (pid, block) in enumerate(blocks[:MAX_THREADS])]
@@ -238,6 +290,7 @@ def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
             frames = frames[:8]
         total += len(frames)
         kept.append({"pid": _small_int(thread.get("pid")), "thread_id": _small_int(thread.get("thread_id")),
+                     "os_thread_id": _small_int(thread.get("os_thread_id")),
                      "thread_name": _name(thread.get("thread_name")) or None,
                      **({"active": bool(thread["active"])} if "active" in thread else {}),
                      "frames": [{"name": _name(f.get("name")), "filename": _name(f.get("filename")),
@@ -253,7 +306,7 @@ def parse_pyspy_json(data: object, source: str = "", rank: int | None = None,
         state = "active" if thread.get("active") else "idle" if "active" in thread else None
         frames = _frames(thread.get("frames") or [], "name", "filename")
         by_pid.setdefault(thread.get("pid"), []).append(
-            ThreadStack(thread.get("thread_id"), thread.get("thread_name"), state, frames))
+            ThreadStack(thread.get("thread_id"), thread.get("thread_name"), state, frames, thread.get("os_thread_id")))
     return [StackDump(member_id(pid, rank), tuple(threads), pid, rank, gpus, source)
             for pid, threads in by_pid.items()]
 
@@ -329,7 +382,9 @@ def load(path: str | Path) -> list[StackDump]:
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:
-            data = json.loads(text)
+            data = untrusted_data.loads_json(text, str(path))
+        except untrusted_data.TooMuchData as exc:
+            raise StackFormatError(str(exc)) from None
         except json.JSONDecodeError as exc:
             raise StackFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         except ValueError as exc:  # an integer past Python's digit limit

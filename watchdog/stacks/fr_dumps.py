@@ -11,13 +11,13 @@ it are behind (they are the culprits: the others wait on them); ranks that enque
 under the same sequence number are in a different collective; ranks that enqueued it but never completed
 it are stuck in it.
 
-Pickles are read with an unpickler that refuses every class: a dump holds only dicts, lists, tuples,
-strings and numbers, and a file in /tmp must never run code in a daemon that may run as root. What is
-kept of a dump is bounded too: a pickle may share one list many times through its memo (437 bytes that
-unfold into gigabytes of JSON), so every trace is copied into plain values under a budget (the newest
-`MAX_ENTRIES` entries, `MAX_NODES` values in all, strings cut at `MAX_TEXT` characters, lists at
-`MAX_ITEMS` items and `MAX_DEPTH` levels, integers within 64 bits, floats finite) before it is kept,
-matched or written anywhere.
+Pickles and JSON are read by watchdog/untrusted_data.py: every class refused (a file in /tmp must never run
+code in a daemon that may run as root), and the objects built while reading bounded (16 MiB of empty-list
+opcodes would build a GiB), so a dump over that budget is refused. What is kept of a dump is bounded too:
+a pickle may share one list many times through its memo (437 bytes that unfold into gigabytes of JSON), so
+every trace is copied into plain values under a budget (the newest `MAX_ENTRIES` entries, `MAX_NODES`
+values in all, strings cut at `MAX_TEXT` characters, lists at `MAX_ITEMS` items and `MAX_DEPTH` levels,
+integers within 64 bits, floats finite) before it is kept, matched or written anywhere.
 """
 
 from __future__ import annotations
@@ -25,17 +25,15 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
-import json
 import logging
 import math
-import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchdog import rank_files
+from watchdog import rank_files, untrusted_data
 
 MAX_DUMP_BYTES = 16 * 2**20  # 2,000 entries with their stack frames are a few MB
 MAX_ENTRIES = 4096  # PyTorch keeps TORCH_NCCL_TRACE_BUFFER_SIZE entries; 2,000 is the usual setting
@@ -66,10 +64,10 @@ def _plain(value: object, budget: _Budget, depth: int = 0) -> object:
         return value if -2**63 <= value < 2**63 else None
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, str):
-        return value[:MAX_TEXT]
-    if isinstance(value, bytes):
-        return value[:MAX_TEXT].decode("utf-8", "replace")
+    if isinstance(value, (str, bytes)):  # a string shared through the memo is copied each time: its text is paid
+        text = value[:MAX_TEXT] if isinstance(value, str) else value[:MAX_TEXT].decode("utf-8", "replace")
+        budget.left -= len(text) // 32
+        return text
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
         return [_plain(item, budget, depth + 1) for item in value[:MAX_ITEMS] if budget.left > 0]
     return None
@@ -104,14 +102,6 @@ def _rank_number(value: object) -> int:
 
 class FlightRecorderError(Exception):
     """A file that is not a readable Flight Recorder dump (the message names it and says why)."""
-
-
-class _DataOnly(pickle._Unpickler):
-    """Python's own unpickler, not the C one: its memo is a dict, so `LONG_BINPUT 4294967295` in a 9-byte
-    pickle costs one entry, not a 64 GiB table. Slower, and a dump is a few MB."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only data")
 
 
 @dataclass(frozen=True)
@@ -163,14 +153,19 @@ _MATCHED = ("pg_id", "process_group", "collective_seq_id", "profiling_name", "st
 
 
 def _loads(data: bytes, source: str) -> dict[str, Any]:
+    what = f"{source or 'a dump'}: this Flight Recorder dump"
     if data[:1] in (b"{", b" ", b"\n"):
         try:
-            loaded = json.loads(data)
+            loaded = untrusted_data.loads_json(data, what)
+        except untrusted_data.TooMuchData as exc:
+            raise FlightRecorderError(str(exc)) from None
         except (ValueError, RecursionError, OverflowError) as exc:
             raise FlightRecorderError(f"{source}: not a Flight Recorder dump (JSON: {exc})") from None
     else:
         try:
-            loaded = _DataOnly(io.BytesIO(data)).load()
+            loaded = untrusted_data.loads_pickle(data, what)
+        except untrusted_data.TooMuchData as exc:
+            raise FlightRecorderError(str(exc)) from None
         except Exception as exc:  # any failure to unpickle is a file we do not read
             raise FlightRecorderError(f"{source}: not a Flight Recorder dump ({type(exc).__name__}: "
                                       f"{str(exc)[:120]})") from None

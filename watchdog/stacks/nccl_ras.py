@@ -37,6 +37,7 @@ from typing import Any
 
 import psutil
 
+from watchdog import untrusted_data
 from watchdog.sample import listeners
 
 DEFAULT_PORT = 28028
@@ -254,7 +255,9 @@ def parse_all(text: str) -> list[RasStatus]:
 
 def _parse_json(text: str) -> RasStatus:
     try:
-        data = json.loads(text)
+        data = untrusted_data.loads_json(text, "the RAS report")
+    except untrusted_data.TooMuchData as exc:
+        raise RasError(str(exc)) from None
     except json.JSONDecodeError:
         try:  # NCCL 2.28.9: a missing rank's "nvml_dev" line lacks its comma
             data = json.loads(_MISSING_COMMA.sub(r"\1,\2", text))

@@ -31,6 +31,7 @@ and said, never taken as silence.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ MARKERS = ("Watchdog caught collective operation timeout", "detected by watchdog
            "watchdog got stuck for", "Heartbeat monitor timed out")
 _MARKER = re.compile(r"Watchdog\s{0,4}caught|detected\s{0,4}by\s{0,4}watchdog|Timeout\s{0,4}at\s{0,4}NCCL|"
                      r"failure\s{0,4}detected|Received\s{0,4}a\s{0,4}dump\s{0,4}signal")
+_WRAPPED_MARKER = re.compile(_MARKER.pattern.replace(r"\s{0,4}", r"\s{0,64}"))
 _RECORD = re.compile(r"Watchdog\s{0,4}caught|detected\s{0,4}by\s{0,4}watchdog|Timeout\s{0,4}at\s{0,4}NCCL|"
                      r"failure\s{0,4}detected")  # the records a hard wrap is joined back for
 # A line that starts a new record: where a hard-wrapped paste's continuation ends.
@@ -87,7 +89,9 @@ _MAX_JOINED = 8  # lines of one record a paste may have split it into
 
 
 def looks_like_timeout_log(text: str) -> bool:
-    return any(marker in text for marker in MARKERS) or _MARKER.search(" ".join(text.split())) is not None
+    """A marker, or one a paste wrapped (a new line and its indent between two words): searched in the text as it
+    is, never a copy of it split into words (a 64 MiB log would be a list of millions)."""
+    return any(marker in text for marker in MARKERS) or _WRAPPED_MARKER.search(text) is not None
 
 
 @dataclass
@@ -118,13 +122,14 @@ class RankTimeout:
 class TimeoutFinding:
     events: tuple[RankTimeout, ...]
     behind: dict[int, str] = field(default_factory=dict)  # global rank -> why it is a suspect
-    silent: tuple[int, ...] = ()  # ranks below the highest that logged, with no line here
+    silent: tuple[int, ...] = ()  # ranks below the highest that logged, with no line here (the first MAX_LISTED)
     same_work: bool = False  # every rank that logged is at the same work of its group
     signalled: dict[int, int] = field(default_factory=dict)  # rank -> the rank whose timeout it was told of
     unread: int = 0  # lines naming the watchdog that could not be read
     stuck_watchdogs: tuple[int, ...] = ()  # ranks whose watchdog thread itself hung (a CUDA/NCCL call)
     group_suspects: tuple[str, ...] = ()  # suspects known only by their rank within a process group
     own_timeouts: tuple[int, ...] = ()  # ranks that dumped for a timeout of their own whose lines are not here
+    silent_count: int = 0  # all of them: counted, never listed (a log naming rank 9999999 is not 10M ranks' lines)
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -187,7 +192,9 @@ class TimeoutFinding:
         if self.group_suspects:
             return head + "; " + "; ".join(self.group_suspects[:6]) + unread
         if self.silent:
-            return (head + f"; none is behind another; no line from {_ranks(self.silent)} here (the log may be cut, "
+            many = f"{self.silent_count} ranks ({', '.join(map(str, self.silent[:16]))} ...)" if \
+                self.silent_count > 16 else _ranks(self.silent)
+            return (head + f"; none is behind another; no line from {many} here (the log may be cut, "
                     "or they never reached it): look at theirs first" + unread)
         if len(self.events) == 1:
             return head + ": one rank's log; which peer never arrived is in the others' logs" + unread
@@ -200,6 +207,7 @@ class TimeoutFinding:
     def to_json(self) -> dict[str, object]:
         return {"ranks": sorted({e.rank for e in self.events}), "culprits": list(self.culprits),
                 "behind": {str(r): why for r, why in sorted(self.behind.items())}, "silent": list(self.silent),
+                "silent_count": self.silent_count,
                 "same_work": self.same_work, "summary": self.summary, "unread_lines": self.unread,
                 "signalled": {str(r): s for r, s in sorted(self.signalled.items())},
                 "stuck_watchdogs": list(self.stuck_watchdogs), "group_suspects": list(self.group_suspects),
@@ -409,8 +417,17 @@ def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
                                     "the others wait in")
     sources = {r: s for r, (s, _) in told.items()}
     logged = sorted({e.rank for e in first.values() if e.global_known and e.rank >= 0} | set(sources) | set(own))
-    silent = tuple(r for r in range(max(logged) + 1) if r not in logged) if logged and len(groups) <= 1 and \
-        len(logged) > 1 else ()
-    return TimeoutFinding(tuple(first.values()), behind, silent if not behind and not local else (),
-                          same and not behind and not local, sources, unread, stuck, tuple(local),
-                          tuple(r for r in own if not any(e.rank == r for e in first.values())))
+    silent = _absent(logged) if logged and len(groups) <= 1 and len(logged) > 1 and not behind and not local else ()
+    return TimeoutFinding(tuple(first.values()), behind, silent, same and not behind and not local, sources, unread,
+                          stuck, tuple(local), tuple(r for r in own if not any(e.rank == r for e in first.values())),
+                          logged[-1] + 1 - len(logged) if silent else 0)
+
+
+MAX_LISTED = 64
+
+
+def _absent(logged: list[int]) -> tuple[int, ...]:
+    """The first MAX_LISTED ranks below the highest of `logged` (sorted, distinct) that are not in it, found
+    from the gaps between them: the cost is what the log holds, never the largest rank number it names."""
+    gaps = (range(below + 1, rank) for below, rank in zip([-1, *logged], logged))
+    return tuple(itertools.islice(itertools.chain.from_iterable(gaps), MAX_LISTED))

@@ -1,0 +1,385 @@
+"""Readers that cannot be starved, and say nothing the input does not show (issue 40, round 4).
+
+What a rank writes (a Flight Recorder dump, what py-spy prints of it, a RAS reply), and what a person hands to
+`analyze` (a log, a paste, a folder, a file name), is bounded in the objects the readers build, in the time a
+line takes, and in what is printed back. Memory is measured in a fresh Python process (`measure`): the growth
+of its peak RSS past its imports, so that the daemon (about 75 MiB) stays under 150 MiB. bench/hostile_costs.py
+prints the same figures for the code before these fixes and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.users import ALICE, BOB, shared_folder, user_process
+from watchdog.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 2**20
+DUMP_BYTES = 16 * MIB  # what a rank may write where its Flight Recorder dump goes (fr_dumps.MAX_DUMP_BYTES)
+GROWTH_MIB = 75  # a daemon of about 75 MiB stays under 150 MiB
+
+_CHILD = """
+import json, resource, sys, time
+import watchdog.cli.analyze, watchdog.stacks.flight_recorder, watchdog.stacks.capture, watchdog.stacks.nccl_ras
+args = json.loads(sys.argv[1])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.perf_counter()
+outcome = None
+exec(sys.argv[2])
+print(json.dumps({"grew_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+                  "seconds": time.perf_counter() - started, "outcome": outcome}))
+"""
+
+
+def measure(code: str, args: object = None, root: Path = REPO, timeout: float = 300) -> dict[str, object]:
+    """`code` run in a fresh Python that imports the watchdog of `root` (a checkout: this one, or an older one
+    for the figure before a fix), with `args` as `args`; what it leaves in `outcome`, how far its peak RSS grew
+    past its imports (MiB) and how long it took (s)."""
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args), code], capture_output=True, text=True,
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=timeout)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# -- what a rank can write -----------------------------------------------------------------------------
+def opcode_pickle(opcode: bytes, size: int = DUMP_BYTES) -> bytes:
+    """A pickle (protocol 2) of one opcode repeated: `]` an empty list, `}` a dict, `(` a mark, `N` a None."""
+    return b"\x80\x02" + opcode * (size - 3) + b"."
+
+
+def empty_lists_json(size: int = DUMP_BYTES, head: bytes = b'{"entries": [') -> bytes:
+    """JSON of `[],[],...` inside `head`, `size` bytes in all."""
+    tail = b"[]]}" if head.startswith(b"{") else b"[]]"
+    return head + b"[]," * ((size - len(head) - len(tail)) // 3) + tail
+
+
+HOSTILE_DUMPS = {"pickle ]": lambda: opcode_pickle(b"]"), "pickle (": lambda: opcode_pickle(b"("),
+                 "pickle }": lambda: opcode_pickle(b"}"), "pickle N": lambda: opcode_pickle(b"N"),
+                 "json [],": lambda: empty_lists_json()}
+
+READ_DUMP = """
+from watchdog.stacks.flight_recorder import FlightRecorder, collect
+traces, problems = collect([FlightRecorder(args["pid"], 3, "triggered", "", args["path"])], 0.0, 1.0)
+outcome = {"traces": len(traces), "problems": problems}
+"""
+
+
+@contextmanager
+def rank_with_dump(folder: Path, data: bytes) -> Iterator[tuple[int, str]]:
+    """A real process of another user and the dump it wrote where its Flight Recorder dump goes."""
+    path = folder / "nccl_trace_rank_3"
+    path.write_bytes(data)
+    os.chown(path, ALICE, ALICE)
+    with user_process(folder, ALICE, ["queue"]) as rank:
+        yield rank.pid, str(path)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_DUMPS))
+def test_a_dump_of_empty_containers_is_refused_within_the_memory_budget(name: str) -> None:
+    """16 MiB of one-byte opcodes that each build an object (a GiB of lists), or of `[],` in the JSON form: the
+    daemon reads the rank's dump as it does after a hang and refuses it, its memory bounded, in seconds."""
+    with shared_folder() as folder, rank_with_dump(folder, HOSTILE_DUMPS[name]()) as (pid, path):
+        found = measure(READ_DUMP, {"pid": pid, "path": path})
+    outcome = found["outcome"]
+    assert isinstance(outcome, dict) and outcome["traces"] == 0
+    assert "would build" in outcome["problems"][0] and "MiB of objects" in outcome["problems"][0]
+    assert float(found["grew_mib"]) < GROWTH_MIB, found  # type: ignore[arg-type]
+    assert float(found["seconds"]) < 20, found  # type: ignore[arg-type]
+
+
+def test_real_dumps_and_a_full_trace_buffer_still_read() -> None:
+    """The budget leaves room for real dumps: NVIDIA's, and a rank's full buffer of 2,000 entries, each with
+    30 stack frames, as PyTorch writes it (a few MB)."""
+    import pickle
+
+    from watchdog.stacks import fr_dumps
+
+    folder = REPO / "tests" / "data" / "nvrx_fr_traces" / "gpu_error_1st"
+    real = [fr_dumps.read(p) for p in sorted(folder.glob("_dump_*"))]
+    assert len(real) == 16 and all(t.entries for t in real)
+    template = pickle.loads((folder / "_dump_0").read_bytes())
+    entry = template["entries"][0]
+    entries = [{**entry, "record_id": n, "collective_seq_id": n,
+                "frames": [{"name": f"function_{f}", "filename": f"/opt/train/module_{f % 7}.py", "line": 10 + n % 50}
+                           for f in range(30)]} for n in range(2000)]
+    data = pickle.dumps({**template, "entries": entries}, 2)
+    assert len(data) > 2 * MIB
+    trace = fr_dumps.parse(data, rank=0, source="full")
+    assert len(trace.entries) == 2000
+
+
+HOSTILE_PY_SPY = """
+import sys
+sys.stdout.buffer.write(open(sys.argv[1], "rb").read())
+"""
+CAPTURE = """
+import os
+from watchdog.stacks.capture import StackCapturer, Target
+capture = StackCapturer(args["command"], timeout_seconds=60).capture_one(Target(os.getpid()))
+outcome = [capture.result, capture.message]
+"""
+
+
+def test_py_spy_output_of_empty_lists_is_refused_within_the_memory_budget(tmp_path: Path) -> None:
+    """What py-spy prints is the rank's to choose (thread and function names); 15 MiB of `[],` is refused
+    before json builds five million lists."""
+    data = tmp_path / "out.json"
+    data.write_bytes(empty_lists_json(15 * MIB, head=b"["))
+    script = tmp_path / "py-spy"
+    script.write_text(HOSTILE_PY_SPY)
+    found = measure(CAPTURE, {"command": [sys.executable, str(script), str(data)]})
+    assert found["outcome"][0] == "failed" and "would build" in found["outcome"][1], found  # type: ignore[index]
+    assert float(found["grew_mib"]) < GROWTH_MIB, found  # type: ignore[arg-type]
+
+
+RAS = """
+import socket, threading
+from watchdog.stacks import nccl_ras
+server = socket.create_server(("127.0.0.1", 0))
+report = open(args["report"], "rb").read()
+def serve():
+    conn, _ = server.accept()
+    with conn:
+        lines = conn.makefile("rb")
+        for answer in (b"SERVER PROTOCOL 2\\n", b"OK\\n", b"OK\\n"):
+            lines.readline()
+            conn.sendall(answer)
+        lines.readline()
+        conn.sendall(report)
+threading.Thread(target=serve, daemon=True).start()
+finding = nccl_ras.ask_twice("127.0.0.1", server.getsockname()[1], gap_seconds=0, binary="")
+outcome = finding.problem
+"""
+
+
+def test_a_ras_reply_of_empty_lists_is_refused_within_the_memory_budget(tmp_path: Path) -> None:
+    """Any local user may hold NCCL's RAS port: its 16 MiB reply of `[],` is refused, not built."""
+    report = tmp_path / "report.json"
+    report.write_bytes(empty_lists_json(16 * MIB - 64, head=b'{"communicators": ['))
+    found = measure(RAS, {"report": str(report)})
+    assert "would build" in str(found["outcome"]), found
+    assert float(found["grew_mib"]) < GROWTH_MIB, found  # type: ignore[arg-type]
+
+
+def test_analyze_refuses_a_json_file_of_empty_lists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "stacks.json"
+    path.write_bytes(empty_lists_json(8 * MIB, head=b"["))
+    assert main(["analyze", str(path)]) != 0
+    assert "would build" in capsys.readouterr().err
+
+
+# -- lines that make a pattern backtrack ----------------------------------------------------------------
+PATHOLOGICAL = {
+    "py-spy frame": "Thread 7 (idle): \"MainThread\"\n    f" + " (" * 20_000 + "\n",
+    "py-spy frame, closed": "Thread 7 (idle): \"MainThread\"\n    f" + " (a" * 13_000 + ")x\n",
+    "py-spy header": "Thread 7 (idle): \"" + "\" " * 20_000 + "x\n",
+    "frames without headers": "    f" + " (a.py:1" * 5_000 + "\n" + "    g (b.py:2)\n" * 2,
+    "timeout tags": "[rank1]:" + "[PG " * 10_000 + " Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1\n",
+    "desync ranks": "ranks [" + "1, " * 13_000 + "x are the lagging ranks that caused this timeout\n",
+    "RAS rank line": "Job summary\n#0-1 (ab) MISMATCH\n  Communicator ranks have different operation counts\n"
+                     "    Rank 1 -- GPU 1" + "9" * 40_000 + " managed by process 1 on node x\n",
+    "analyzer columns": "Rank 1" + "  Rank 1" * 5_000 + "  x\n" + "  Rank 2\n" * 2,
+    "step counter": "step " + "9" * 40_000 + "\n" + "step step " * 4_000 + "\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_a_pathological_line_is_read_in_well_under_a_second(name: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "paste.txt"
+    path.write_text(PATHOLOGICAL[name])
+    started = time.perf_counter()
+    main(["analyze", "--json", str(path)])
+    assert time.perf_counter() - started < 1.0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# -- what the input proves -----------------------------------------------------------------------------
+TIMEOUT_LINE = ("[rank{rank}]:[E710 ProcessGroupNCCL.cpp:757] [Rank {rank}] Watchdog caught collective operation "
+                "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+                "600020 milliseconds before timing out.\n")
+ANALYZE = """
+import contextlib, io
+from watchdog.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(["analyze", "--json", args["path"]])
+outcome = out.getvalue()
+"""
+
+
+def test_a_timeout_log_naming_a_huge_rank_costs_what_it_proves(tmp_path: Path) -> None:
+    """Two lines naming ranks 0 and 9999999: the ranks between are said as a count, never listed one by one."""
+    path = tmp_path / "timeout.log"
+    path.write_text(TIMEOUT_LINE.format(rank=0) + TIMEOUT_LINE.format(rank=9_999_999))
+    found = measure(ANALYZE, {"path": str(path)})
+    out = str(found["outcome"])
+    assert len(out) < 20_000, len(out)
+    assert float(found["grew_mib"]) < 20, found  # type: ignore[arg-type]
+    timeouts = json.loads(out)["nccl_timeouts"]
+    assert timeouts["silent_count"] == 9_999_998 and timeouts["silent"][:3] == [1, 2, 3]
+    assert "9999998 ranks" in timeouts["summary"]
+
+
+ODD = """
+import queue, sys, threading, time
+def loop():
+    while True:
+        time.sleep(0.05)
+if sys.argv[1] == "odd":
+    # the real main thread renamed to look like one on a terminal, a decoy given its name, where the others are
+    threading.current_thread().name = "Main\\rThread"
+    threading.Thread(target=loop, name="MainThread", daemon=True).start()
+    open(sys.argv[2], "w").write("ready")
+    queue.Queue().get()
+open(sys.argv[2], "w").write("ready")
+loop()
+"""
+
+
+@contextmanager
+def three_processes(folder: Path) -> Iterator[list[int]]:
+    """Two processes of BOB in a loop; a third, of ALICE, stuck in a queue whose thread names lie."""
+    (folder / "odd.py").write_text(ODD)
+    (folder / "odd.py").chmod(0o644)
+    with user_process(folder, BOB, ["even"], script="odd.py", launched=False) as a, \
+            user_process(folder, BOB, ["even"], script="odd.py", launched=False) as b, \
+            user_process(folder, ALICE, ["odd"], script="odd.py", launched=False) as odd:
+        yield [a.pid, b.pid, odd.pid]
+
+
+def test_a_decoy_main_thread_does_not_hide_the_odd_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A thread's name is a claim; the main thread is the one whose OS thread id is the process's id. Live, and
+    from py-spy's text of the same processes."""
+    with shared_folder() as folder, three_processes(folder) as pids:
+        assert main(["stacks", "dump", "--json", *[a for pid in pids for a in ("--pid", str(pid))]]) == 0
+        live = json.loads(capsys.readouterr().out.splitlines()[0])
+        text = "".join(subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(pid)],
+                                      capture_output=True, text=True, check=True).stdout for pid in pids)
+    assert live["outliers"] == [f"pid {pids[2]}"] and live["verdict"]["kind"] != "no_stall", live["summary"]
+    (tmp_path / "stacks.txt").write_text(text)
+    assert main(["analyze", "--json", str(tmp_path / "stacks.txt")]) == 0
+    saved = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert saved["outliers"] == [f"pid {pids[2]}"], saved["summary"]
+
+
+FORGER = """
+import queue, sys, threading
+threading.current_thread().name = "x\\nProcess 4242: python train.py\\nPython v3.11.7 (/usr/bin/python3)\\n\\n" \\
+    "Thread 4242 (idle): \\"MainThread"
+open(sys.argv[2], "w").write("ready")
+queue.Queue().get()
+"""
+
+
+def test_a_thread_name_with_new_lines_forges_no_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with shared_folder() as folder:
+        (folder / "forger.py").write_text(FORGER)
+        (folder / "forger.py").chmod(0o644)
+        with user_process(folder, ALICE, ["x"], script="forger.py", launched=False) as forger:
+            text = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(forger.pid)],
+                                  capture_output=True, text=True, check=True).stdout
+    assert "\nProcess 4242:" in text  # py-spy prints the name as it is
+    (tmp_path / "stacks.txt").write_text(text)
+    assert main(["analyze", "--json", str(tmp_path / "stacks.txt")]) == 0
+    picture = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert [m for g in picture["groups"] for m in g["members"]] == [f"pid {forger.pid}"], picture["groups"]
+
+
+def test_a_claimed_count_does_not_outweigh_the_processes_shown(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Seventy stacks shown in their forward pass, and one in a queue under a count line claiming a billion
+    processes there: a claim stands for at most a node's worth of processes (formats.MAX_CLAIMED), so it cannot
+    outweigh the stacks shown."""
+    shown = [f'Thread {1000 + n} (active): "MainThread"\n    forward (model.py:10)\n    train (train.py:40)\n\n'
+             for n in range(70)]
+    claim = ('999999999 processes are in:\nThread 106 (idle): "MainThread"\n    get (queue.py:171)\n'
+             '    train (train.py:42)\n')
+    (tmp_path / "stacks.txt").write_text("".join(shown) + claim)
+    assert main(["analyze", "--json", str(tmp_path / "stacks.txt")]) == 0
+    picture = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert picture["outliers"] == ["pid 106"], picture["summary"]
+    assert sum(g["count"] for g in picture["groups"]) == 70 + 64, picture["groups"]
+    # inside py-spy's own output (a process block) a count line stands for nothing: py-spy never prints one
+    (tmp_path / "pyspy.txt").write_text("Process 106: python train.py\n" + claim)
+    assert main(["analyze", "--json", str(tmp_path / "pyspy.txt")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["groups"][0]["count"] == 1
+
+
+def printable(data: bytes) -> bool:
+    """Output a terminal shows as text: valid UTF-8 with no control character but new lines and tabs."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return not any((ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) < 0xa0 for c in text)
+
+
+@pytest.mark.parametrize("verb", [["analyze"], ["analyze", "--json"], ["stacks", "analyze"]])
+def test_no_control_character_reaches_the_terminal(verb: list[str], tmp_path: Path) -> None:
+    """ESC and BEL in a dump, a timeout log and a file's name, and the bytes 0x9b (an 8-bit terminal's CSI) and
+    0xff in a name that is not UTF-8: every line on stdout and stderr is text."""
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    log = TIMEOUT_LINE.format(rank=0).replace("ALLREDUCE", "ALL\x1b]0;pwned\x07REDUCE")
+    (folder / "log-\x1b[2J\x07.txt").write_text(log)
+    (folder / "stacks.txt").write_text('Process 12: python \x1b[31mtrain.py\x07\nThread 12 (idle): "Main\x1b]0;t\x07"\n'
+                                       "    get\x1b[1m (queue.py:171)\n")
+    with open(os.path.join(os.fsencode(folder), b"binary-\x9b2J-\xff"), "wb") as binary:
+        binary.write(b"\x00\x01\x02")
+    named = os.path.join(os.fsencode(tmp_path), b"\x9b31m-\xff.log")
+    with open(named, "wb") as file:
+        file.write(log.encode())
+    runs = [subprocess.run([sys.executable, "-m", "watchdog", *verb, *given], capture_output=True, cwd=REPO,
+                           timeout=120) for given in ([os.fsencode(folder), named], [named])]  # alone: its title
+    assert b"skipped" in runs[0].stderr
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert printable(done.stdout) and printable(done.stderr), (done.stdout[-400:], done.stderr[-400:])
+
+
+def test_random_bytes_are_refused_not_analysed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Random bytes with no NUL and no invalid UTF-8 (what a 60 MB binary looks like once decoded with
+    replacement); and random bytes, plain. Neither is a picture: refused with why."""
+    rng = random.Random(40)
+    plain = rng.randbytes(8 * MIB)
+    text = bytes(rng.choice(b"ab cdefghij(0123456789):\n\"'_.-/[]{}") for _ in range(2 * MIB))
+    for name, data in (("random.bin", plain), ("random.txt", text)):
+        (tmp_path / name).write_bytes(data)
+        code = main(["analyze", "--json", str(tmp_path / name)])
+        out, err = capsys.readouterr()
+        assert code != 0 and not out and "skipped" in err, (name, out[:500])
+
+
+def test_one_run_reads_a_bounded_total_and_says_what_it_left_out(tmp_path: Path) -> None:
+    """A folder of 12 logs of 16 MiB: one run reads at most its total cap, says on stderr which files it left
+    out, and its memory stays bounded."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    line = "2026-11-26 22:00:00 INFO iteration 10 / 1000 | loss 2.31 | lr 1e-4 | grad norm 0.5 | tokens 4096\n"
+    body = (line * (16 * MIB // len(line))).encode()
+    for n in range(12):
+        (folder / f"rank{n:02d}.log").write_bytes(body + TIMEOUT_LINE.format(rank=n).encode())
+    found = measure("""
+import contextlib, io
+from watchdog.cli import main
+err = io.StringIO()
+with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    main(["analyze", args["path"]])
+outcome = err.getvalue()
+""", {"path": str(folder)})
+    err = str(found["outcome"])
+    assert "left out" in err and "rank11.log" in err, err[-2000:]
+    assert float(found["grew_mib"]) < 1024, found  # type: ignore[arg-type]

@@ -1,0 +1,130 @@
+"""Untrusted JSON and pickles (a rank's dump, a RAS reply, py-spy's output, a file given to `analyze`) read into
+plain Python values, bounded in the objects they build and not only in the bytes they hold.
+
+A cap on bytes is not a cap on memory: 16 MiB of `[],[],...` makes json.loads build 5.6 million lists, and
+16 MiB of the pickle opcode `]` (an empty list, one byte each) 16 million: over a GiB either way. So the
+objects a reader would build are estimated and charged against one budget, `MAX_BUILT_BYTES`, before they
+are built (JSON: its structural characters counted first) or as they are built (pickles: each opcode
+charged), and input over it is refused with `TooMuchData` (a ValueError) saying how much it would build.
+
+The estimate is the bytes of a new object with the reference that holds it (`OBJECT_BYTES`, a small list or
+dict in CPython is 56-64 bytes), `REFERENCE_BYTES` for a reference to one that exists (a memo lookup, None),
+and the characters of text. It is kept above what CPython spends on real dumps, so what passes fits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+MAX_BUILT_BYTES = 48 * 2**20  # a daemon of ~75 MiB stays under 150 MiB with the input's own bytes beside it
+OBJECT_BYTES = 64
+REFERENCE_BYTES = 8
+ENTRY_BYTES = 32  # a number, or an entry of a dict or set (its slot, and the table's growth)
+
+
+class TooMuchData(ValueError):
+    """Input that would build more than the budget; the message says what and how much."""
+
+
+def _refusal(what: str, budget: int, built: int | None = None) -> TooMuchData:
+    much = f"about {built / 2**20:.0f} MiB of Python objects, over" if built is not None else "more than"
+    return TooMuchData(f"{what} would build {much} the {budget / 2**20:.0f} MiB of objects a reader may build "
+                       "(a dump or report of real ranks builds a fraction of it); not read")
+
+
+def json_values(data: bytes | str) -> int:
+    """How many values parsing `data` would build at most: one per `[`, `{`, `,` and `:` (a dict's key and
+    its value), counted in C over the raw text; text inside strings counts too, so the count is never low."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{") + data.count(",") + data.count(":") + 1
+    return data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":") + 1
+
+
+def loads_json(data: bytes | str, what: str = "JSON", budget: int = MAX_BUILT_BYTES) -> Any:
+    """json.loads, after checking what it would build: TooMuchData over `budget`. json's own errors
+    (ValueError, RecursionError) pass through for the caller to word."""
+    built = json_values(data) * OBJECT_BYTES + len(data)
+    if built > budget:
+        raise _refusal(what, budget, built)
+    return json.loads(data)
+
+
+def starts_as_json(text: str, probe: int = 1 << 16) -> bool:
+    """Whether `text` reads as JSON as far as its first `probe` characters go: a log whose first line begins
+    with `[rank0]:` fails within its first bytes, JSON cut short runs out. Builds what those characters hold."""
+    head = text[:probe]
+    try:
+        json.loads(head)
+    except json.JSONDecodeError as exc:
+        return exc.pos >= len(head.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
+    except RecursionError:
+        return True  # nested past Python's stack: JSON's shape, not a log's
+    except ValueError:
+        return False
+    return True
+
+
+# -- pickles -------------------------------------------------------------------------------------------
+_OP = {name: code[0] for name, code in vars(pickle).items()
+       if name.isupper() and isinstance(code, bytes) and len(code) == 1}
+_FREE = ("PROTO", "FRAME", "STOP", "POP", "POP_MARK")  # nothing built (FRAME's bytes are the input's own)
+_REFERENCES = ("NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "BINGET", "LONG_BINGET", "GET", "DUP",
+               "BININT1")  # an object that exists (CPython keeps the integers up to 256)
+_SMALL = ("BININT", "BININT2", "BINFLOAT", "LONG1", "BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE")  # a number; a memo entry
+# per item since the mark (a dict entry is two items)
+_PER_ITEM = {"APPENDS": REFERENCE_BYTES, "SETITEMS": ENTRY_BYTES // 2, "ADDITEMS": ENTRY_BYTES}
+_ONE_ITEM = {"APPEND": REFERENCE_BYTES, "SETITEM": ENTRY_BYTES}
+_PAYLOAD = ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE", "BINSTRING", "SHORT_BINSTRING", "STRING",
+            "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "LONG", "LONG1", "LONG4", "INT")
+
+
+def _size(value: object) -> int:
+    if isinstance(value, (str, bytes, bytearray)):
+        return len(value)
+    return value.bit_length() // 8 if isinstance(value, int) else 0
+
+
+def _charged(handler: Callable[[Any], None], name: str) -> Callable[[Any], None]:
+    cost = (0 if name in _FREE else REFERENCE_BYTES if name in _REFERENCES else ENTRY_BYTES if name in _SMALL
+            else _ONE_ITEM.get(name, OBJECT_BYTES))
+    per_item = _PER_ITEM.get(name, 0)
+    payload = name in _PAYLOAD
+
+    def run(self: DataUnpickler) -> None:
+        self.charge(cost + per_item * len(self.stack))
+        handler(self)
+        if payload:
+            self.charge(_size(self.stack[-1]))
+    return run
+
+
+class DataUnpickler(pickle._Unpickler):
+    """Python's own unpickler, not the C one, with every opcode charged to a budget (module docstring) and
+    every class refused: the input holds only dicts, lists, tuples, strings and numbers, and a file in /tmp
+    must never run code in a daemon that may run as root. Python's memo is a dict, so `LONG_BINPUT
+    4294967295` in a 9-byte pickle costs one entry, not a 64 GiB table. Slower than C; a dump is a few MB."""
+
+    stack: list[Any]  # pickle's own, set by load()
+    dispatch = {code: _charged(pickle._Unpickler.dispatch[code], name) for name, code in _OP.items()
+                if code in pickle._Unpickler.dispatch}
+
+    def __init__(self, data: bytes, what: str, budget: int = MAX_BUILT_BYTES):
+        super().__init__(io.BytesIO(data))
+        self.what, self.budget, self.left = what, budget, budget
+
+    def charge(self, cost: int) -> None:
+        self.left -= cost
+        if self.left < 0:
+            raise _refusal(self.what, self.budget)
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: {self.what} holds only data")
+
+
+def loads_pickle(data: bytes, what: str = "a pickle", budget: int = MAX_BUILT_BYTES) -> Any:
+    """The plain values a pickle holds; TooMuchData past `budget`, pickle's own errors for the rest."""
+    return DataUnpickler(data, what, budget).load()
