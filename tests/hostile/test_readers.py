@@ -71,7 +71,7 @@ HOSTILE_DUMPS = {"pickle ]": lambda: opcode_pickle(b"]"), "pickle (": lambda: op
 
 READ_DUMP = """
 from watchdog.stacks.flight_recorder import FlightRecorder, collect
-traces, problems = collect([FlightRecorder(args["pid"], 3, "triggered", "", args["path"])], 0.0, 1.0)
+traces, problems = collect([FlightRecorder(args["pid"], 3, "triggered", "", args["path"])], 0.0, 15.0)
 outcome = {"traces": len(traces), "problems": problems}
 """
 
@@ -89,14 +89,15 @@ def rank_with_dump(folder: Path, data: bytes) -> Iterator[tuple[int, str]]:
 @pytest.mark.parametrize("name", sorted(HOSTILE_DUMPS))
 def test_a_dump_of_empty_containers_is_refused_within_the_memory_budget(name: str) -> None:
     """16 MiB of one-byte opcodes that each build an object (a GiB of lists), or of `[],` in the JSON form: the
-    daemon reads the rank's dump as it does after a hang and refuses it, its memory bounded, in seconds."""
+    daemon reads the rank's dump as it does after a hang and refuses it, its memory bounded, in seconds, once (not
+    again and again until the 15 s it waits for dumps still being written)."""
     with shared_folder() as folder, rank_with_dump(folder, HOSTILE_DUMPS[name]()) as (pid, path):
         found = measure(READ_DUMP, {"pid": pid, "path": path})
     outcome = found["outcome"]
     assert isinstance(outcome, dict) and outcome["traces"] == 0
     assert "would build" in outcome["problems"][0] and "MiB of objects" in outcome["problems"][0]
     assert float(found["grew_mib"]) < GROWTH_MIB, found  # type: ignore[arg-type]
-    assert float(found["seconds"]) < 20, found  # type: ignore[arg-type]
+    assert float(found["seconds"]) < 8, found  # type: ignore[arg-type]
 
 
 def test_real_dumps_and_a_full_trace_buffer_still_read() -> None:

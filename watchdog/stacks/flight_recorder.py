@@ -80,6 +80,7 @@ def collect(asked: Sequence[FlightRecorder], asked_at: float, timeout_seconds: f
     waiting = {f.pid: f for f in asked if f.result == "triggered" and f.dump_path}
     traces: list[RankTrace] = []
     problems: dict[int, str] = {}
+    refused: list[str] = []
     deadline = time.monotonic() + timeout_seconds
     while waiting:
         for pid, recorder in list(waiting.items()):
@@ -95,10 +96,12 @@ def collect(asked: Sequence[FlightRecorder], asked_at: float, timeout_seconds: f
                 problems[pid] = (f"rank {recorder.rank}: no dump at {path} yet" if exc.missing else str(exc))
                 continue
             except FlightRecorderError as exc:
-                problems[pid] = str(exc)  # perhaps still being written: try again until the deadline
-                continue
+                problems[pid] = str(exc)
+                if not exc.final:  # perhaps still being written: try again until the deadline
+                    continue
+                refused.append(str(exc))  # refused for what it holds: not read again and again
             del waiting[pid]
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    return traces, [problems[p] for p in waiting if p in problems]
+    return traces, refused + [problems[p] for p in waiting if p in problems]

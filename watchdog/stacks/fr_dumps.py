@@ -101,7 +101,12 @@ def _rank_number(value: object) -> int:
 
 
 class FlightRecorderError(Exception):
-    """A file that is not a readable Flight Recorder dump (the message names it and says why)."""
+    """A file that is not a readable Flight Recorder dump (the message names it and says why). `final`: refused
+    for what it is (over the budget of objects built), not because it may still be being written."""
+
+    def __init__(self, message: str, final: bool = False):
+        super().__init__(message)
+        self.final = final
 
 
 @dataclass(frozen=True)
@@ -158,14 +163,14 @@ def _loads(data: bytes, source: str) -> dict[str, Any]:
         try:
             loaded = untrusted_data.loads_json(data, what)
         except untrusted_data.TooMuchData as exc:
-            raise FlightRecorderError(str(exc)) from None
+            raise FlightRecorderError(str(exc), final=True) from None
         except (ValueError, RecursionError, OverflowError) as exc:
             raise FlightRecorderError(f"{source}: not a Flight Recorder dump (JSON: {exc})") from None
     else:
         try:
             loaded = untrusted_data.loads_pickle(data, what)
         except untrusted_data.TooMuchData as exc:
-            raise FlightRecorderError(str(exc)) from None
+            raise FlightRecorderError(str(exc), final=True) from None
         except Exception as exc:  # any failure to unpickle is a file we do not read
             raise FlightRecorderError(f"{source}: not a Flight Recorder dump ({type(exc).__name__}: "
                                       f"{str(exc)[:120]})") from None
