@@ -7,7 +7,7 @@
 - the readers (issue 40): each hostile input read in a fresh Python, its peak memory past its imports and its
   time, by this checkout and, with `--before`, by an older one beside it (`git worktree add /tmp/old HEAD~N`).
 
-    python bench/hostile_costs.py [--readers] [--before /tmp/old]
+    python bench/hostile_costs.py [--readers] [--before /tmp/old] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -177,13 +177,15 @@ outcome = f"exit {code}, {len(out.getvalue()):,} bytes out, verdicts {verdicts};
 }
 
 
-def readers(before: Path | None) -> None:
+def readers(before: Path | None, only: str = "") -> None:
     """Each hostile input read by this checkout and, with `before`, by the older one: peak RSS past the imports
     of a fresh Python (MiB), its time, and what it made of the input."""
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "py-spy"
         script.write_text(hostile.HOSTILE_PY_SPY)
         for name, (reader, make) in READER_CASES.items():
+            if only not in name:
+                continue
             path = Path(folder) / "input"
             if make == "logs":
                 path.mkdir()
@@ -210,10 +212,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readers", action="store_true", help="only the readers' figures")
     parser.add_argument("--before", type=Path, help="an older checkout to measure the readers against")
+    parser.add_argument("--only", default="", help="only the readers' cases whose name holds this text")
     options = parser.parse_args()
     if not options.readers:
         flight_recorder()
         py_spy()
         webhook()
         slow_clients()
-    readers(options.before)
+    readers(options.before, options.only)
