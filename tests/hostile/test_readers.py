@@ -181,6 +181,17 @@ def test_analyze_refuses_a_json_file_of_empty_lists(tmp_path: Path, capsys: pyte
     assert "would build" in capsys.readouterr().err
 
 
+def test_a_large_log_that_begins_with_a_bracket_is_still_read_as_a_log(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """16 MiB of `[rank0]:...` lines has the commas and colons of far more JSON than the budget: it is not JSON
+    (its first bytes say so), so it is read as the timeout log it is, not refused."""
+    lines = [TIMEOUT_LINE.format(rank=n % 8) for n in range(16 * MIB // len(TIMEOUT_LINE))]
+    (tmp_path / "ranks.log").write_text("".join(lines))
+    assert main(["analyze", "--json", str(tmp_path / "ranks.log")]) == 0
+    picture = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert picture["verdict"]["kind"] == "hang" and picture["nccl_timeouts"]["ranks"] == list(range(8))
+
+
 # -- lines that make a pattern backtrack ----------------------------------------------------------------
 PATHOLOGICAL = {
     "py-spy frame": "Thread 7 (idle): \"MainThread\"\n    f" + " (" * 20_000 + "\n",
