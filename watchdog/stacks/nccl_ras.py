@@ -139,7 +139,7 @@ def _query_socket(host: str, port: int, timeout_seconds: float) -> str:
 
 class _Lines:
     def __init__(self, sock: socket.socket, deadline: float):
-        self.sock, self.deadline, self.buffer = sock, deadline, b""
+        self.sock, self.deadline, self.buffer = sock, deadline, bytearray()  # grown in place: 16 MiB is linear
 
     def _recv(self) -> bytes:
         left = self.deadline - time.monotonic()
