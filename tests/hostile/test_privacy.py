@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.fakes.daemon import daemon_config
@@ -157,12 +158,40 @@ def test_nccl_ras_is_believed_only_from_the_jobs_own_process_on_the_default_port
             with user_process(folder, BOB, [str(port), str(report)], script="ras_speaker.py"):
                 finding = _ras_picture(victim.pid)
             assert finding is not None and finding.culprits == () and not finding.conclusive
-            assert finding.problem is not None and "not a process of this job" in finding.problem
+            assert finding.problem is not None and "not one of this job's listens on port 28028" in finding.problem
         with user_process(folder, ALICE, [str(port), str(report)], script="ras_speaker.py",
                           env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as listening_rank:
             report = _report(folder, listening_rank.pid)
             finding = _ras_picture(listening_rank.pid)
             assert finding is not None and finding.problem is None and finding.culprits == (1,), finding
+
+
+
+def test_nccl_ras_is_believed_from_another_rank_of_the_job_its_launcher_started() -> None:
+    """A picture of one GPU holds rank 1 alone; the job's RAS listener is rank 0, started by the same launcher
+    as the same user: its answer is the job's."""
+    port = nccl_ras.DEFAULT_PORT
+    with shared_folder() as folder:
+        (folder / "ras_speaker.py").write_text(RAS_SPEAKER)
+        (folder / "ras_speaker.py").chmod(0o644)
+        report = _report(folder, 0)
+        ready = [folder / "ready-0", folder / "ready-1"]
+        script = (f"RANK=0 LOCAL_RANK=0 python3 ras_speaker.py {port} {report} {ready[0]} & "
+                  f"RANK=1 LOCAL_RANK=1 python3 stuck.py queue {ready[1]} & wait")
+        launcher = subprocess.Popen(["/bin/sh", "-c", script], user=ALICE, group=ALICE, extra_groups=[], cwd=folder,
+                                    start_new_session=True, env={"PATH": "/usr/bin:/bin", **JOB})
+        try:
+            deadline = time.monotonic() + 30
+            while not all(r.exists() for r in ready):
+                assert time.monotonic() < deadline and launcher.poll() is None, "the job did not start"
+                time.sleep(0.05)
+            time.sleep(0.2)
+            rank1 = next(c.pid for c in psutil.Process(launcher.pid).children() if "stuck.py" in c.cmdline()[1])
+            finding = _ras_picture(rank1)
+        finally:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert finding is not None and finding.problem is None and finding.culprits == (1,), finding
 
 
 CLAIMANTS = 3000

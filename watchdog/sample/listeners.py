@@ -71,14 +71,42 @@ def held_by(inodes: set[int], pids: Iterable[int], proc_root: str | Path = "/pro
     return held
 
 
+def with_siblings(pids: Iterable[int], proc_root: str | Path = "/proc") -> set[int]:
+    """`pids` and the other children of their parents that run as the same user: the job's processes on this
+    node where a picture holds only some of its ranks (those on one GPU), as its launcher started them."""
+    root = Path(proc_root)
+    found: set[int] = set()
+    for pid in pids:
+        found.add(pid)
+        try:
+            uid = (root / str(pid)).stat().st_uid
+            stat = (root / str(pid) / "stat").read_bytes()
+            parent = int(stat[stat.rindex(b")") + 2:].split(None, 2)[1])
+            if parent <= 1:
+                continue
+            with os.scandir(root / str(parent) / "task") as tasks:
+                children = [int(c) for number, task in enumerate(tasks) if number < MAX_FDS
+                            for c in (root / str(parent) / "task" / task.name / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or no children list in this kernel
+        for child in children[:MAX_FDS]:
+            try:
+                if (root / str(child)).stat().st_uid == uid:
+                    found.add(child)
+            except OSError:
+                continue
+    return found
+
+
 def strangers(port: int, pids: Iterable[int], proc_root: str | Path = "/proc") -> str | None:
-    """Why an answer on `port` would not come from one of `pids`, or None when every socket listening there is
-    theirs (or none listens: asking then fails on its own)."""
+    """Why an answer on `port` would not come from the processes of `pids`' job (themselves, and their launcher's
+    other children of their user), or None when every socket listening there is theirs (or none listens:
+    asking then fails on its own)."""
     try:
         inodes = listening_inodes(port, proc_root)
-        others = inodes - held_by(inodes, pids, proc_root)
+        others = inodes - held_by(inodes, sorted(with_siblings(pids, proc_root)), proc_root)
     except ListenerUnknown as exc:
         return f"who listens on port {port} is unknown ({exc})"
     if others:
-        return f"port {port} is held by a process that is not a process of this job"
+        return f"a process that is not one of this job's listens on port {port}"
     return None

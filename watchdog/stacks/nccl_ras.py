@@ -548,7 +548,7 @@ def _ask(host: str, port: int, timeout_seconds: float, binary: str | None, pids:
          proc_root: str | Path) -> str:
     why = listeners.strangers(port, pids, proc_root) if pids is not None else None
     if why is not None:
-        raise RasError(f"not asked: {why}, so its answer would not be this job's")
+        raise RasError(f"unknown: {why} (not asked: its answer would not be the job's)")
     return query(host, port, timeout_seconds, binary)
 
 
