@@ -342,3 +342,30 @@ def test_a_job_id_claimed_past_any_reason_is_bounded_and_still_tells_jobs_apart(
     assert key(TORCHELASTIC_RUN_ID=long_a) != key(TORCHELASTIC_RUN_ID=long_b)
     assert key(TORCHELASTIC_RUN_ID=long_a) == key(TORCHELASTIC_RUN_ID=long_a)
     assert key(TORCHELASTIC_RUN_ID="job-42") == "run:job-42"  # an ordinary id is kept as it is
+
+
+def test_an_environment_of_megabytes_is_read_bounded_and_never_misread(tmp_path: Path) -> None:
+    """A rank makes its environment as long as it likes (the kernel bounds each string, not their number):
+    what is read of /proc/<pid>/environ is bounded, the variables in its head are kept, and a variable cut at
+    the bound is not read as a shorter one (RANK=1 of RANK=12...)."""
+    import subprocess
+
+    from watchdog.sample.ranks import _ENVIRON_MAX, RankDiscovery
+
+    filler = {f"FILLER_{n}": "x" * 100_000 for n in range(10)}  # 1.0 MB, just short of the bound
+    head = len(b"".join(f"{k}={v}".encode() + b"\0" for k, v in filler.items()))
+    cut_at = _ENVIRON_MAX - head  # RANK's value straddles the bound
+    assert 0 < cut_at < 100_000
+    env = {"WORLD_SIZE": "8", **filler, "RANK": "1" + "2" * (cut_at + 10), "LOCAL_RANK": "3"}
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        time.sleep(0.3)
+        started = time.monotonic()
+        kept, problem = RankDiscovery().environment(process.pid)
+        took = time.monotonic() - started
+    finally:
+        process.kill()
+        process.wait()
+    assert problem is None and took < 1.0
+    assert kept.get("WORLD_SIZE") == "8"
+    assert "RANK" not in kept and "LOCAL_RANK" not in kept  # cut, and past the bound: neither is read

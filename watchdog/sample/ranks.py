@@ -35,6 +35,10 @@ RANK_VARIABLES = (
 KEPT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 _CGROUP_MAX = 16 * 1024
+# /proc/<pid>/environ is as long as the process made it (the kernel bounds each string, not their number):
+# what is read of it is bounded. Launchers put their variables in the first few KiB.
+_ENVIRON_MAX = 1 << 20
+_ENVIRON_KEPT = 256  # variables kept of one process (NCCL_* and the like: a real job sets a few dozen)
 
 
 @dataclass(frozen=True)
@@ -215,14 +219,23 @@ class RankDiscovery:
         self.pods = pods
         self.counters: Counter[str] = Counter()  # gone, pid_reused, unreadable_environ, ...
 
-    def _read(self, pid: int, name: str) -> bytes:
-        return (self.proc_root / str(pid) / name).read_bytes()
+    def _read(self, pid: int, name: str, limit: int) -> bytes:
+        """The first `limit` bytes of /proc/<pid>/<name> (read in one go: a /proc file is no pipe)."""
+        with open(self.proc_root / str(pid) / name, "rb", buffering=0) as file:
+            chunks, left = [], limit
+            while left > 0:
+                chunk = file.read(min(left, 1 << 16))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        return b"".join(chunks)
 
     def environment(self, pid: int, count: bool = True) -> tuple[dict[str, str], str | None]:
         """(kept variables, problem). Reads /proc/<pid>/environ: the environment the process started with.
         `count`: whether an unreadable one is counted (a scan reads every process; most are not ours)."""
         try:
-            raw = self._read(pid, "environ")
+            raw = self._read(pid, "environ", _ENVIRON_MAX)
         except OSError as exc:
             if count:
                 self.counters["unreadable_environ"] += 1
@@ -230,13 +243,16 @@ class RankDiscovery:
                 return {}, ("environ: permission denied (another user's ranks need CAP_SYS_PTRACE and "
                             "CAP_DAC_READ_SEARCH)")
             return {}, f"environ: {exc.strerror or exc}"
-        env = {}
-        for entry in raw.split(b"\0"):
+        entries = raw.split(b"\0")
+        if len(raw) >= _ENVIRON_MAX:  # cut: its last entry may be half a variable (RANK=1 of RANK=12)
+            entries.pop()
+        env: dict[str, str] = {}
+        for entry in entries:
             key, sep, value = entry.partition(b"=")
             if not sep:
                 continue
             name = key.decode(errors="replace")
-            if name in RANK_VARIABLES or name.startswith(KEPT_PREFIXES):
+            if (name in RANK_VARIABLES or name.startswith(KEPT_PREFIXES)) and len(env) < _ENVIRON_KEPT:
                 env[name] = redact_variable(name, value.decode(errors="replace"))
         return env, None
 
@@ -244,7 +260,7 @@ class RankDiscovery:
         """/proc/<pid>/cgroup, '' where it cannot be read (at most 16 KiB: the kernel writes it, paths are
         bounded, but a deep tree of long names is not small)."""
         try:
-            return self._read(pid, "cgroup")[:_CGROUP_MAX].decode(errors="replace")
+            return self._read(pid, "cgroup", _CGROUP_MAX).decode(errors="replace")
         except OSError:
             return ""
 
