@@ -130,6 +130,7 @@ READER_CASES = {  # name -> (what a fresh Python does with args["path"], what to
     "Flight Recorder pickle, 16 MiB of `(`": ("fr", lambda: hostile.opcode_pickle(b"(")),
     "Flight Recorder pickle, 16 MiB of `}`": ("fr", lambda: hostile.opcode_pickle(b"}")),
     "Flight Recorder pickle, 16 MiB of `N`": ("fr", lambda: hostile.opcode_pickle(b"N")),
+    "Flight Recorder pickle, 16 MiB of PROTO (builds nothing)": ("fr", lambda: hostile.HOSTILE_DUMPS["pickle PROTO"]()),
     "Flight Recorder JSON, 16 MiB of `[],`": ("fr", lambda: hostile.empty_lists_json()),
     "py-spy's JSON, 15 MiB of `[],`": ("py-spy", lambda: hostile.empty_lists_json(15 * 2**20, head=b"[")),
     "RAS reply, 16 MiB of `[],`": ("ras", lambda: hostile.empty_lists_json(16 * 2**20 - 64,

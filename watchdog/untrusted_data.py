@@ -31,9 +31,12 @@ class TooMuchData(ValueError):
 
 
 def _refusal(what: str, budget: int, built: int | None = None) -> TooMuchData:
+    """`built`: the estimate made before reading (JSON); None: past the budget while reading (a pickle, whose
+    every opcode is counted, so that one of many opcodes that build nothing is refused too)."""
     much = f"about {built / 2**20:.0f} MiB of Python objects, over" if built is not None else "more than"
-    return TooMuchData(f"{what} would build {much} the {budget / 2**20:.0f} MiB of objects a reader may build "
-                       "(a dump or report of real ranks builds a fraction of it); not read")
+    steps = "" if built is not None else f", or take more than {budget // REFERENCE_BYTES:,} steps"
+    return TooMuchData(f"{what} would build {much} the {budget / 2**20:.0f} MiB of objects a reader may build"
+                       f"{steps} (a dump or report of real ranks takes a fraction of it); not read")
 
 
 def json_values(data: bytes | str) -> int:
@@ -71,9 +74,10 @@ def starts_as_json(text: str, probe: int = 1 << 16) -> bool:
 # -- pickles -------------------------------------------------------------------------------------------
 _OP = {name: code[0] for name, code in vars(pickle).items()
        if name.isupper() and isinstance(code, bytes) and len(code) == 1}
-_FREE = ("PROTO", "FRAME", "STOP", "POP", "POP_MARK")  # nothing built (FRAME's bytes are the input's own)
-_REFERENCES = ("NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "BINGET", "LONG_BINGET", "GET", "DUP",
-               "BININT1")  # an object that exists (CPython keeps the integers up to 256)
+# An object that exists (CPython keeps the integers up to 256), and the opcodes that build nothing: every opcode
+# costs at least a reference, so the budget bounds the time a pickle takes too (6 million opcodes, seconds).
+_REFERENCES = ("NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "BINGET", "LONG_BINGET", "GET", "DUP", "BININT1",
+               "PROTO", "FRAME", "STOP", "POP", "POP_MARK")
 _SMALL = ("BININT", "BININT2", "BINFLOAT", "LONG1", "BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE")  # a number; a memo entry
 # per item since the mark (a dict entry is two items)
 _PER_ITEM = {"APPENDS": REFERENCE_BYTES, "SETITEMS": ENTRY_BYTES // 2, "ADDITEMS": ENTRY_BYTES}
@@ -89,7 +93,7 @@ def _size(value: object) -> int:
 
 
 def _charged(handler: Callable[[Any], None], name: str) -> Callable[[Any], None]:
-    cost = (0 if name in _FREE else REFERENCE_BYTES if name in _REFERENCES else ENTRY_BYTES if name in _SMALL
+    cost = (REFERENCE_BYTES if name in _REFERENCES else ENTRY_BYTES if name in _SMALL
             else _ONE_ITEM.get(name, OBJECT_BYTES))
     per_item = _PER_ITEM.get(name, 0)
     payload = name in _PAYLOAD

@@ -56,7 +56,7 @@ def measure(code: str, args: object = None, root: Path = REPO, timeout: float = 
 # -- what a rank can write -----------------------------------------------------------------------------
 def opcode_pickle(opcode: bytes, size: int = DUMP_BYTES) -> bytes:
     """A pickle (protocol 2) of one opcode repeated: `]` an empty list, `}` a dict, `(` a mark, `N` a None."""
-    return b"\x80\x02" + opcode * (size - 3) + b"."
+    return b"\x80\x02" + opcode * ((size - 3) // len(opcode)) + b"."
 
 
 def empty_lists_json(size: int = DUMP_BYTES, head: bytes = b'{"entries": [') -> bytes:
@@ -67,6 +67,7 @@ def empty_lists_json(size: int = DUMP_BYTES, head: bytes = b'{"entries": [') -> 
 
 HOSTILE_DUMPS = {"pickle ]": lambda: opcode_pickle(b"]"), "pickle (": lambda: opcode_pickle(b"("),
                  "pickle }": lambda: opcode_pickle(b"}"), "pickle N": lambda: opcode_pickle(b"N"),
+                 "pickle PROTO": lambda: opcode_pickle(b"\x80\x02")[:-1] + b"N.",  # builds nothing, takes time
                  "json [],": lambda: empty_lists_json()}
 
 READ_DUMP = """
