@@ -311,6 +311,16 @@ def test_a_thread_name_with_new_lines_forges_no_process(tmp_path: Path, capsys: 
     assert [m for g in picture["groups"] for m in g["members"]] == [f"pid {forger.pid}"], picture["groups"]
 
 
+def test_a_note_after_a_header_is_not_a_name_that_runs_on() -> None:
+    """Only a name whose quote is still open runs on to the next lines: words after a closed quote (a person's
+    note) leave the header prose, as before, and the next thread is read."""
+    from watchdog.stacks.formats import parse_text
+
+    text = ('Thread 12 (idle): "MainThread"  <-- stuck here\n    f (a.py:1)\n'
+            'Thread 13 (idle): "MainThread"\n    g (b.py:2)\n')
+    assert [(d.member, d.main_thread.frames[0].function) for d in parse_text(text)] == [("pid 13", "g")]  # type: ignore[union-attr]
+
+
 def test_a_claimed_count_does_not_outweigh_the_processes_shown(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Seventy stacks shown in their forward pass, and one in a queue under a count line claiming a billion

@@ -72,12 +72,14 @@ def _header(line: str) -> tuple[int, int | None, str, str | None, bool] | None:
     os_tid = None if pthread else tid
     name = rest[3:] if rest else None
     closed = name is None or (len(name) > 0 and name.endswith('"'))
+    if not closed and '"' in (name or ""):
+        return None  # words after the closing quote: a person's note on a header, not py-spy's line
     return tid, os_tid, state, name[:-1] if name and closed else name, closed
 
 
 def _frame(line: str) -> Frame | None:
-    """`    function (file:line)`: indented, the function up to the first ` (`, the file up to the line's last `)`
-    with its `:line` where it has one. Read from its two ends, never by a pattern that could backtrack."""
+    """`    function (file:line)`: indented, the function up to the first ` (`, the file (and `:line`) up to the
+    last `)`. Read from its two ends, never by a pattern that could backtrack."""
     body = line.strip()
     cut = body.find(" (")
     if not line[:1].isspace() or cut < 1 or not body.endswith(")"):
@@ -109,9 +111,8 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
 
     def flush_threads() -> None:
         nonlocal headers, frames, group_size
-        # One representative header for "6 processes are in:" stands for all six. A count line is a person's
-        # summary: py-spy never prints one, so inside a process it prints it stands for nothing, and elsewhere
-        # for at most MAX_CLAIMED processes.
+        # One header under "6 processes are in:" stands for all six. A count line is a person's summary: inside a
+        # process py-spy printed (it never prints one) it stands for nothing, elsewhere for at most MAX_CLAIMED.
         claimed = min(group_size, MAX_CLAIMED) if process_pid is None else 0
         extra = max(0, claimed - len(headers)) if headers else 0
         group_size = 0
