@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 _QUOTED = re.compile(r"^[ \t]{0,3}>+[ \t]?", re.MULTILINE)
+_BLANK = re.compile(r"^[ \t\r\f\v]*$", re.MULTILINE)
 
 
 def pasted(text: str) -> str:
@@ -19,7 +20,7 @@ def pasted(text: str) -> str:
         lines = text.split("\n")
         text = "\n".join(line if len(lines) > 1 and line.lstrip().startswith(("Thread ", "Process ")) else
                           line.replace("\r", "\n") for line in lines)
-    lines = [line for line in text.splitlines()[:2000] if line.strip()]
+    lines = [line for line in text[:1 << 22].splitlines()[:2000] if line.strip()]  # never a list of a whole log
     if lines and sum(1 for line in lines if line.lstrip().startswith(">")) >= 0.6 * len(lines):
         text = _QUOTED.sub("", text)
     return _unwrapped(text)
@@ -28,13 +29,15 @@ def pasted(text: str) -> str:
 def _unwrapped(text: str) -> str:
     """A text a terminal or a mail client cut at a fixed width, mid-word: where many lines have the same length
     of 60 characters or more, each line of exactly that length is joined with the one after it."""
-    lines = text.split("\n")
-    widths = Counter(len(line) for line in lines[:20000] if len(line) >= 60)
+    head = text[:1 << 22].split("\n")[:20000]  # the decision on the first lines: a log is never split whole for it
+    widths = Counter(len(line) for line in (head if len(text) <= 1 << 22 else head[:-1]) if len(line) >= 60)
     if not widths:
         return text
     width, count = widths.most_common(1)[0]
-    if count < 3 or count < 0.2 * sum(1 for line in lines if line.strip()) or max(widths) > width:
+    if count < 3 or count < 0.2 * (text.count("\n") + 1 - sum(1 for _ in _BLANK.finditer(text))) or \
+            max(widths) > width:
         return text  # a cut at a width leaves no line longer than it
+    lines = text.split("\n")
     # ... and cuts words and numbers in two: at a third of the cuts or more, a letter or digit on both sides. Lines
     # a program wrote at one length (grep's output of one kind of line) end and start whole.
     cut = [n for n, line in enumerate(lines[:-1]) if len(line) == width]
