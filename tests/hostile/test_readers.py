@@ -388,7 +388,7 @@ def test_random_bytes_are_refused_not_analysed(tmp_path: Path, capsys: pytest.Ca
 
 def test_one_run_reads_a_bounded_total_and_says_what_it_left_out(tmp_path: Path) -> None:
     """A folder of 12 logs of 16 MiB: one run reads at most its total cap, says on stderr which files it left
-    out, and its memory stays bounded."""
+    out, and its memory stays bounded (of a log, what the timeout reader can use is kept, not its text)."""
     folder = tmp_path / "logs"
     folder.mkdir()
     line = "2026-11-26 22:00:00 INFO iteration 10 / 1000 | loss 2.31 | lr 1e-4 | grad norm 0.5 | tokens 4096\n"
@@ -405,4 +405,4 @@ outcome = err.getvalue()
 """, {"path": str(folder)})
     err = str(found["outcome"])
     assert "left out" in err and "rank11.log" in err, err[-2000:]
-    assert float(found["grew_mib"]) < 1024, found  # type: ignore[arg-type]
+    assert float(found["grew_mib"]) < 200, found  # type: ignore[arg-type]  # the logs' timeout lines kept, not their text

@@ -51,7 +51,7 @@ class Evidence:
     ras: list[RasStatus] = field(default_factory=list)
     pictures: list[StackPicture] = field(default_factory=list)  # job bundles: already whole
     kinds: list[str] = field(default_factory=list)
-    timeout_logs: list[str] = field(default_factory=list)
+    timeout_lines: list[str] = field(default_factory=list)  # of the timeout logs, what their reader can use
     fr_text: list[fr_text.FrText] = field(default_factory=list)  # torchfrtrace / fr_trace output
     progress: list[str] = field(default_factory=list)  # a training log's counter rising: "iteration went from 1 to 9"
     doubts: list[str] = field(default_factory=list)  # a counter that rose in a log that also shows trouble
@@ -187,7 +187,7 @@ def _file(path: Path, found: Evidence) -> None:
         return
     read = False
     if nccl_timeouts.looks_like_timeout_log(text):
-        found.timeout_logs.append(text)
+        found.timeout_lines.extend(nccl_timeouts.read_lines(text) or [""])  # read, if only to say so
         found.kinds.append("nccl timeout log")
         read = True
     if nccl_ras.looks_like_report(text) or text.lstrip().startswith(("Job summary", "NCCL version")):
@@ -295,7 +295,7 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     nothing stuck; otherwise UNKNOWN, saying what was read and what it cannot tell."""
     fr = fr_dumps.analyze(found.traces) if found.traces else None
     ras = _ras(found)
-    timeouts = nccl_timeouts.parse("\n".join(found.timeout_logs)) if found.timeout_logs else None
+    timeouts = nccl_timeouts.parse_lines(found.timeout_lines) if found.timeout_lines else None
     frt = fr_text.FrText(tuple(m for f in found.fr_text for m in f.mismatches),
                          tuple(sorted({r for f in found.fr_text for r in f.behind_in_table})),
                          tuple(e for f in found.fr_text for e in f.entries)) if found.fr_text else None
@@ -406,9 +406,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         error(f"these stacks come from {len(jobs)} different jobs or programs ({named}): each is analysed on its own")
         pictures += [picture_of(Evidence(dumps=[d for d in found.dumps if d.job == job]), f"{name}: {job or 'unnamed'}")
                      for job in jobs]
-        found = Evidence(traces=found.traces, ras=found.ras, timeout_logs=found.timeout_logs, fr_text=found.fr_text,
+        found = Evidence(traces=found.traces, ras=found.ras, timeout_lines=found.timeout_lines, fr_text=found.fr_text,
                          progress=found.progress, doubts=found.doubts, kinds=[k for k in found.kinds if k != "stacks"])
-    if found.dumps or found.traces or found.ras or found.timeout_logs or found.fr_text or found.progress or \
+    if found.dumps or found.traces or found.ras or found.timeout_lines or found.fr_text or found.progress or \
             found.doubts:
         pictures.append(picture_of(found, name))
     if not pictures:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _S = r"\s{0,4}"  # a space a hard wrap may have taken, or doubled
@@ -265,6 +266,22 @@ def _default(group: str) -> bool:
 
 def parse(text: str) -> TimeoutFinding:
     """Every rank's timeout in one or more logs (concatenated), judged (module docstring)."""
+    return parse_lines(unwrap(text))
+
+
+# A word of each pattern `parse_lines` reads (and of those it counts as unread): a line with none holds nothing
+_WORDS = ("atchdog", "Timeout", "failure", "Received", "caught", "work", "Heartbeat", "First", "joined", "collective",
+          "lagging")
+
+
+def read_lines(text: str) -> list[str]:
+    """What `parse_lines` can read anything from in a log: its unwrapped lines that hold one of `_WORDS`. What
+    `analyze` keeps of a log of many MB is these few lines, not the whole text."""
+    return [line for line in unwrap(text) if any(word in line for word in _WORDS)]
+
+
+def parse_lines(lines: Iterable[str]) -> TimeoutFinding:
+    """`parse` of lines already `unwrap`ped."""
     events: dict[tuple[int, bool, str, int], RankTimeout] = {}
     lagging: dict[int, str] = {}
     signalled: dict[int, tuple[int, int | None]] = {}
@@ -293,7 +310,7 @@ def parse(text: str) -> TimeoutFinding:
             found.group_rank = tagged
         return found
 
-    for line in unwrap(text):
+    for line in lines:
         matched = False
         # each record's words first, found at C speed: the patterns' tag prefix costs microseconds per character
         for caught in _CAUGHT.finditer(line) if "caught" in line else ():
