@@ -29,23 +29,29 @@ MIB = 2**20
 DUMP_BYTES = 16 * MIB  # what a rank may write where its Flight Recorder dump goes (fr_dumps.MAX_DUMP_BYTES)
 GROWTH_MIB = 75  # a daemon of about 75 MiB stays under 150 MiB
 
+# The peak is the kernel's VmHWM, reset once the imports are done (`5` to clear_refs): getrusage's ru_maxrss would
+# start at the parent's size, which a child exec'd from a large process (pytest, the bench) inherits.
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import watchdog.cli.analyze, watchdog.stacks.flight_recorder, watchdog.stacks.capture, watchdog.stacks.nccl_ras
+def kib(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
 args = json.loads(sys.argv[1])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with open("/proc/self/clear_refs", "w") as peak:
+    peak.write("5")
+base = kib("VmRSS:")
 started = time.perf_counter()
 outcome = None
 exec(sys.argv[2])
-print(json.dumps({"grew_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
-                  "seconds": time.perf_counter() - started, "outcome": outcome}))
+print(json.dumps({"grew_mib": (kib("VmHWM:") - base) / 1024, "seconds": time.perf_counter() - started,
+                  "outcome": outcome}))
 """
 
 
 def measure(code: str, args: object = None, root: Path = REPO, timeout: float = 300) -> dict[str, object]:
     """`code` run in a fresh Python that imports the watchdog of `root` (a checkout: this one, or an older one
     for the figure before a fix), with `args` as `args`; what it leaves in `outcome`, how far its peak RSS grew
-    past its imports (MiB) and how long it took (s)."""
+    past its size after its imports (MiB) and how long it took (s)."""
     done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args), code], capture_output=True, text=True,
                           cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=timeout)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]
