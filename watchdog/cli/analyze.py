@@ -179,10 +179,10 @@ def _file(path: Path, found: Evidence) -> None:
         found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
         return
-    decoded = data.decode("utf-8", errors="replace")
-    if b"\x00" in data[:1 << 20] or decoded[:1 << 20].count("\ufffd") > 0.02 * min(len(decoded), 1 << 20):
+    head = data[:1 << 20].decode("utf-8", errors="replace")  # judged on its first MiB, before all of it is decoded
+    if b"\x00" in data[:1 << 20] or head.count("\ufffd") > 0.02 * len(head):
         raise StackFormatError(f"{path}: binary data, none of the formats `analyze` reads")
-    text = pasted(decoded)
+    text = pasted(data.decode("utf-8", errors="replace"))
     if text.lstrip().startswith(("{", "[")) and _json_file(path, text, found):
         return
     read = False
