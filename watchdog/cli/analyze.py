@@ -183,6 +183,7 @@ def _file(path: Path, found: Evidence) -> None:
     if b"\x00" in data[:1 << 20] or head.count("\ufffd") > 0.02 * len(head):
         raise StackFormatError(f"{path}: binary data, none of the formats `analyze` reads")
     text = pasted(data.decode("utf-8", errors="replace"))
+    del data  # the bytes of a 64 MiB file are not kept while its text is read
     if text.lstrip().startswith(("{", "[")) and _json_file(path, text, found):
         return
     read = False
