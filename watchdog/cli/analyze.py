@@ -179,8 +179,8 @@ def _file(path: Path, found: Evidence) -> None:
         found.traces.append(fr_dumps.parse(data, source=str(path)))
         found.kinds.append("flight recorder dump")
         return
-    head = data[:1 << 20].decode("utf-8", errors="replace")  # judged on its first MiB, before all of it is decoded
-    if b"\x00" in data[:1 << 20] or head.count("\ufffd") > 0.02 * len(head):
+    first = data[:1 << 20].decode("utf-8", errors="replace")  # judged on its first MiB, before all of it is decoded
+    if b"\x00" in data[:1 << 20] or first.count("\ufffd") > 0.02 * len(first):
         raise StackFormatError(f"{path}: binary data, none of the formats `analyze` reads")
     text = pasted(data.decode("utf-8", errors="replace"))
     del data  # the bytes of a 64 MiB file are not kept while its text is read
