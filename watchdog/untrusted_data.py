@@ -47,12 +47,17 @@ def json_values(data: bytes | str) -> int:
     return data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":") + 1
 
 
-def loads_json(data: bytes | str, what: str = "JSON", budget: int = MAX_BUILT_BYTES) -> Any:
-    """json.loads, after checking what it would build: TooMuchData over `budget`. json's own errors
-    (ValueError, RecursionError) pass through for the caller to word."""
+def check_json(data: bytes | str, what: str = "JSON", budget: int = MAX_BUILT_BYTES) -> None:
+    """TooMuchData where parsing `data` would build more than `budget` (for a caller with a parser of its own)."""
     built = json_values(data) * OBJECT_BYTES + len(data)
     if built > budget:
         raise _refusal(what, budget, built)
+
+
+def loads_json(data: bytes | str, what: str = "JSON", budget: int = MAX_BUILT_BYTES) -> Any:
+    """json.loads, after checking what it would build: TooMuchData over `budget`. json's own errors
+    (ValueError, RecursionError) pass through for the caller to word."""
+    check_json(data, what, budget)
     return json.loads(data)
 
 

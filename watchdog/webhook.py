@@ -7,12 +7,14 @@ Alertmanager posts `{"version": "4", "groupLabels": {...}, "commonLabels": {...}
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+
+from watchdog import untrusted_data
 
 LABEL = "training_job"
 SLURM_JOB = "slurm_job_id"
 MAX_JOB_NAME = 512
+BODY_BUILT_BYTES = 16 * 2**20  # the objects a request's body may build (thousands of alerts take a fraction)
 
 
 class PayloadError(ValueError):
@@ -36,7 +38,9 @@ def dump_target(body: bytes, slurm: bool = True) -> tuple[tuple[str, ...], str |
     if not body.strip():
         return (), None
     try:
-        payload = json.loads(body)
+        payload = untrusted_data.loads_json(body, "the body", BODY_BUILT_BYTES)
+    except untrusted_data.TooMuchData as exc:
+        raise PayloadError(str(exc)) from None
     except (ValueError, RecursionError) as exc:
         raise PayloadError(f"the body is not JSON ({exc})") from None
     if not isinstance(payload, dict):

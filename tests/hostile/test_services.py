@@ -152,6 +152,27 @@ def test_an_answer_over_its_budget_is_not_kept() -> None:
     assert answer.status is None and "over" in (answer.error or "")
 
 
+def test_an_answer_of_empty_lists_is_refused_before_it_is_built() -> None:
+    """16 MiB of `[],` (within a node's byte cap) would make the parser build 5.6 million lists, some 350 MiB
+    in the coordinator: the answer costs that node, refused with what it would build, before it is built."""
+    class Lists(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            body = b'{"jobs": [' + b"[]," * (5 << 20) + b"[]]}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    with http(Lists) as node:
+        answer = NodeClient(timeout_seconds=20).ask(f"127.0.0.1:{node.server_address[1]}", "run:x")
+    assert answer.status == 200 and not answer.answered and "would build" in (answer.error or ""), answer.error
+    assert answer.body == {}
+
+
 def test_one_malformed_node_answer_does_not_sink_the_job_verdict() -> None:
     deep: object = []
     for _ in range(100_000):
@@ -297,3 +318,21 @@ def test_concurrent_job_bundles_are_all_written(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_a_request_body_of_empty_lists_is_refused_before_it_is_built() -> None:
+    """The coordinator's and the dump endpoint's body cap is 4 MiB; 4 MiB of `[],` would make json.loads build
+    1.4 million lists (about 100 MiB). The body is refused with what it would build, before building it."""
+    import tracemalloc
+
+    from watchdog.webhook import PayloadError, training_jobs
+
+    body = b'{"alerts": [' + b"[]," * (4 * 2**20 // 3 - 10) + b"[]]}"
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadError, match="would build"):
+            training_jobs(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak

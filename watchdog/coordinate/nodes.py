@@ -22,11 +22,14 @@ from typing import Any
 
 import msgspec
 
-from watchdog import http_client
+from watchdog import http_client, untrusted_data
 
 MAX_ANSWER_BYTES = 16 * 2**20  # one node's /v1/dump answer
 MAX_JOB_BYTES = 256 * 2**20  # every node's answers to one investigation, together
 MAX_PROMETHEUS_BYTES = 8 * 2**20
+# The objects one answer (a node's, or Prometheus's) may build when parsed: answers are parsed one at a time,
+# so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
+BUILT_BYTES = 128 * 2**20
 MAX_NODES = 4096
 DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
 MAX_PARALLEL = 1024  # nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds
@@ -88,7 +91,7 @@ def placement_of(prometheus: str, job: str, scrape_job: str, timeout_seconds: fl
     url = prometheus.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
         answer = http_client.request("GET", url, timeout=timeout_seconds, max_bytes=MAX_PROMETHEUS_BYTES)
-        data = json.loads(answer.body)
+        data = untrusted_data.loads_json(answer.body, "Prometheus's answer", BUILT_BYTES)
     except (http_client.HttpError, ValueError, RecursionError) as exc:
         raise PrometheusError(f"{prometheus}: {exc}") from None
     if not isinstance(data, dict) or data.get("status") != "success":
@@ -203,6 +206,10 @@ def _collector_paused() -> Iterator[None]:
 def _parsed(instance: str, status: int, raw: bytes, seconds: float) -> NodeAnswer:
     """An answer parsed as strict JSON in UTF-8 (no NaN: the bundle keeps these bytes as they came), with
     msgspec: a thousand nodes' answers are hundreds of MB, and it parses them twice as fast as json."""
+    try:
+        untrusted_data.check_json(raw, "the answer", BUILT_BYTES)
+    except untrusted_data.TooMuchData as exc:
+        return NodeAnswer(instance, status, error=str(exc), seconds=seconds)
     try:
         body = msgspec.json.decode(raw) if raw else {}
     except (ValueError, RecursionError):  # msgspec.DecodeError and UnicodeDecodeError are ValueErrors
