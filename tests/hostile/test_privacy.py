@@ -341,3 +341,25 @@ def test_a_flapping_decision_keeps_a_bounded_record(tmp_path: Path) -> None:
     kept = [a["reason"] for a in summary["actions"]]
     assert len(kept) == MAX_ACTION_RECORDS and summary["actions_left_out"] == 2 * MAX_ACTION_RECORDS
     assert kept[0] == "look 0" and kept[-1] == f"look {3 * MAX_ACTION_RECORDS - 1}"
+
+
+def test_the_stacks_and_doctor_verbs_split_a_scan_by_proof_not_by_claim(tmp_path: Path) -> None:
+    """`stacks dump --all` and `node --all-ranks` without NVML scan for launched ranks. Another user's process
+    that claims the victim's job (unlaunched, its rank forged) is not in that job's picture: it is shown
+    apart, as a claim."""
+    with shared_folder() as folder, \
+            user_process(folder, ALICE, ["queue"], env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as victim, \
+            user_process(folder, BOB, ["queue"], env={**JOB, "RANK": "1", "LOCAL_RANK": "1"}, launched=False) as forged:
+        dump = subprocess.run([sys.executable, "-m", "watchdog", "stacks", "dump", "--all", "--json"],
+                              capture_output=True, text=True, timeout=120)
+        doctor = subprocess.run([sys.executable, "-m", "watchdog", "doctor", "--all-ranks", "--json"],
+                                capture_output=True, text=True, timeout=120)
+    pictures = [json.loads(line) for line in dump.stdout.splitlines() if line.startswith("{")]
+    members = {p["job"]: sorted(m for g in p["groups"] for m in g["members"]) for p in pictures}
+    assert members.get("run:victim-42") == ["rank 0"], (members, dump.stderr)
+    claimed = [job for job in members if job != "run:victim-42" and "victim-42" in job]
+    assert claimed and all("claimed" in job or "started by" in job for job in claimed), members
+    picture = next(p for p in pictures if p["job"] == "run:victim-42")
+    assert str(forged.pid) not in json.dumps(picture) and victim.pid > 0
+    jobs = [json.loads(line)["job"] for line in doctor.stdout.splitlines() if line.startswith("{")]
+    assert "run:victim-42" in jobs and any(j != "run:victim-42" and "victim-42" in (j or "") for j in jobs), jobs

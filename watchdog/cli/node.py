@@ -11,7 +11,7 @@ from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import build_receivers
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
-from watchdog.cli.stacks import describe_pids
+from watchdog.cli.stacks import describe_pids, proven_jobs
 from watchdog.config import Config, load_config
 from watchdog.doctor.checks import ERROR, WARNING, examine
 from watchdog.doctor.facts import gather
@@ -21,7 +21,7 @@ from watchdog.export.server import EndpointError, endpoint_secrets
 from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
-from watchdog.sample.ranks import RankDiscovery, group_jobs
+from watchdog.sample.ranks import RankDiscovery, RankInfo
 
 EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
 
@@ -66,14 +66,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             error("warning: no running ranks found (RANK/LOCAL_RANK with WORLD_SIZE); node checks only")
     else:
         ranks = []
-    groups = [job.ranks for job in group_jobs(ranks)] or [()]
+    jobs: list[tuple[str | None, tuple[RankInfo, ...]]] = [(job.key, job.ranks) for job in proven_jobs(ranks, config)]
     worst = 0
-    for job_ranks in groups:
+    for name, job_ranks in jobs or [(None, ())]:
         findings = examine(facts, job_ranks)
-        title = f"doctor: node{' and job ' + job_ranks[0].job_key if job_ranks else ''}"
+        title = f"doctor: node{' and job ' + name if name else ''}"
         if args.json:
-            print(json.dumps({"job": job_ranks[0].job_key if job_ranks else None,
-                              "findings": [f.to_json() for f in findings]}))
+            print(json.dumps({"job": name, "findings": [f.to_json() for f in findings]}))
         else:
             print(render_doctor(findings, title))
         if any(f.severity == ERROR for f in findings):

@@ -8,10 +8,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from watchdog.act import membership
+from watchdog.act.actions import Actions
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml, shown
 from watchdog.config import Config, load_config
 from watchdog.model import NodeSnapshot
-from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
+from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job, write_captures
 from watchdog.stacks.text import render as render_stacks
@@ -55,7 +57,7 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     s = config.stacks
     capturer = StackCapturer.from_config(s)
-    jobs = group_jobs(ranks)
+    jobs = proven_jobs(ranks, config)
     # Each job's evidence waits on its own (the Flight Recorder's dumps, NCCL RAS): all at once, so a
     # machine running several jobs costs the slowest job's wait, not the sum of them.
     with ThreadPoolExecutor(max_workers=min(8, len(jobs)), thread_name_prefix="job") as pool:
@@ -74,6 +76,13 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
     if all(c.result != "ok" for p in pictures for c in p.captures):
         return EXIT_FAILURE
     return EXIT_OK
+
+
+def proven_jobs(ranks: list[RankInfo], config: Config) -> list[Job]:
+    """The ranks split into jobs as the daemon splits them: the jobs proven by what their processes cannot
+    choose (launcher tree, slurmstepd's cgroup confirmed by Slurm, the pod), then the other processes by the
+    job they claim, said as claimed, so a process of another user that claims a job is never in its picture."""
+    return membership.pictured(ranks, Actions(config.actions).slurm_job_runs_as)
 
 
 def _ranks_on_gpus(discovery: RankDiscovery, gpus: list[int] | None, config: Config) -> list[RankInfo] | None:
