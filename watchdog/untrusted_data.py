@@ -97,14 +97,43 @@ def _size(value: object) -> int:
     return value.bit_length() // 8 if isinstance(value, int) else 0
 
 
+# The opcodes that hash what they put in a dict or a set: where on the stack its keys are (the items since
+# the mark are the whole stack then: MARK moves the rest aside).
+_KEYS: dict[str, Callable[[int], range]] = {
+    "SETITEM": lambda n: range(n - 2, n - 1), "SETITEMS": lambda n: range(0, n, 2), "DICT": lambda n: range(0, n, 2),
+    "ADDITEMS": lambda n: range(n), "FROZENSET": lambda n: range(n)}
+_FLAT = (str, bytes, int, float, bool, type(None))
+
+
+class Unreadable:
+    """What stands for a dict key or set member that is neither text, a number nor a flat tuple of them: a
+    tuple of tuples that share themselves through the memo is tiny to write and exponential to hash (80
+    levels of `(t, t)` in 170 bytes would hash for ever, holding the interpreter's lock: every thread of the
+    daemon stopped), and a million nested ones overflow the C stack when hashed (the process dies). Each is
+    its own key, hashed by identity; readers drop keys that are not text or numbers."""
+
+    __slots__ = ()
+
+
+def _flat(key: object) -> bool:
+    return isinstance(key, _FLAT) or (isinstance(key, tuple) and all(isinstance(k, _FLAT) for k in key))
+
+
 def _charged(handler: Callable[[Any], None], name: str) -> Callable[[Any], None]:
     cost = (REFERENCE_BYTES if name in _REFERENCES else ENTRY_BYTES if name in _SMALL
             else _ONE_ITEM.get(name, OBJECT_BYTES))
     per_item = _PER_ITEM.get(name, 0)
     payload = name in _PAYLOAD
 
+    keys = _KEYS.get(name)
+
     def run(self: DataUnpickler) -> None:
         self.charge(cost + per_item * len(self.stack))
+        if keys is not None:
+            stack = self.stack
+            for at in keys(len(stack)):
+                if not _flat(stack[at]):
+                    stack[at] = Unreadable()
         handler(self)
         if payload:
             self.charge(_size(self.stack[-1]))

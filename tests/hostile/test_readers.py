@@ -412,3 +412,36 @@ outcome = err.getvalue()
     err = str(found["outcome"])
     assert "left out" in err and "rank11.log" in err, err[-2000:]
     assert float(found["grew_mib"]) < 200, found  # type: ignore[arg-type]  # the logs' timeout lines kept, not their text
+
+
+_NESTED = b")" + b"2\x86" * 80  # EMPTY_TUPLE, then (t, t) 80 times: DUP, TUPLE2
+_HASHED = {  # the ways a pickle puts a value where it is hashed
+    "SETITEM": b"}" + _NESTED + b"N" + b"s.",
+    "SETITEMS": b"}" + b"(" + _NESTED + b"N" + b"u.",
+    "DICT": b"(" + _NESTED + b"N" + b"d.",
+    "ADDITEMS": b"\x8f" + b"(" + _NESTED + b"\x90.",
+    "FROZENSET": b"(" + _NESTED + b"\x91.",
+}
+
+
+@pytest.mark.parametrize("way", sorted(_HASHED))
+def test_a_tiny_pickle_whose_key_takes_for_ever_to_hash_is_read_at_once(tmp_path: Path, way: str) -> None:
+    """A tuple of tuples that share themselves through the memo, 80 levels deep, is 170 bytes and 2^80 steps
+    to hash, with the interpreter's lock held (every thread of the daemon stopped); a million nested tuples
+    overflow the C stack when hashed (the daemon dies). Such a key is never hashed: it stands as a key of its
+    own, which readers drop, by `analyze` as by the daemon's reader (the same one)."""
+    for name, nested in (("shared", _NESTED), ("deep", b")" + b"\x85" * 300_000)):
+        dump = tmp_path / f"{name}-{way}" / "rank0.pkl"
+        dump.parent.mkdir()
+        dump.write_bytes(b"\x80\x04" + _HASHED[way].replace(_NESTED, nested))
+        try:
+            done = subprocess.run([sys.executable, "-c", "import sys; from watchdog.untrusted_data import loads_pickle;"
+                                   " print(type(loads_pickle(open(sys.argv[1], 'rb').read())).__name__)", str(dump)],
+                                  capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}, {way}: still hashing after 20 s")
+        assert done.returncode == 0, (name, way, done.returncode, done.stderr[-300:])
+        assert done.stdout.strip() in ("dict", "set", "frozenset"), done.stdout
+        analysed = subprocess.run([sys.executable, "-m", "watchdog", "analyze", str(dump)], capture_output=True,
+                                  text=True, timeout=20)
+        assert analysed.returncode in (0, 1, 3) and "Traceback" not in analysed.stderr, analysed.stderr[-300:]
