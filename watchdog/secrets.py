@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from watchdog import rank_files
 
@@ -69,14 +69,16 @@ REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(
     r"token(?!iz)|secret|passw|passphrase|pwd|credential|api[_-]?key|access[_-]?key|private[_-]?key|[_-]key$|"
     r"^key$|^auth$|auth[_-]?(token|key|header)|bearer|jwt|signature|cookie|hmac|^session$|session[_-]?(id|key)|"
-    r"^license$|license[_-]?key|(^|[_-])pat$|plugin[_-]?config|^p$|^pw$", re.IGNORECASE)
+    r"^license$|license[_-]?key|(^|[_-])pat$|plugin[_-]?config|^p$|^pw$|(?<!by)pass(in|out)?$|account[_-]?key|"
+    r"authorization", re.IGNORECASE)
 # Query parameters that carry a credential beyond those names: an Azure SAS signature (`sig=`)
 _SECRET_QUERY_NAME = re.compile(r"^sig$|^code$", re.IGNORECASE)
-# user:password@ in a URL (s3://, https://, redis://...) or before a host (user:pw@host), anywhere in a value
+# user:password@ in a URL (s3://, https://, redis://...) anywhere in a value, or before a host (user:pw@host) at
+# the start of a value or of what an `=`, `,` or space joins to it (`--master-addr=user:pw@host`)
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,32}://)[^/@\s:]*:[^/@\s]*@")
-_HOST_CREDENTIALS = re.compile(r"^(?P<user>[\w.-]{1,256}):[^\s/@:]+@(?=[\w.-])")
-# ?name=value or &name=value in a URL
-_QUERY = re.compile(r"(?P<lead>[?&;](?P<name>[^=&#;\s]{1,64})=)(?P<value>[^&#;\s]*)")
+_HOST_CREDENTIALS = re.compile(r"(?:^|(?<=[=,\s]))(?P<user>[\w.-]{1,256}):[^\s/@:]+@(?=[\w.-])")
+# name=value at the start of a value, after ? or & in a URL, or after ; in a connection string (AccountKey=)
+_QUERY = re.compile(r"(?P<lead>(?:^|[?&;])(?P<name>[^=&#;?\s]{1,64})=)(?P<value>[^&#;\s]*)")
 # Webhook URLs whose path is the credential (Slack, Discord, Microsoft Teams)
 _WEBHOOK_PATH = re.compile(r"(?P<host>(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
                            r"discord(?:app)?\.com/api/webhooks|\.webhook\.office\.com/webhookb2)/)[^\s?#\"']+",
@@ -87,10 +89,12 @@ _TOKEN_SHAPE = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,255}|github_pat_[A-Za-
                           r"glpat-[A-Za-z0-9_-]{20,255}|hf_[A-Za-z0-9]{20,255}|xox[abposr]-[A-Za-z0-9-]{10,255}|"
                           r"sk-[A-Za-z0-9_-]{20,255}|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,4096}"
                           r"\.[A-Za-z0-9_-]{0,4096})")
-# A header argument (-H/--header) whose value carries a credential
-_HEADER_OPTIONS = ("-H", "--header")
-_SECRET_HEADER = re.compile(r"^\s{0,8}(authorization|proxy-authorization|cookie|x-api-key|x-auth-token|"
-                            r"private-token|x-goog-api-key)\s{0,8}:", re.IGNORECASE)
+# A header (`Name: value`): its value is a credential when its name looks secret (Authorization, Cookie,
+# X-Api-Key, api-key, X-Vault-Token, X-Amz-Security-Token, Ocp-Apim-Subscription-Key...)
+_HEADER = re.compile(r"^\s{0,8}(?P<name>[^\s:]{1,128})\s{0,8}:")
+# A long option joined to its value: --name=value, --name:value
+_JOINED = re.compile(r"(?P<name>--[^\s=:]{1,128})(?P<sep>[=:])(?P<value>.*)", re.DOTALL)
+_OPENSSL_PASSWORDS = ("-pass", "-passin", "-passout")  # their value: pass:pw, env:VAR, file:path...
 
 
 def secret_name(name: str) -> bool:
@@ -124,47 +128,67 @@ def redact_variable(name: str, value: str) -> str:
 
 
 def _header(value: str) -> str:
-    found = _SECRET_HEADER.match(value)
-    return f"{found.group(1)}: {REDACTED}" if found else redact_text(value)
+    found = _HEADER.match(value)
+    return f"{found.group('name')}: {REDACTED}" if found and secret_name(found.group("name")) else redact_text(value)
+
+
+def _user_password(value: str) -> str:
+    """curl's and wget's `-u user:password`: the password hidden, and the whole value where the password is
+    empty (an API key given as the user: `-u sk_live_...:`). `uid:gid` (docker --user 1000:1000) and a value
+    without a password (`sudo -u alice`, where the tool asks for it) are kept."""
+    user, sep, password = value.partition(":")
+    if not sep or "://" in value or (user.isdigit() and password.isdigit()):
+        return redact_text(value)
+    return f"{redact_text(user)}:{REDACTED}" if password else REDACTED
+
+
+def _hidden(value: str) -> str:
+    return REDACTED
+
+
+# Options whose value (the next argument, or joined: --user=, -ualice:pw, -HAuthorization:) has a rule of its own
+_VALUE_RULES = {"-H": _header, "--header": _header, "-u": _user_password, "--user": _user_password,
+                "-U": _user_password, "--proxy-user": _user_password}
 
 
 def redact_arguments(argv: Iterable[str]) -> tuple[str, ...]:
     """A command line with its secrets hidden: the value of an option whose name looks secret, whether
     joined (`--hf-token=abc`, `--token:abc`, `-pabc`, `-Pabc`) or the next argument (`--hf-token abc`,
-    `--gh-pat abc`, `-p pw`); a credential header (`-H 'Authorization: ...'`, `-HAuthorization: ...`,
-    `--header=Cookie: ...`); `NAME=value` assignments; and whatever redact_text finds in any argument."""
+    `--gh-pat abc`, `-p pw`, openssl's `-passin pass:pw`); a credential header (`-H 'Authorization: ...'`,
+    `-HAuthorization: ...`, `--header=Cookie: ...`); curl's `-u user:password`; `NAME=value` assignments; and
+    whatever redact_text finds in any argument."""
     out: list[str] = []
-    hide_next = header_next = False
+    rule: Callable[[str], str] | None = None  # what the option before says of this argument
     for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
+        if rule is not None:
+            out.append(rule(arg))
+            rule = None
             continue
-        if header_next:
-            header_next = False
-            out.append(_header(arg))
-            continue
-        if arg in _HEADER_OPTIONS:
-            header_next = True
-            out.append(arg)
-            continue
-        if arg.startswith("--header=") or arg.startswith("--header:"):
-            out.append(arg[:9] + _header(arg[9:]))
-            continue
-        if len(arg) > 2 and arg.startswith("-H") and arg[2] != "-":  # -HAuthorization: ... (curl's glued form)
-            out.append("-H" + _header(arg[2:]))
-            continue
-        if len(arg) > 3 and arg[:2] in ("-p", "-P") and arg[2] not in "-=" and not arg[2:].isdigit():
-            out.append(f"{arg[:2]}{REDACTED}")  # -ppassword (MySQL), -Ppassword
-            continue
-        arg = redact_text(arg)
-        name, sep, _ = arg.partition("=")
-        if not sep and arg.startswith("--") and ":" in arg:  # --token:abc
-            name, sep, _ = arg.partition(":")
-        if secret_name(name.lstrip("-")):
-            if sep:
-                out.append(f"{name}{sep}{REDACTED}")
-                continue
-            hide_next = arg.startswith("-")
-        out.append(arg)
+        kept, rule = _argument(arg)
+        out.append(kept)
     return tuple(out)
+
+
+def _argument(arg: str) -> tuple[str, Callable[[str], str] | None]:
+    """One argument as it may be kept, and the rule for the argument after it (None: it stands alone)."""
+    if arg in _VALUE_RULES:
+        return arg, _VALUE_RULES[arg]
+    if len(arg) > 2 and arg[:2] in _VALUE_RULES and arg[2] != "-":  # curl's glued -HAuthorization:..., -ualice:pw
+        return arg[:2] + _VALUE_RULES[arg[:2]](arg[2:]), None
+    if len(arg) > 3 and arg[:2] in ("-p", "-P") and arg[2] not in "-=" and not arg[2:].isdigit() and (
+            arg not in _OPENSSL_PASSWORDS):
+        return f"{arg[:2]}{REDACTED}", None  # -ppassword (MySQL), -Ppassword
+    joined = _JOINED.match(arg)
+    if joined and joined.group("name") in _VALUE_RULES:  # --header=Cookie: ..., --proxy-user=alice:pw
+        name, value = joined.group("name"), joined.group("value")
+        return name + joined.group("sep") + _VALUE_RULES[name](value), None
+    arg = redact_text(arg)
+    name, sep, _ = arg.partition("=")
+    if not sep and arg.startswith("--") and ":" in arg:  # --token:abc
+        name, sep, _ = arg.partition(":")
+    if secret_name(name.lstrip("-")):
+        if sep:
+            return f"{name}{sep}{REDACTED}", None
+        if arg.startswith("-"):
+            return arg, _hidden
+    return arg, None

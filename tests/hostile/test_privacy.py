@@ -24,7 +24,7 @@ from watchdog.config import StacksConfig
 from watchdog.daemon import build
 from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample.ranks import RankDiscovery, job_of
-from watchdog.secrets import REDACTED, redact_arguments
+from watchdog.secrets import REDACTED, redact_arguments, redact_variable
 from watchdog.stacks import nccl_ras
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import capture_job
@@ -52,6 +52,14 @@ ARGUMENT_FORMS = [
     # tokens known by their shape, wherever they stand
     [f"ghp_{S}abcdefghijklmnopqrstu"], ["--repo-url", f"https://x:{S}@github.com/o/r.git"],
     ["--webhook", f"https://discord.com/api/webhooks/123/{S}"],
+    # the forms that survived round 4's review: user:password joined to an option, curl's user options, a bare
+    # --pass, openssl's password arguments, credential headers by their name, an Azure connection string
+    [f"--master-addr=alice:{S}@10.0.0.1"], ["-u", f"alice:{S}"], ["--user", f"alice:{S}"],
+    [f"--proxy-user=alice:{S}"], [f"-ualice:{S}"], ["-U", f"alice:{S}"], ["-u", f"sk_live_{S}:"],
+    ["--pass", S], ["-pass", f"pass:{S}"], ["-passin", f"pass:{S}"], ["-passout", f"env:{S}"],
+    ["-H", f"api-key: {S}"], ["-H", f"X-Vault-Token: {S}"], ["-H", f"X-Amz-Security-Token: {S}"],
+    ["-H", f"Ocp-Apim-Subscription-Key: {S}"],
+    ["--conn", f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={S}==;EndpointSuffix=core.windows.net"],
 ]
 
 
@@ -68,9 +76,35 @@ def test_each_form_of_a_secret_argument_is_redacted(argv: list[str]) -> None:
 
 @pytest.mark.parametrize("argv", [["--tokenizer", "gpt2"], ["--lr", "0.1"], ["-P3306"], ["--patience", "5"],
                                   ["--data", "s3://bucket/x?versionId=7"], ["--master-addr", "node-1"],
-                                  ["--session-dir", "/runs/a"], ["-Hv"]])
+                                  ["--session-dir", "/runs/a"], ["-Hv"], ["python", "-u", "train.py"],
+                                  ["sudo", "-u", "alice", "id"], ["-H", "Content-Type: application/json"],
+                                  ["--user", "1000:1000"], ["--nccl-bypass", "1"], ["-uroot"],
+                                  ["--data", "s3://bucket/x", "--master-addr=node-1:29500"],
+                                  ["pip", "install", "-U", "https://host/x.whl"], ["--conn", "AccountName=acct"]])
 def test_plain_arguments_are_kept(argv: list[str]) -> None:
     assert redact_arguments(argv) == tuple(argv)
+
+
+# Variables whose value is a secret by their name, or holds one inside it
+SECRET_VARIABLES = {
+    "REDIS_PASS": S, "SSHPASS": S, "RCLONE_CONFIG_S3_PASS": S, "ACCOUNTKEY": S, "AZURE_STORAGE_KEY": S,
+    "AZURE_STORAGE_CONNECTION_STRING": f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={S}==;"
+                                       "EndpointSuffix=core.windows.net",
+    "SERVICEBUS": f"AccountKey={S};AccountName=a", "MASTER_ADDR": f"alice:{S}@host",
+    "DATABASE_URL": f"postgres://alice:{S}@db/x", "CONN": f"Server=db;Database=x;User Id=alice;Password={S};",
+}
+
+
+@pytest.mark.parametrize("name", SECRET_VARIABLES)
+def test_each_secret_variable_is_redacted(name: str) -> None:
+    kept = redact_variable(name, SECRET_VARIABLES[name])
+    assert S not in kept and REDACTED in kept
+
+
+@pytest.mark.parametrize(("name", "value"), [("NCCL_SOCKET_IFNAME", "eth0"), ("NCCL_P2P_BYPASS", "1"),
+                                             ("MASTER_ADDR", "node-1"), ("NCCL_IB_HCA", "mlx5_0:1")])
+def test_plain_variables_are_kept(name: str, value: str) -> None:
+    assert redact_variable(name, value) == value
 
 
 # Variables a rank's environment keeps for diagnosis (launch, NCCL, Torch), with credentials inside
