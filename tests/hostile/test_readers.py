@@ -445,3 +445,40 @@ def test_a_tiny_pickle_whose_key_takes_for_ever_to_hash_is_read_at_once(tmp_path
         analysed = subprocess.run([sys.executable, "-m", "watchdog", "analyze", str(dump)], capture_output=True,
                                   text=True, timeout=20)
         assert analysed.returncode in (0, 1, 3) and "Traceback" not in analysed.stderr, analysed.stderr[-300:]
+
+
+def test_a_job_bundle_is_read_within_the_runs_total(tmp_path: Path) -> None:
+    """A job bundle's node files count against the run's total like any file: 20 names of one 20 MiB node file
+    (hard links cost no disk) are not all read and held at once."""
+    bundle = tmp_path / "job"
+    (bundle / "nodes").mkdir(parents=True)
+    (bundle / "job.json").write_text(json.dumps({"training_job": "run:j", "odd_ranks": [], "rank_placement": {}}))
+    pad = "x" * (20 * MIB)
+    first = bundle / "nodes" / "n00.json"
+    first.write_text(json.dumps({"instance": "h0:1", "status": 200, "error": None,
+                                 "answer": {"node": "n", "pad": pad}}))
+    for n in range(1, 20):
+        os.link(first, bundle / "nodes" / f"n{n:02d}.json")
+    found = measure("""
+import contextlib, io
+from watchdog.cli import main
+err = io.StringIO()
+with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    main(["analyze", args["path"]])
+outcome = err.getvalue()
+""", {"path": str(bundle)})
+    assert "left out" in str(found["outcome"]), found
+    assert float(found["grew_mib"]) < 300, found  # type: ignore[arg-type]
+
+
+def test_a_job_verdict_elsewhere_does_not_read_its_folder(tmp_path: Path) -> None:
+    """A JSON file shaped like a job verdict but not a bundle's job.json (say, in /tmp) is not a reason to read
+    the job.json and nodes/ beside it, which anyone may have planted there."""
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "job.json").write_text(json.dumps({"training_job": "run:planted", "odd_ranks": []}))
+    mine = tmp_path / "verdict.json"
+    mine.write_text(json.dumps({"training_job": "run:mine", "odd_ranks": []}))
+    done = subprocess.run([sys.executable, "-m", "watchdog", "analyze", str(mine)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert "run:planted" not in done.stdout + done.stderr, done.stdout
+    assert "job bundle's folder" in done.stderr, done.stderr

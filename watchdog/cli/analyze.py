@@ -93,7 +93,9 @@ def _charge(path: Path, found: Evidence) -> None:
 _TAIL_HINT = "give its last part instead (`tail -c 32M FILE > part.log`): a hang is at the end of a log"
 
 
-def _json(path: Path) -> object:
+def _json(path: Path, found: Evidence) -> object:
+    """A JSON file of a bundle, charged to the run's total like any file."""
+    _charge(path, found)
     try:
         return untrusted_data.loads_json(_read(path).decode("utf-8", errors="replace"), str(path))
     except untrusted_data.TooMuchData as exc:
@@ -104,24 +106,25 @@ def _json(path: Path) -> object:
         raise StackFormatError(f"{path}: JSON nested too deeply") from None
 
 
-def _job_bundle(folder: Path) -> StackPicture:
-    job = _json(folder / "job.json")
+def _job_bundle(folder: Path, found: Evidence) -> StackPicture:
+    job = _json(folder / "job.json", found)
     if not isinstance(job, dict):
         raise StackFormatError(f"{folder}/job.json: not a job verdict")
-    result = job_bundle.read(job, [_json(node) for node in sorted((folder / "nodes").glob("*.json"))])
+    result = job_bundle.read(job, [_json(node, found) for node in sorted((folder / "nodes").glob("*.json"))
+                                   if not node.is_symlink()])
     return StackPicture(result.job, None, bool(result.silent), result.analysis, result.verdict, fr=result.fr)
 
 
 def _bundle(folder: Path, found: Evidence) -> None:
     for path in sorted((folder / "stacks").glob("*.json")):
-        raw = _json(path)
+        raw = _json(path, found)
         rank = int(path.name.split("-")[1]) if path.name.startswith("rank-") else None
         if isinstance(raw, list):
             found.dumps.extend(parse_pyspy_json(raw, str(path), rank))
         elif isinstance(raw, dict):
             found.dumps.extend(parse_capture(raw, str(path)))
     for path in sorted((folder / "flight_recorder").glob("*.json")):
-        raw = _json(path)
+        raw = _json(path, found)
         if isinstance(raw, dict):
             found.traces.append(RankTrace.from_json(raw))
     found.kinds.append("bundle")
@@ -129,7 +132,7 @@ def _bundle(folder: Path, found: Evidence) -> None:
 
 def _folder(folder: Path, found: Evidence, depth: int = 0) -> None:
     if (folder / _JOB_MARKER).is_file() or (folder / "job.json").is_file():
-        found.pictures.append(_job_bundle(folder))
+        found.pictures.append(_job_bundle(folder, found))
         found.kinds.append("job bundle")
     elif (folder / _BUNDLE_MARKER).is_file():
         _bundle(folder, found)
@@ -245,7 +248,9 @@ def _json_file(path: Path, text: str, found: Evidence) -> bool:
     if isinstance(data, dict) and ("communicators" in data or data.get("event") == "PEER_DEAD"):
         _add_ras(path, text, found)
     elif isinstance(data, dict) and "odd_ranks" in data:
-        found.pictures.append(_job_bundle(path.parent))
+        if path.name != "job.json":  # its nodes are read from its folder: only a bundle's own job.json names one
+            raise StackFormatError(f"{path}: a job verdict not named job.json; give its job bundle's folder")
+        found.pictures.append(_job_bundle(path.parent, found))
         found.kinds.append("job bundle")
     else:
         dumps = from_json(data, str(path))
