@@ -7,7 +7,11 @@ scrape job, run as another uid) that publish `stall_watchdog_rank_info`, and ano
 - the node token goes only to instances of the daemons' scrape job and of the allow-list;
 - an answer speaks only for its own instance: not for another node's name, nor for a rank Prometheus places
   on another instance; a rank two instances answer for is believed of neither;
-- a malformed answer costs that node, said as such, never the job verdict, and `analyze` reads the bundle.
+- a malformed answer costs that node, said as such, never the job verdict, and `analyze` reads the bundle;
+- where Prometheus places the job's ranks, a rank-less process or a rank placed nowhere is not counted: no
+  node outvotes the others or invents a culprit;
+- what a node names (a function, a file) reaches the terminal escaped, and what it sends beside its evidence
+  (a bundle path, its NCCL RAS finding) is kept bounded.
 """
 
 from __future__ import annotations
@@ -30,18 +34,26 @@ from tests.conftest import REPO, need_tool
 from tests.fakes.loopback import Quiet, serving
 from tests.integration.test_prometheus import free_port, stop_all, until
 from tests.users import ALICE, SYSTEM_PYTHON, shared_folder
+from watchdog.coordinate.job_verdict import merge
+from watchdog.coordinate.nodes import NodeAnswer, Placement
 
 NODE_TOKEN = "node-token-of-the-fleet"
 CALLERS_TOKEN = "alertmanagers-token"
+# A function name as a hostile node reports it: it clears the screen, retitles the window, overwrites the
+# line and starts a line of its own.
+EVIL = "get\x1b[2J\x1b[31mPWNED\x1b]0;title\x07\rFORGED\n  odd: rank 0 on node-a"
 STACKS = {"all_reduce": [("all_reduce", "torch/distributed/distributed_c10d.py"), ("train", "train.py")],
-          "loader": [("get", "queue.py"), ("__next__", "torch/utils/data/dataloader.py"), ("train", "train.py")]}
+          "loader": [("get", "queue.py"), ("__next__", "torch/utils/data/dataloader.py"), ("train", "train.py")],
+          "broadcast": [("broadcast", "torch/distributed/distributed_c10d.py"), ("train", "train.py")],
+          "evil": [(EVIL, "queue\x1b[8m.py"), ("__next__", "torch/utils/data/dataloader.py"), ("train", "train.py")]}
 
 
 def rank_row(rank: int, where: str, pid: object = None) -> dict[str, object]:
     """One rank as a daemon's /v1/dump answers it: its py-spy threads, in all_reduce or its data loader."""
     pid = 1000 + rank if pid is None else pid
     return {"rank": rank, "pid": pid, "gpus": [rank % 8], "capture": "ok",
-            "threads": [{"pid": pid, "thread_id": 1, "thread_name": "MainThread", "active": where != "all_reduce",
+            "threads": [{"pid": pid, "thread_id": 1, "thread_name": "MainThread",
+                         "active": where not in ("all_reduce", "broadcast"),
                          "frames": [{"name": f, "filename": p, "line": 1} for f, p in STACKS[where]]}]}
 
 
@@ -87,20 +99,41 @@ def picture(job: str, ranks: list[dict[str, object]], **extra: object) -> dict[s
     return {"training_job": job, "ranks": ranks, **extra}
 
 
+def rankless(pid: int, where: str) -> dict[str, object]:
+    """A process of the job without a rank (counted as "pid N")."""
+    return {**rank_row(0, where, pid), "rank": None}
+
+
+RAS = {"stuck": True, "conclusive": False, "queries": 2, "nccl_version": "2.23.4", "problem": None,
+       "summary": "NCCL RAS (two reports): every rank has launched the same collectives", "culprits": [],
+       "behind": [], "missing": [], "dead": [], "unreached": [], "status_mismatch": "", "moving": False}
+
+
 # run:x: one daemon, and alice's own exporter publishing a series for the same job (case 2).
 # run:y: a, b honest (rank 3 on b stuck in its data loader); m answers as "node-b" for b's rank 2 (placed on
 #        b) in a data loader, and for its own rank 9; m2 answers for b's rank 3 in all_reduce (hiding it).
 # run:w: p and q both publish rank 0 and answer for it, in its data loader and in all_reduce.
 # run:z: c honest (rank 1 in its data loader); e's answer gives a pid as an object; f's RAS culprits a number.
+# run:v: a (0, 1), b (2, 3) in all_reduce; m (9) in all_reduce adds 12 rank-less processes in broadcast.
+# run:u: as run:v but rank 3 on b in its data loader; m invents rank 99 in its data loader and 20 more in broadcast.
+# run:t: t's rank 2 in a data loader whose function and file names carry terminal escapes.
+# run:r: r1 sends a bundle path of 1 MiB; r2 a RAS finding with unknown keys of 1 MiB; r3 one of a 1 MiB summary.
 DAEMONS = {
     "x": FakeDaemon("node-x", {"run:x": [0]}, {"run:x": {"node": "node-x", "jobs": [
         picture("run:x", [rank_row(0, "all_reduce")])]}}),
-    "a": FakeDaemon("node-a", {"run:y": [0, 1]}, {"run:y": {"node": "node-a", "jobs": [
-        picture("run:y", [rank_row(0, "all_reduce"), rank_row(1, "all_reduce")])]}}),
-    "b": FakeDaemon("node-b", {"run:y": [2, 3]}, {"run:y": {"node": "node-b", "jobs": [
-        picture("run:y", [rank_row(2, "all_reduce"), rank_row(3, "loader")])]}}),
-    "m": FakeDaemon("node-m", {"run:y": [9]}, {"run:y": {"node": "node-b", "jobs": [
-        picture("run:y", [rank_row(2, "loader"), rank_row(9, "all_reduce")])]}}),
+    "a": FakeDaemon("node-a", {"run:y": [0, 1], "run:v": [0, 1], "run:u": [0, 1]}, {
+        job: {"node": "node-a", "jobs": [picture(job, [rank_row(0, "all_reduce"), rank_row(1, "all_reduce")])]}
+        for job in ("run:y", "run:v", "run:u")}),
+    "b": FakeDaemon("node-b", {"run:y": [2, 3], "run:v": [2, 3], "run:u": [2, 3]}, {
+        job: {"node": "node-b", "jobs": [picture(job, [rank_row(2, "all_reduce"),
+                                                       rank_row(3, "all_reduce" if job == "run:v" else "loader")])]}
+        for job in ("run:y", "run:v", "run:u")}),
+    "m": FakeDaemon("node-m", {"run:y": [9], "run:v": [9], "run:u": [9]}, {
+        "run:y": {"node": "node-b", "jobs": [picture("run:y", [rank_row(2, "loader"), rank_row(9, "all_reduce")])]},
+        "run:v": {"node": "node-m", "jobs": [picture("run:v", [rank_row(9, "all_reduce")]
+                                                     + [rankless(7000 + n, "broadcast") for n in range(12)])]},
+        "run:u": {"node": "node-m", "jobs": [picture("run:u", [rank_row(9, "all_reduce"), rank_row(99, "loader")]
+                                                     + [rank_row(100 + n, "broadcast") for n in range(20)])]}}),
     "m2": FakeDaemon("node-m2", {"run:y": [10]}, {"run:y": {"node": "node-m2", "jobs": [
         picture("run:y", [rank_row(3, "all_reduce"), rank_row(10, "all_reduce")])]}}),
     "p": FakeDaemon("node-p", {"run:w": [0, 1]}, {"run:w": {"node": "node-p", "jobs": [
@@ -115,6 +148,16 @@ DAEMONS = {
     "f": FakeDaemon("node-f", {"run:z": [5]}, {"run:z": {"node": "node-f", "jobs": [
         picture("run:z", [rank_row(5, "all_reduce")], nccl_ras={"conclusive": True, "culprits": 5,
                                                                  "summary": "rank 5"})]}}),
+    "t": FakeDaemon("node-t", {"run:t": [0, 1, 2]}, {"run:t": {"node": "node-t", "jobs": [
+        picture("run:t", [rank_row(0, "all_reduce"), rank_row(1, "all_reduce"), rank_row(2, "evil")])]}}),
+    "r1": FakeDaemon("node-r1", {"run:r": [0]}, {"run:r": {"node": "node-r1", "bundle": "/var/lib/" + "B" * 2**20,
+                                                           "jobs": [picture("run:r", [rank_row(0, "all_reduce")])]}}),
+    "r2": FakeDaemon("node-r2", {"run:r": [1]}, {"run:r": {"node": "node-r2", "bundle": "/var/lib/stall-watchdog/b1",
+                                                           "jobs": [picture("run:r", [rank_row(1, "loader")], nccl_ras={
+                                                               **RAS, "extra": ["x" * 100] * 10000,
+                                                               "dead": [{"rank": 5, "host": "h" * 2**20}]})]}}),
+    "r3": FakeDaemon("node-r3", {"run:r": [2]}, {"run:r": {"node": "node-r3", "jobs": [
+        picture("run:r", [rank_row(2, "all_reduce")], nccl_ras={**RAS, "summary": "S" * 2**20})]}}),
 }
 
 EXPORTER = textwrap.dedent('''
@@ -386,3 +429,77 @@ def test_a_malformed_answer_costs_that_node_never_the_verdict(fleet: Fleet) -> N
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
     assert json.loads(again.stdout.splitlines()[0])["outliers"] == ["rank 1"]
 
+
+
+# Case 5: where Prometheus places the ranks, a rank-less process or a rank placed nowhere outvotes the others.
+
+def test_rankless_processes_do_not_outvote_the_placed_ranks(fleet: Fleet) -> None:
+    result = investigate(fleet, "run:v")
+    m = DAEMONS["m"].instance
+    # Before: "13 of 17 ranks wait in broadcast", ranks 0-3 on node-a and node-b named as the odd, stuck ones.
+    assert result["odd_ranks"] == [] and result["outliers"] == [], result["odd_ranks"]
+    assert result["verdict"]["kind"] == "hang"  # every placed rank answered: the culprit is not said to be elsewhere
+    assert {r["rank"] for r in result["ranks"]} == {0, 1, 2, 3, 9}
+    text = result["verdict"]["headline"] + result["verdict"]["sentence"]
+    assert "rank 0" not in result["verdict"]["headline"] and "broadcast" not in result["verdict"]["headline"], text
+    assert f"{m} answered for 12 processes Prometheus places on no instance (pid 7000 (no rank), " in text, text
+    assert ": not believed" in text
+
+
+def test_a_rank_placed_nowhere_is_not_believed(fleet: Fleet) -> None:
+    result = investigate(fleet, "run:u")
+    b, m = DAEMONS["b"].instance, DAEMONS["m"].instance
+    # Before: rank 99 (m's invention) named beside rank 3, or the 20 invented ranks outvoting the job.
+    assert [(o["member"], o["instance"]) for o in result["odd_ranks"]] == [("rank 3", b)], result["odd_ranks"]
+    assert {r["rank"] for r in result["ranks"]} == {0, 1, 2, 3, 9}
+    text = result["verdict"]["sentence"]
+    assert f"{m} answered for 21 processes Prometheus places on no instance (rank 99, rank 100, " in text, text
+
+
+def test_where_placement_is_unknown_every_answer_still_counts() -> None:
+    """A Prometheus that gives no `rank` label (the scale bench's stand-in) places no rank: each answer is
+    then believed for what it says, rank-less processes included, as before."""
+    answered = [NodeAnswer("a:1", 200, {"node": "node-a", "jobs": [picture("J", [rank_row(0, "all_reduce"),
+                                                                                  rank_row(1, "all_reduce")])]}),
+                NodeAnswer("b:1", 200, {"node": "node-b", "jobs": [picture("J", [rank_row(2, "all_reduce"),
+                                                                                  rankless(4242, "loader")])]})]
+    result = merge("J", answered, Placement(["a:1", "b:1"]))
+    assert [(o["member"], o["node"]) for o in result.odd] == [("pid 4242", "node-b")]
+    assert "not believed" not in result.verdict.sentence
+    placed = merge("J", answered, Placement(["a:1", "b:1"], {0: frozenset({"a:1"}), 1: frozenset({"a:1"}),
+                                                             2: frozenset({"b:1"})}))
+    assert placed.odd == [] and "b:1 answered for pid 4242 (no rank), which Prometheus places on no instance" \
+        in placed.verdict.sentence
+
+
+# Case 6: a node's names reach the terminal raw.
+
+def test_what_a_node_names_reaches_the_terminal_escaped(fleet: Fleet) -> None:
+    done = subprocess.run([sys.executable, "-m", "watchdog", "coordinate", "--prometheus", fleet.prometheus, "--out",
+                           str(fleet.tmp / "jobs"), "--job", "run:t", "--node-token-file", str(fleet.token)],
+                          cwd=REPO, capture_output=True, timeout=120)  # bytes: text mode would turn CR into LF
+    out = done.stdout.decode()
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    for control in ("\x1b", "\x07", "\r", "\x9b"):
+        assert control not in out, f"{control!r} reached the terminal: {out!r}"
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("  odd:")] == [lines[-1]], lines  # one odd rank, one line
+    assert lines[-1].startswith("  odd: rank 2 on node-t") and "\\x1b[2J" in lines[-1], lines
+    assert not any(line.startswith(("FORGED", "  odd: rank 0")) for line in lines), lines
+
+
+# Case 7: what a node sends beside its evidence is kept whole in every kept verdict.
+
+def test_a_bundle_path_and_a_ras_finding_are_kept_bounded(fleet: Fleet) -> None:
+    result = investigate(fleet, "run:r")
+    r1, r2, r3 = (DAEMONS[n].instance for n in ("r1", "r2", "r3"))
+    nodes = {n["instance"]: n for n in result["nodes"]}
+    # Before: the 1 MiB path and the whole RAS dict (1 MiB of unknown keys) in the verdict kept and served.
+    assert len(json.dumps(result)) < 64 * 1024, {k: len(json.dumps(v)) for k, v in result.items()}
+    assert nodes[r1]["bundle"] is None and "bundle" in nodes[r1]["error"] and "malformed" in nodes[r1]["error"]
+    assert nodes[r2]["bundle"] == "/var/lib/stall-watchdog/b1" and nodes[r2]["error"] is None
+    assert "summary" in nodes[r3]["error"] and "malformed" in nodes[r3]["error"]
+    ras = result["nccl_ras"]
+    assert set(ras) <= {"stuck", "conclusive", "queries", "nccl_version", "summary", "culprits", "moving"}, set(ras)
+    assert ras["summary"] == RAS["summary"] and ras["stuck"] is True
+    assert [o["member"] for o in result["odd_ranks"]] == []  # r2's rank 1 alone is read: nothing to compare

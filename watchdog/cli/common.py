@@ -14,12 +14,14 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0)) i
 # A file name that is not UTF-8 reaches Python as surrogates, which would go out as the raw bytes (0x9b is an
 # 8-bit terminal's CSI): each is written as the byte it stands for, \xNN (any other surrogate as \uNNNN).
 _CONTROL.update({c: f"\\x{c - 0xdc00:02x}" if 0xdc80 <= c <= 0xdcff else f"\\u{c:04x}" for c in range(0xd800, 0xe000)})
+_ONE_LINE = {**_CONTROL, 0x0a: "\\n", 0x09: "\\t"}
 
 
-def shown(text: str) -> str:
+def shown(text: str, one_line: bool = False) -> str:
     """Text for a terminal: control characters (an escape sequence in a pasted log or a file's name would
-    retitle the window or clear the screen) written as \\xNN; new lines and tabs kept."""
-    return text.translate(_CONTROL)
+    retitle the window or clear the screen) written as \\xNN; new lines and tabs kept, unless `one_line`
+    (a field another machine fills, printed on a line of ours: a new line in it would forge the next one)."""
+    return text.translate(_ONE_LINE if one_line else _CONTROL)
 
 
 def error(message: str) -> None:

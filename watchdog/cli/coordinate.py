@@ -8,7 +8,7 @@ import signal
 import threading
 
 from watchdog import http_client, logfmt, secrets
-from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.coordinate.nodes import DAEMON_SCRAPE_JOB, NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.http_server import Auth, parse_address
@@ -61,12 +61,13 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({**result.to_json(), "bundle": coordinator.latest[args.job].get("bundle")}))
         else:
+            # Each line ours, each field escaped: the nodes name the functions, files and hosts in them.
             severity = result.verdict.severity.value if result.verdict.severity else "none"
-            print(f"{result.job}: {result.verdict.kind} ({severity})\n  {result.verdict.headline}\n"
-                  f"  {result.verdict.sentence}")
-            for odd in result.odd:
-                print(f"  odd: {odd['member']} on {odd['node']} (pid {odd['pid']}, GPU {odd['gpus']}): "
-                      f"{odd['activity']} in {odd['where']}")
+            lines = [f"{result.job}: {result.verdict.kind} ({severity})", f"  {result.verdict.headline}",
+                     f"  {result.verdict.sentence}"]
+            lines += [f"  odd: {odd['member']} on {odd['node']} (pid {odd['pid']}, GPU {odd['gpus']}): "
+                      f"{odd['activity']} in {odd['where']}" for odd in result.odd]
+            print("\n".join(shown(line, one_line=True) for line in lines))
         return EXIT_OK if result.problem is None else EXIT_FAILURE
     try:
         host, port = parse_address(args.listen)

@@ -17,6 +17,9 @@ from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace, SharedGroup
 
 MAX_NODE_NAME = 253  # a host name's length
 MAX_TEXT = 300
+MAX_PATH = 4096  # the node's bundle path (Linux's PATH_MAX)
+MAX_RAS_SUMMARY = 16 * 1024  # RasFinding.summary: a few sentences of at most 4 ranks each, and 60 rank numbers
+MAX_RAS_CULPRITS = 4096  # the culprits kept of a RAS finding (in rank order); RAS's own summary counts the rest
 
 
 class MalformedAnswer(ValueError):
@@ -26,9 +29,11 @@ class MalformedAnswer(ValueError):
 @dataclass
 class NodeEvidence:
     """What the job verdict reads of one node's answer. `node`: the name the answer gives itself (a claim);
-    `problem`: why nothing of it is read (a malformed answer)."""
+    `bundle`: where it kept its own evidence (a path on that node); `problem`: why nothing of it is read (a
+    malformed answer)."""
 
     node: str | None = None
+    bundle: str | None = None
     dumps: list[StackDump] = field(default_factory=list)
     ranks: list[dict[str, object]] = field(default_factory=list)  # rank, pid, gpus, capture
     traces: list[RankTrace] = field(default_factory=list)
@@ -92,7 +97,8 @@ def _text(value: object, path: str, limit: int = MAX_TEXT) -> str | None:
 def _read(job: str, body: object, instance: str, groups: SharedGroups) -> NodeEvidence:
     if not isinstance(body, dict):
         raise _expected("the answer", "an object", body)
-    found = NodeEvidence(node=_text(body.get("node"), "node", MAX_NODE_NAME) or None)
+    found = NodeEvidence(node=_text(body.get("node"), "node", MAX_NODE_NAME) or None,
+                         bundle=_text(body.get("bundle"), "bundle", MAX_PATH) or None)
     for j, picture in enumerate(_optional(body.get("jobs"), list, "jobs", "a list") or []):
         where = f"jobs[{j}]"
         if not isinstance(picture, dict):
@@ -129,13 +135,25 @@ def _rank(rank: object, path: str, instance: str, found: NodeEvidence) -> None:
 
 
 def _ras(ras: object, path: str) -> dict[str, Any] | None:
-    """The RAS finding as the daemon wrote it (RasFinding.to_json), the fields the verdict reads checked."""
+    """The RAS finding as the daemon wrote it (RasFinding.to_json), reduced to what the verdict and its
+    readers use, each field checked and bounded: a node's other keys and the per-rank lists (its summary says
+    them) are not kept in every verdict."""
     if ras is None:
         return None
     if not isinstance(ras, dict):
         raise _expected(path, "an object", ras)
-    _optional(ras.get("conclusive"), bool, f"{path}.conclusive", "true/false")
+    culprits = []
     for i, rank in enumerate(_optional(ras.get("culprits"), list, f"{path}.culprits", "a list") or []):
-        _number(rank, f"{path}.culprits[{i}]", 2**31)
-    _optional(ras.get("summary"), str, f"{path}.summary", "text")
-    return ras
+        if _number(rank, f"{path}.culprits[{i}]", 2**31) is None:
+            raise _expected(f"{path}.culprits[{i}]", "a rank", rank)
+        culprits.append(rank)
+    found = {"conclusive": _optional(ras.get("conclusive"), bool, f"{path}.conclusive", "true/false") or False,
+             "culprits": culprits[:MAX_RAS_CULPRITS],
+             "summary": _text(ras.get("summary"), f"{path}.summary", MAX_RAS_SUMMARY),
+             "stuck": _optional(ras.get("stuck"), bool, f"{path}.stuck", "true/false") or False,
+             "moving": _optional(ras.get("moving"), bool, f"{path}.moving", "true/false") or False,
+             "queries": _number(ras.get("queries"), f"{path}.queries", 2**16),
+             "nccl_version": _text(ras.get("nccl_version"), f"{path}.nccl_version")}
+    if _text(ras.get("problem"), f"{path}.problem", MAX_RAS_SUMMARY):
+        found["problem"] = ras["problem"]
+    return found

@@ -4,7 +4,8 @@ The ranks' raw py-spy threads from all nodes are analysed together (the same gro
 on one node), so the odd rank is found across the job and named with its node, pid, GPU and activity.
 The Flight Recorder dumps of all nodes are matched together; NCCL RAS already sees the whole job, so a
 finding the answering nodes agree on stands for it. Each answer speaks only for its own instance: its
-name is its claim, and it is believed only of the ranks Prometheus places on that instance.
+name is its claim, and it is believed only of the ranks Prometheus places on that instance (where
+Prometheus places none, as a stand-in without `rank` labels, of what it says).
 
 The answers of a thousand nodes are hundreds of MB parsed: JobEvidence reads each one as it arrives into
 what the verdict needs, so they are never all held at once.
@@ -95,9 +96,8 @@ class JobEvidence:
         with self._lock:
             raw = answer.raw if answer.raw is not None and self._kept + len(answer.raw) <= self.keep_bytes else None
             self._kept += len(raw or b"")
-        bundle = answer.body.get("bundle")
-        return replace(answer, body={"node": found.node, "bundle": bundle if isinstance(bundle, str) else None},
-                       raw=raw, error=answer.error or found.problem)
+        return replace(answer, body={"node": found.node, "bundle": found.bundle}, raw=raw,
+                       error=answer.error or found.problem)
 
     def verdict(self, answered: Sequence[NodeAnswer], placement: Placement | None = None,
                 problem: str | None = None) -> JobVerdict:
@@ -114,12 +114,12 @@ class JobEvidence:
             evidence = found[n] if n < len(found) else NodeEvidence()
             pairs.append((replace(answer, error=answer.error or evidence.problem), evidence))
         names = _names([(a.instance, e.node) for a, e in pairs if a.answered])
-        refused, notes = _attribution([(a.instance, e) for a, e in pairs if a.answered], placement)
+        refused, notes, unheard = _attribution([(a.instance, e) for a, e in pairs if a.answered], placement)
         read = [e.without(refused[a.instance], names[a.instance]) for a, e in pairs if a.answered]
         ras, ras_note = _ras([(a.instance, e.ras) for a, e in pairs if a.answered and e.ras is not None],
                              sum(a.answered for a, _ in pairs))
         return _decide(self.job, [a for a, _ in pairs], read, ras, placement, problem,
-                       notes + ([ras_note] if ras_note else []), any(refused.values()))
+                       notes + ([ras_note] if ras_note else []), unheard)
 
 
 def merge(job: str, answered: Sequence[NodeAnswer], placement: Placement | None = None,
@@ -151,19 +151,29 @@ def _listed(items: Sequence[str], most: int = 4) -> str:
 
 
 def _attribution(found: Sequence[tuple[str, NodeEvidence]],
-                 placement: Placement) -> tuple[dict[str, set[str]], list[str]]:
-    """What each instance's answer is not believed for, and why: a rank Prometheus places on other
-    instances only, and a rank (or rank-less pid) that answers from several instances speak for."""
+                 placement: Placement) -> tuple[dict[str, set[str]], list[str], bool]:
+    """What each instance's answer is not believed for, and why. Where Prometheus places the job's ranks, an
+    answer speaks only for the ranks placed on its own instance: a rank placed on other instances only, a rank
+    placed nowhere and a rank-less pid are not counted (else one node could outvote the others, or invent a
+    culprit). A rank (or, placement unknown, a rank-less pid) several instances speak for is believed of none.
+    Last, whether a rank's own evidence may be among what is not believed (a process placed nowhere is none of
+    the job's ranks: refusing it hides none, so it does not make the verdict look elsewhere)."""
     claims: dict[str, set[str]] = {}
     for instance, evidence in found:
         for member in evidence.members():
             claims.setdefault(member, set()).add(instance)
     refused: dict[str, set[str]] = {instance: set() for instance, _ in found}
     elsewhere: dict[str, list[str]] = {}
+    nowhere: dict[str, list[str]] = {}
     shared: list[tuple[str, list[str]]] = []
     for member, instances in sorted(claims.items(), key=lambda c: _order(c[0])):
         rank = int(member[5:]) if member.startswith("rank ") else None
-        placed = placement.ranks.get(rank) if rank is not None else None
+        placed = placement.ranks.get(rank, frozenset()) if rank is not None else frozenset()
+        if placement.ranks and not placed:
+            for instance in instances:
+                refused[instance].add(member)
+                nowhere.setdefault(instance, []).append(member if rank is not None else f"{member} (no rank)")
+            continue
         if placed:
             for instance in sorted(instances - placed):
                 refused[instance].add(member)
@@ -182,6 +192,10 @@ def _attribution(found: Sequence[tuple[str, NodeEvidence]],
         else:
             notes.append(f"{instance} answered for {len(members)} ranks Prometheus places on other instances "
                          f"({_listed(members)}): not believed")
+    for instance, members in nowhere.items():
+        notes.append(f"{instance} answered for {members[0]}, which Prometheus places on no instance: not believed"
+                     if len(members) == 1 else f"{instance} answered for {len(members)} processes Prometheus "
+                     f"places on no instance ({_listed(members)}): not believed")
     if len(shared) == 1:
         member, alike = shared[0]
         notes.append(f"{member} was answered for by {len(alike)} instances ({_listed(alike)}): believed "
@@ -189,7 +203,7 @@ def _attribution(found: Sequence[tuple[str, NodeEvidence]],
     elif shared:
         notes.append(f"{len(shared)} ranks were answered for by several instances "
                      f"({_listed([m for m, _ in shared])}): believed of none of them")
-    return refused, notes
+    return refused, notes, bool(elsewhere or shared)
 
 
 def _order(member: str) -> tuple[int, int]:
@@ -217,13 +231,13 @@ def _ras(findings: Sequence[tuple[str, dict[str, Any]]], answered: int) -> tuple
 
 
 def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidence], ras: dict[str, Any] | None,
-            placement: Placement, problem: str | None, notes: list[str], refused: bool = False) -> JobVerdict:
+            placement: Placement, problem: str | None, notes: list[str], unheard: bool = False) -> JobVerdict:
     dumps = [d for r in read for d in r.dumps]
     ranks: list[dict[str, object]] = [row for r in read for row in r.ranks]
     traces = [t for r in read for t in r.traces]
     analysis = analyze(dumps)
     silent = [a for a in answered if not a.answered]
-    decided = verdict(analysis, spans_other_nodes=bool(silent) or refused)  # some ranks' evidence is missing
+    decided = verdict(analysis, spans_other_nodes=bool(silent) or unheard)  # some ranks' evidence is missing
     fr = fr_dumps.analyze(traces) if traces else None
     conclusive = ras is not None and bool(ras.get("conclusive"))
     ras_culprits = list((ras or {}).get("culprits") or []) if conclusive else []
