@@ -289,11 +289,15 @@ def check_p2p_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFi
 
 
 def check_diagnosis_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[DoctorFinding]:
-    env = ranks[0].env if ranks else {}
+    if not ranks:
+        return [DoctorFinding("diagnosis_settings", UNKNOWN, "no rank to read the settings of")]
+    env = ranks[0].env
     out = []
     if "NCCL_DEBUG" not in env:
         out.append(DoctorFinding("nccl_debug", INFO, "NCCL_DEBUG unset", "NCCL_DEBUG=WARN costs nothing and names "
                                  "the failing link when a collective breaks"))
+    else:
+        out.append(DoctorFinding("nccl_debug", OK, f"NCCL_DEBUG={env['NCCL_DEBUG']}"))
     handling = env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", env.get("NCCL_ASYNC_ERROR_HANDLING"))
     blocking = env.get("TORCH_NCCL_BLOCKING_WAIT", env.get("NCCL_BLOCKING_WAIT"))
     if handling == "0":
@@ -308,7 +312,10 @@ def check_diagnosis_settings(ranks: Sequence[RankInfo], f: NodeFacts) -> list[Do
     wanted = (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), ("TORCH_NCCL_DUMP_ON_TIMEOUT",),
               ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE"))
     missing = [" or ".join(names) for names in wanted if not any(n in env for n in names)]
-    if missing:
+    if not missing:
+        found = [next(f"{n}={env[n]}" for n in names if n in env) for names in wanted]
+        out.append(DoctorFinding("flight_recorder", OK, f"Flight Recorder enabled ({', '.join(found)})"))
+    else:
         out.append(DoctorFinding("flight_recorder", INFO, f"Flight Recorder not fully enabled ({', '.join(missing)} "
                                  "unset)", "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
                                  "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/nccl_pipe_ (newer PyTorch: "
@@ -358,12 +365,29 @@ JOB_CHECKS: dict[str, Callable[[Sequence[RankInfo], NodeFacts], list[DoctorFindi
 }
 
 
+def job_findings(ranks: Sequence[RankInfo], facts: NodeFacts) -> list[DoctorFinding]:
+    """Every job check over the ranks whose environments were read (what the checks look at). One more finding
+    names the ranks not read and why; with none read, each check says unknown, never ok and never "unset"."""
+    read = [r for r in ranks if r.env_read]
+    unread = [r for r in ranks if not r.env_read]
+    findings = [finding for check in JOB_CHECKS.values() for finding in check(read, facts)] if read else [
+        DoctorFinding(name, UNKNOWN, "not checked: no rank's environment could be read") for name in JOB_CHECKS]
+    if unread:
+        why = "; ".join(f"pid {r.pid}: {'; '.join(r.problems) or 'not read'}" for r in unread[:3]) + (
+            f"; {len(unread) - 3} more" if len(unread) > 3 else "")
+        said = f"the job checks read {len(read)} of {len(ranks)} ranks' environments" if read else (
+            "no rank's environment could be read")
+        findings.append(DoctorFinding("job_environment", UNKNOWN, f"{said}; not read: {why}", "run the doctor as "
+                                      "the job's user, or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (as the "
+                                      "shipped units do)"))
+    return findings
+
+
 def examine(facts: NodeFacts, ranks: Sequence[RankInfo] = ()) -> list[DoctorFinding]:
     """Every node check, then every job check over the ranks given; worst first."""
     findings = [check(facts) for check in NODE_CHECKS.values()]
     if ranks:
-        for check in JOB_CHECKS.values():
-            findings.extend(check(ranks, facts))
+        findings.extend(job_findings(ranks, facts))
     return sorted(findings, key=lambda d: _ORDER[d.severity])
 
 

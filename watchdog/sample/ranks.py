@@ -150,6 +150,7 @@ class RankInfo:
     uid: int | None = None  # the real user id it runs as (the kernel's word)
     parent: Parent | None = None  # None where it has none to read (pid 1's children, a parent gone)
     cgroup: str = ""  # /proc/<pid>/cgroup: where slurmstepd or the kubelet put it (the kernel's word)
+    env_read: bool = True  # False: its environment could not be read (env is empty, not unset; problems say why)
 
     def _int(self, name: str) -> int | None:
         return number(self.env.get(name))
@@ -240,8 +241,8 @@ class RankDiscovery:
             if count:
                 self.counters["unreadable_environ"] += 1
             if isinstance(exc, PermissionError):
-                return {}, ("environ: permission denied (another user's ranks need CAP_SYS_PTRACE and "
-                            "CAP_DAC_READ_SEARCH)")
+                return {}, ("environ: permission denied (another user's or a more privileged process needs "
+                            "CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH)")
             return {}, f"environ: {exc.strerror or exc}"
         entries = raw.split(b"\0")
         if len(raw) >= _ENVIRON_MAX:  # cut: its last entry may be half a variable (RANK=1 of RANK=12)
@@ -349,12 +350,12 @@ class RankDiscovery:
             return None
         except psutil.AccessDenied:
             self.counters["access_denied"] += 1
-            return RankInfo(pid, 0.0, (), gpus, {}, None, problems=("process: access denied",))
+            return RankInfo(pid, 0.0, (), gpus, {}, None, problems=("process: access denied",), env_read=False)
         env, problem = self.environment(pid)
         cgroup = self.cgroup(pid)
         return RankInfo(pid, create_time, cmdline, gpus, env, activity, self.container(cgroup),
                         problems=(problem,) if problem else (), workload=self.workload(env, cgroup, uuids, uid),
-                        uid=uid, parent=self.parent(process), cgroup=cgroup)
+                        uid=uid, parent=self.parent(process), cgroup=cgroup, env_read=problem is None)
 
     def from_snapshot(self, snapshot: NodeSnapshot) -> list[RankInfo]:
         """The compute processes NVML lists on each GPU."""
