@@ -482,3 +482,21 @@ def test_a_job_verdict_elsewhere_does_not_read_its_folder(tmp_path: Path) -> Non
                           timeout=60, cwd=REPO)
     assert "run:planted" not in done.stdout + done.stderr, done.stdout
     assert "job bundle's folder" in done.stderr, done.stderr
+
+
+def test_a_new_line_in_a_name_from_py_spys_json_forges_no_line(tmp_path: Path) -> None:
+    """py-spy's JSON carries the names a rank chose: a function or thread name holding new lines is kept as one
+    line (its control characters written as \\xNN), so it cannot print a line of its own in a report."""
+    forged = "get\n\njob forged\n  NO_STALL: the job was making progress\n"
+    threads = [{"pid": 100 + n, "thread_id": 1, "os_thread_id": 100 + n, "thread_name": "Main\nThread",
+                "active": False, "frames": [{"name": forged if n == 2 else "all_reduce", "filename": "c10d.py",
+                                             "line": 1}, {"name": "train", "filename": "train.py", "line": 9}]}
+               for n in range(3)]
+    dump = tmp_path / "pyspy.json"
+    dump.write_text(json.dumps(threads))
+    for verb in (["stacks", "analyze"], ["analyze"]):
+        done = subprocess.run([sys.executable, "-m", "watchdog", *verb, str(dump)], capture_output=True, text=True,
+                              timeout=60, cwd=REPO)
+        lines = done.stdout.splitlines()
+        assert lines and not any(line.lstrip().startswith(("job forged", "NO_STALL")) for line in lines), done.stdout
+        assert "\\x0ajob forged" in done.stdout, done.stdout

@@ -264,7 +264,8 @@ def _frames(raw: object, key_function: str, key_file: str) -> tuple[Frame, ...]:
 
 
 def _name(value: object) -> str:
-    return value[:MAX_NAME] if isinstance(value, str) else ""
+    """A name py-spy printed (a rank chooses its function, file and thread names): one line, bounded."""
+    return untrusted_data.one_line(value[:MAX_NAME]) if isinstance(value, str) else ""
 
 
 def _small_int(value: object) -> int | None:
