@@ -27,13 +27,13 @@ ENTRY_BYTES = 32  # a number, or an entry of a dict or set (its slot, and the ta
 
 
 # C0 and C1 control characters (new lines and tabs too) as \xNN: for text a reader keeps as one name or one line.
-_ONE_LINE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))}
+CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))}
 
 
 def one_line(text: str) -> str:
     """`text` as one line of printable characters: a function or thread name from a rank keeps no new line
     (which would forge the next line of a report), no escape sequence, no carriage return."""
-    return text.translate(_ONE_LINE)
+    return text.translate(CONTROL_ESCAPES)
 
 
 class TooMuchData(ValueError):

@@ -6,11 +6,12 @@ import sys
 
 from watchdog.config import Config
 from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
+from watchdog.untrusted_data import CONTROL_ESCAPES
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if c not in (0x0a, 0x09)}
+_CONTROL = {c: escape for c, escape in CONTROL_ESCAPES.items() if c not in (0x0a, 0x09)}
 # A file name that is not UTF-8 reaches Python as surrogates, which would go out as the raw bytes (0x9b is an
 # 8-bit terminal's CSI): each is written as the byte it stands for, \xNN (any other surrogate as \uNNNN).
 _CONTROL.update({c: f"\\x{c - 0xdc00:02x}" if 0xdc80 <= c <= 0xdcff else f"\\u{c:04x}" for c in range(0xd800, 0xe000)})

@@ -10,7 +10,7 @@ from pathlib import Path
 from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import build_receivers
-from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.cli.stacks import describe_pids, proven_jobs
 from watchdog.config import Config, load_config
 from watchdog.doctor.checks import ERROR, WARNING, examine
@@ -74,7 +74,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"job": name, "findings": [f.to_json() for f in findings]}))
         else:
-            print(render_doctor(findings, title))
+            print(shown(render_doctor(findings, title)))
         if any(f.severity == ERROR for f in findings):
             worst = max(worst, EXIT_DOCTOR_ERROR)
         elif args.strict and any(f.severity == WARNING for f in findings):
