@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from watchdog.sample.ranks import RankDiscovery, RankInfo
+
 TARGETS = Path(__file__).parent / "targets"
 SYSTEM_PYTHON = "/usr/bin/python3"
 ALICE, BOB = 1001, 1002  # two users who are not this test's (root) and not each other
@@ -132,3 +134,18 @@ def portable_install(folder: Path) -> dict[str, str]:
         path.chmod(0o755 if path.is_dir() or path.name == "py-spy" else 0o644)
     folder.chmod(0o1777)
     return {"PYTHONPATH": str(lib), "PATH": f"{folder}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def described(argv: Sequence[str], env: dict[str, str]) -> RankInfo:
+    """What the daemon keeps of a process (RankDiscovery.describe) that runs with these arguments and variables
+    (on top of this test's environment): a real process, asleep, ended once described."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv], env={**os.environ, **env})
+    try:
+        time.sleep(0.3)
+        info = RankDiscovery().describe(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert info is not None
+    return info
+

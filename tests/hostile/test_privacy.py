@@ -18,7 +18,7 @@ import pytest
 
 from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
-from tests.users import ALICE, BOB, shared_folder, user_process
+from tests.users import ALICE, BOB, described, shared_folder, user_process
 from watchdog.act.bundles import MAX_ACTION_RECORDS, Incident
 from watchdog.config import StacksConfig
 from watchdog.daemon import build
@@ -121,16 +121,8 @@ def test_a_real_ranks_command_line_and_environment_keep_no_credential() -> None:
     """What a bundle and a dump keep of a rank (RankDiscovery.describe): every argument form at once, and the
     variables whose values hold a credential in their middle."""
     argv = [arg for form in ARGUMENT_FORMS for arg in form]
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv],
-                               env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29500",
-                                    "NCCL_DEBUG": "WARN", **VARIABLE_FORMS})
-    try:
-        time.sleep(0.3)
-        info = RankDiscovery().describe(process.pid)
-    finally:
-        process.kill()
-        process.wait()
-    assert info is not None
+    info = described(argv, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29500", "NCCL_DEBUG": "WARN",
+                            **VARIABLE_FORMS})
     text = " ".join(info.cmdline) + " " + " ".join(f"{k}={v}" for k, v in info.env.items()) + " " + info.job_key
     assert S not in text
     assert info.env["MASTER_ADDR"] == f"trainer:{REDACTED}@node-1" and info.env["NCCL_DEBUG"] == "WARN"

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import python_target
 from tests.fakes.daemon import daemon_config, stepping_clock
+from tests.users import described
 from watchdog.daemon import build
 from watchdog.sample import sim
 from watchdog.sample.host_progress import AT_WORK_SECONDS
@@ -45,17 +46,8 @@ def test_stopping_kills_a_hung_capture_within_the_stop_timeout(tmp_path: Path) -
 
 
 def test_secret_looking_arguments_and_variables_never_leave_the_rank(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--hf-token=hf_SECRET1",
-                                "--api-key", "SECRET2", "--tokenizer", "gpt2"],
-                               env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "NCCL_IB_AUTH_TOKEN": "SECRET3",
-                                    "NCCL_DEBUG": "WARN"})
-    try:
-        time.sleep(0.3)
-        info = RankDiscovery().describe(process.pid)
-    finally:
-        process.kill()
-        process.wait()
-    assert info is not None
+    info = described(["--hf-token=hf_SECRET1", "--api-key", "SECRET2", "--tokenizer", "gpt2"],
+                     {"RANK": "0", "WORLD_SIZE": "1", "NCCL_IB_AUTH_TOKEN": "SECRET3", "NCCL_DEBUG": "WARN"})
     text = " ".join(info.cmdline) + " " + " ".join(f"{k}={v}" for k, v in info.env.items())
     assert "SECRET" not in text
     assert f"--hf-token={REDACTED}" in info.cmdline and "gpt2" in info.cmdline
