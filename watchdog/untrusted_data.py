@@ -26,8 +26,13 @@ REFERENCE_BYTES = 8
 ENTRY_BYTES = 32  # a number, or an entry of a dict or set (its slot, and the table's growth)
 
 
-# C0 and C1 control characters (new lines and tabs too) as \xNN: for text a reader keeps as one name or one line.
+# C0 and C1 control characters (new lines and tabs too) as \xNN: for text a reader keeps as one name or one line,
+# and for what the verbs print (cli/common.py's shown keeps new lines and tabs).
 CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))}
+# ... and the characters that reorder or break what follows on a terminal or a page: bidirectional controls
+# (a right-to-left override makes "rank 3" read as another) and Unicode's line and paragraph separators.
+CONTROL_ESCAPES.update({c: f"\\u{c:04x}" for c in (0x061c, 0x200e, 0x200f, 0x2028, 0x2029, *range(0x202a, 0x202f),
+                                                   *range(0x2066, 0x206a))})
 
 
 def one_line(text: str) -> str:

@@ -348,27 +348,32 @@ def test_a_claimed_count_does_not_outweigh_the_processes_shown(tmp_path: Path,
 
 
 def printable(data: bytes) -> bool:
-    """Output a terminal shows as text: valid UTF-8 with no control character but new lines and tabs."""
+    """Output a terminal shows as text: valid UTF-8 with no control character but new lines and tabs, and no
+    character that reorders or breaks what follows (bidirectional controls, Unicode's line separators)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return not any((ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) < 0xa0 for c in text)
+    return not any((ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) < 0xa0 or c in _REORDERING for c in text)
+
+
+_REORDERING = "\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
 @pytest.mark.parametrize("verb", [["analyze"], ["analyze", "--json"], ["stacks", "analyze"]])
 def test_no_control_character_reaches_the_terminal(verb: list[str], tmp_path: Path) -> None:
     """ESC and BEL in a dump, a timeout log and a file's name, and the bytes 0x9b (an 8-bit terminal's CSI) and
-    0xff in a name that is not UTF-8: every line on stdout and stderr is text."""
+    0xff in a name that is not UTF-8, a right-to-left override and a line separator: every line on stdout and
+    stderr is text, in the order it was written."""
     folder = tmp_path / "evidence"
     folder.mkdir()
-    log = TIMEOUT_LINE.format(rank=0).replace("ALLREDUCE", "ALL\x1b]0;pwned\x07REDUCE")
-    (folder / "log-\x1b[2J\x07.txt").write_text(log)
+    log = TIMEOUT_LINE.format(rank=0).replace("ALLREDUCE", "ALL\x1b]0;pwned\x07RE\u202eDUCE\u2028")
+    (folder / "log-\x1b[2J\x07\u2066.txt").write_text(log)
     (folder / "stacks.txt").write_text('Process 12: python \x1b[31mtrain.py\x07\nThread 12 (idle): "Main\x1b]0;t\x07"\n'
                                        "    get\x1b[1m (queue.py:171)\n")
     with open(os.path.join(os.fsencode(folder), b"binary-\x9b2J-\xff"), "wb") as binary:
         binary.write(b"\x00\x01\x02")
-    named = os.path.join(os.fsencode(tmp_path), b"\x9b31m-\xff.log")
+    named = os.path.join(os.fsencode(tmp_path), b"\x9b31m-\xff\xe2\x80\xae.log")  # ... and U+202E
     with open(named, "wb") as file:
         file.write(log.encode())
     runs = [subprocess.run([sys.executable, "-m", "watchdog", *verb, *given], capture_output=True, cwd=REPO,
