@@ -130,27 +130,6 @@ def test_a_real_ranks_command_line_and_environment_keep_no_credential() -> None:
     assert len(info.cmdline) == 3 + len(argv)
 
 
-# A process that speaks NCCL RAS's protocol on 127.0.0.1:PORT and answers with the report in REPORT_FILE: what
-# a rank's NCCL does (run with a rank's variables) or what another user's listener does (run without).
-RAS_SPEAKER = """
-import pathlib, socket, sys
-port, report, ready = int(sys.argv[1]), pathlib.Path(sys.argv[2]).read_bytes(), pathlib.Path(sys.argv[-1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen(8)
-ready.write_text("listening")
-while True:
-    conn, _ = server.accept()
-    with conn, conn.makefile("rwb") as f:
-        for line in f:
-            word = line.decode().strip().upper()
-            if word.endswith("STATUS"):
-                f.write(report)
-                break
-            f.write(b"SERVER PROTOCOL 2\\n" if word.startswith("CLIENT PROTOCOL") else b"OK\\n")
-            f.flush()
-"""
 JOB = {"TORCHELASTIC_RUN_ID": "victim-42", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
 
 
@@ -177,8 +156,6 @@ def test_nccl_ras_is_believed_only_from_the_jobs_own_process_on_the_default_port
     same answer from a rank of the job that listens there is believed."""
     port = nccl_ras.DEFAULT_PORT
     with shared_folder() as folder:
-        (folder / "ras_speaker.py").write_text(RAS_SPEAKER)
-        (folder / "ras_speaker.py").chmod(0o644)
         with user_process(folder, ALICE, ["queue"], env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as victim:
             report = _report(folder, victim.pid)
             with user_process(folder, BOB, [str(port), str(report)], script="ras_speaker.py"):
@@ -198,8 +175,6 @@ def test_nccl_ras_is_believed_from_another_rank_of_the_job_its_launcher_started(
     as the same user: its answer is the job's."""
     port = nccl_ras.DEFAULT_PORT
     with shared_folder() as folder:
-        (folder / "ras_speaker.py").write_text(RAS_SPEAKER)
-        (folder / "ras_speaker.py").chmod(0o644)
         report = _report(folder, 0)
         ready = [folder / "ready-0", folder / "ready-1"]
         script = (f"RANK=0 LOCAL_RANK=0 python3 ras_speaker.py {port} {report} {ready[0]} & "

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ras_speaker import serve_forever  # beside this file, as it is run
 
 ODD_RANK = int(os.environ.get("ODD_RANK", "2"))
 
@@ -98,25 +99,14 @@ def serve_flight_recorder_pipe(rank: int) -> None:
 
 
 def serve_ras_stand_in() -> None:
+    """With RAS_STAND_IN_REPORT and RAS_STAND_IN_LISTEN, this rank listens on its NCCL_RAS_ADDR as NCCL's RAS
+    service would (ras_speaker.py), answering with that report."""
     report = os.environ.get("RAS_STAND_IN_REPORT")
     if not report or not os.environ.get("RAS_STAND_IN_LISTEN"):
         return
     host, _, port = os.environ["NCCL_RAS_ADDR"].rpartition(":")
     server = socket.create_server((host, int(port)))
-
-    def serve() -> None:
-        while True:
-            conn, _ = server.accept()
-            with conn, conn.makefile("rwb") as talk:
-                for line in talk:
-                    word = line.decode().strip().upper()
-                    if word.endswith("STATUS"):
-                        talk.write(Path(report).read_bytes())
-                        break
-                    talk.write(b"SERVER PROTOCOL 2\n" if word.startswith("CLIENT PROTOCOL") else b"OK\n")
-                    talk.flush()
-
-    threading.Thread(target=serve, name="ras-stand-in", daemon=True).start()
+    threading.Thread(target=serve_forever, args=(server, Path(report)), name="ras-stand-in", daemon=True).start()
 
 
 def burn() -> None:
