@@ -1,14 +1,16 @@
 """On a machine with an NVIDIA GPU: what the daemon's NVML sampling costs per tick, side by side with
 `nvidia-smi --query-gpu=... -l 1` on the same GPU, and what the readings look like idle, under a
-matrix multiply and under a kernel that spins on a flag (the shape of a collective waiting for a
-peer). Without a driver it says so and stops.
+matrix multiply, under a kernel that spins on a flag (the shape of a collective waiting for a peer) and
+under a real NCCL all_reduce whose peer never arrives (two ranks sharing the GPU). Without a driver it
+says so and stops.
 
-    python bench/nvml_cost.py [--out FOLDER]      (FOLDER gets the recording of the three phases)
+    python bench/nvml_cost.py [--out FOLDER]      (FOLDER gets the recording of the four phases)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,31 @@ flag = cupy.zeros(1, dtype=cupy.int32)
 spin((1,), (32,), (flag, cupy.int64(float(sys.argv[1]) * 1e9)))  # one warp, as a proxy's wait holds
 cupy.cuda.Device().synchronize()
 """
+# A real NCCL all_reduce whose peer never arrives: two ranks on the one GPU (each told it is on a host of
+# its own, NCCL_HOSTID, so NCCL lets them share it and talks between them over loopback sockets), a few
+# collectives of work, then rank 1 stops taking part and rank 0's next all_reduce waits for it on the GPU.
+NCCL = """
+import datetime, os, sys, time, torch, torch.distributed as dist
+rank, seconds = int(os.environ["RANK"]), float(sys.argv[1])
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=seconds + 120))
+x = torch.ones(1 << 22, device="cuda")
+for _ in range(50):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+if rank == 1:
+    time.sleep(seconds + 120)  # held elsewhere (a data loader, another collective): never joins the next one
+dist.all_reduce(x)
+torch.cuda.synchronize()
+"""
+
+
+def nccl_ranks(seconds: float) -> list[subprocess.Popen]:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "WORLD_SIZE": "2",
+           "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
+    return [subprocess.Popen([sys.executable, "-c", NCCL, str(seconds)],
+                             env={**env, "RANK": str(rank), "NCCL_HOSTID": f"bench-host-{rank}"})
+            for rank in (0, 1)]
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -97,14 +124,20 @@ def main() -> None:
     print(f"one nvidia-smi --query-gpu call, start to exit: {statistics.median(shots) * 1000:.0f} ms median")
 
     snapshots = []
-    for phase, program, seconds in (("idle", None, 10), ("matmul", MATMUL, 30), ("spin", SPIN, 50)):
-        worker = subprocess.Popen([sys.executable, "-c", program, str(seconds)]) if program else None
+    for phase, program, seconds in (("idle", None, 10), ("matmul", MATMUL, 30), ("spin", SPIN, 50),
+                                    ("nccl", NCCL, 75)):
+        if program is NCCL:
+            workers = nccl_ranks(seconds)
+        else:
+            workers = [subprocess.Popen([sys.executable, "-c", program, str(seconds)])] if program else []
         end = time.monotonic() + seconds
         phase_snaps = []
         while time.monotonic() < end:
             phase_snaps.append(source.sample())
             time.sleep(1.0)
-        if worker is not None:
+        for worker in workers:
+            if program is NCCL:  # rank 0 would wait for its peer until NCCL's own timeout
+                worker.kill()
             worker.wait(timeout=60)
         snapshots += phase_snaps
         tail = [s.gpus[0] for s in phase_snaps[len(phase_snaps) // 2:]]

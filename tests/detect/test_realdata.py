@@ -167,3 +167,26 @@ def test_a_real_h100_idle_then_matmul_then_a_spinning_kernel() -> None:
     fired = next(s for s in snapshots if s.time_seconds >= events[0].at_seconds).gpus[0]
     assert fired.utilization_ratio == 1.0 and fired.memory_utilization_ratio == 0.0 and fired.power_watts < 200
     assert "sm_activity_low" in events[0].legs and "power_near_idle" in events[0].legs
+
+
+def test_a_real_nccl_all_reduce_whose_peer_never_arrives_on_an_h200() -> None:
+    """Recorded by bench/nvml_cost.py on an H200 (driver 580): idle, bf16 matrix products, the flag-polling
+    kernel, then two real NCCL ranks sharing the GPU (over loopback sockets) whose rank 1 stops taking part:
+    rank 0's all_reduce waits on the GPU at 100% util, 0% memory util, 128 W of 700 W and 1.5% SM activity.
+    Both waits are called hangs, once each, and the NCCL one is suspected as soon as it is seen with its
+    two ranks; the matrix products never are."""
+    from watchdog.sample.replay import open_trace
+
+    with open_trace(str(REPO / "tests" / "data" / "h200_idle_matmul_spin_nccl.jsonl")) as trace:
+        snapshots = list(trace.snapshots)
+    events = run_engine(snapshots)
+    fired = [e for e in events if e.event is EventKind.FIRED]
+    assert [(e.signature, e.severity) for e in fired] == [(Signature.BUSY_SPIN, Severity.CRITICAL)] * 2
+    ranks = [s.time_seconds for s in snapshots if len(s.gpus[0].pids) == 2]
+    products = [s.time_seconds for s in snapshots if (s.gpus[0].power_watts or 0) > 600]
+    assert products and all(e.onset_seconds > max(products) for e in events)
+    nccl = fired[1]
+    assert min(ranks) <= nccl.onset_seconds <= min(ranks) + 2 and nccl.at_seconds - min(ranks) <= 32
+    at = next(s for s in snapshots if s.time_seconds >= nccl.at_seconds).gpus[0]
+    assert at.pids and len(at.pids) == 2 and at.power_watts < 0.25 * at.power_limit_watts
+    assert {"sm_activity_low", "memory_idle", "power_near_idle"} <= set(nccl.legs)
