@@ -38,6 +38,7 @@ docs: $(BIN)/.demo-installed
 bench: $(BIN)/.installed
 	$(BIN)/python bench/replay_throughput.py
 	$(BIN)/python bench/detector_tick.py
+	$(BIN)/python bench/differential.py --against 54db7e4 --per-class 3
 	$(BIN)/python bench/capture_stacks.py
 	$(BIN)/python bench/daemon_cost.py
 	$(BIN)/python bench/live_verdict.py

@@ -13,13 +13,21 @@ MESSY_HEADER = ("timestamp, index, name, utilization.gpu [%], utilization.memory
                 "memory.total [MiB], temperature.gpu")
 
 
-def write_messy_day(out: TextIO, gpus: int = 8, seconds: int = DAY, seed: int = 7, spin_seconds: int = 3600) -> int:
+DAY_SHAPES = {
+    "barrier": "checkpoints by rank 0 while the others wait in a barrier at full utilization and low power",
+    "idle": "checkpoints with every GPU idle (0-3% utilization, memory held) and training noisier per GPU",
+}
+
+
+def write_messy_day(out: TextIO, gpus: int = 8, seconds: int = DAY, seed: int = 7, spin_seconds: int = 3600,
+                    shape: str = "barrier") -> int:
     """A day of 8xH100 training as nvidia-smi really logs it (`-l 1`, the shape of the logs in
     ../shared/realdata): each GPU's row its own millisecond timestamp, a `name` column and units,
     utilization wandering 40-99% with power, memory traffic and clocks moving with it, a 20-40 s
     checkpoint after roughly every other 2-7 minute stretch of training (rank 0 writes, the others wait
-    in a barrier at full utilization and low power), and a busy-spin hang for the last `spin_seconds`. Returns the
-    number of GPU-samples written."""
+    in a barrier at full utilization and low power), and a busy-spin hang for the last `spin_seconds`. With
+    shape "idle", every GPU sits idle through each checkpoint (0-3%, memory held) and training utilization
+    and power are noisier, GPU by GPU. Returns the number of GPU-samples written."""
     import random
 
     rng = random.Random(seed)
@@ -49,9 +57,11 @@ def write_messy_day(out: TextIO, gpus: int = 8, seconds: int = DAY, seed: int = 
         for gpu in range(gpus):
             stamp += rng.uniform(0.001, 0.004)  # nvidia-smi prints each GPU's row as it reads it
             if what == "train":
-                util = rng.randint(40, 99)
-                power = 120 + util * 5.6 + rng.uniform(-25, 25)
+                util = rng.randint(40, 99) if shape == "barrier" else min(100, max(5, int(rng.gauss(75, 22))))
+                power = 120 + util * 5.6 + rng.uniform(-25, 25) * (1 if shape == "barrier" else 3)
                 mem_util, clock = int(util * rng.uniform(0.3, 0.6)), rng.choice((1980, 1980, 1965, 1950))
+            elif what == "checkpoint" and shape == "idle":
+                util, power, mem_util, clock = rng.choice((0, 0, 0, 1, 3)), rng.uniform(65, 95), 0, 1980
             elif what == "checkpoint" and gpu == 0:
                 util, power, mem_util, clock = rng.randint(0, 8), rng.uniform(110, 160), rng.randint(0, 3), 1980
             elif what in ("checkpoint", "spin"):

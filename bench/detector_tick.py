@@ -1,4 +1,5 @@
-"""CPU time of one detector tick (all GPUs of a node) for 8 and 64 GPUs, healthy and all spinning.
+"""CPU time of one detector tick (all GPUs of a node) against GPU count (8, 64, 256), healthy and all
+spinning: the daemon's newest tick judged by the same rules a replay runs over a day.
 
     python bench/detector_tick.py
 """
@@ -13,6 +14,7 @@ from watchdog.sample import sim
 
 
 def tick_cost(gpus: int, behaviour: str, ticks: int = 600) -> float:
+    ticks = ticks if gpus <= 64 else ticks // 4
     timeline = ((0, None, "train"),) if behaviour == "train" else ((0, None, "train"), (120, None, behaviour))
     scenario = sim.Scenario("bench", "", "h100", gpus, 120 + ticks, timeline, gpm=True)
     snapshots = list(sim.run(scenario))
@@ -28,7 +30,7 @@ def tick_cost(gpus: int, behaviour: str, ticks: int = 600) -> float:
 
 def main() -> None:
     print("detector CPU time per 1 s tick (sampling and export not included)")
-    for gpus in (8, 64):
+    for gpus in (8, 64, 256):
         for behaviour, label in (("train", "healthy"), ("spin", "all spinning")):
             cost = tick_cost(gpus, behaviour)
             print(f"{gpus:>3} GPUs, {label:<13}: {cost * 1e6:8.0f} us/tick = {cost * 100:.3f}% of one core at 1 Hz")

@@ -11,7 +11,8 @@ the default replay reads the trace in a second process, and `--jobs 1` in one. T
 
     python bench/replay_throughput.py
 
-Goals (issues 13 and 27): CSV within 3x the csv floor; JSON Lines >= 400k GPU-samples/s.
+Goals (issue 41): CSV within 2x the csv floor; JSON Lines >= 400k GPU-samples/s; on both day shapes
+(bench/common.py DAY_SHAPES).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_messy_day  # noqa: E402
+from common import DAY_SHAPES, write_messy_day  # noqa: E402
 
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
@@ -95,11 +96,8 @@ def in_process(path: Path) -> tuple[float, float, float, float, float]:
         stretches = list(trace.stretches)
     snapshots = list(each_snapshot(stretches))
     gc.freeze()
-    engine = DetectorEngine(Config())
-    started = time.perf_counter()
-    for snapshot in snapshots:
-        engine.observe(snapshot)
-    single = time.perf_counter() - started
+    single = 0.0  # one snapshot at a time is the daemon's way: bench/detector_tick.py measures it
+    del snapshots
     bulk = replayed(stretches, DetectorEngine(Config()))
     upkeep = replayed(stretches, DetectorEngine(Config(), detectors={}))  # every stretch steady: taken in bulk
     gc.unfreeze()
@@ -111,15 +109,21 @@ def replayed(stretches: list[NodeSnapshot | SnapshotBlock], engine: DetectorEngi
     """Seconds for the engine to take a read trace as a replay hands it over."""
     started = time.perf_counter()
     for item in stretches:
-        engine.observe_many(item if isinstance(item, SnapshotBlock) else [item])
+        engine.observe(item)
     return time.perf_counter() - started
 
 
 def main() -> None:
+    for shape, described in DAY_SHAPES.items():
+        print(f"day shape {shape!r}: {described}")
+        day(shape)
+
+
+def day(shape: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         jsonl, log = Path(tmp) / "day.jsonl", Path(tmp) / "day.csv"
         with log.open("w") as f:
-            samples = write_messy_day(f)
+            samples = write_messy_day(f, shape=shape)
         with open_trace(str(log)) as trace, jsonl.open("w") as f:
             recording.write(f, recording.header("bench", "now"), trace.snapshots)
         print(f"trace: a day of 8xH100 training as nvidia-smi logs it (per-row timestamps, utilization 40-99%, "
@@ -142,7 +146,7 @@ def main() -> None:
         # Each format against its own floor, measured in the same round; the CSV's goal is that ratio.
         # The seconds are the best of the rounds; the ratio is the median of the rounds' own ratios.
         for name, key, floor, goal, met in (
-                ("nvidia-smi CSV", "csv", "csv floor", "<= 3x its floor", lambda seconds, ratio: ratio <= 3.0),
+                ("nvidia-smi CSV", "csv", "csv floor", "<= 2x its floor", lambda seconds, ratio: ratio <= 2.0),
                 ("JSON Lines", "jsonl", "JSON floor", f">= {JSON_GOAL:,} GPU-samples/s",
                  lambda seconds, ratio: samples / seconds >= JSON_GOAL)):
             seconds, alone = fastest[key], fastest[key + " one"]
@@ -157,9 +161,8 @@ def main() -> None:
         for name, path in (("nvidia-smi CSV", log), ("JSON Lines", jsonl)):
             read, built, single, bulk, upkeep = parts[name] = in_process(path)
             print(f"  {name:>15} in process: read {samples / read:>9,.0f} GPU-samples/s ({read:.2f} s; "
-                  f"{built:.2f} s as snapshots) | detect, the trace already read: one snapshot at a time "
-                  f"{single:.2f} s, as a replay does {bulk:.2f} s, the engine's upkeep alone (no detector) "
-                  f"{upkeep:.2f} s")
+                  f"{built:.2f} s as snapshots) | detect, the trace already read, as a replay does {bulk:.2f} s, "
+                  f"the engine's upkeep alone (no detector) {upkeep:.2f} s")
         # What the JSON Lines goal leaves to each of the two processes of a replay: its time for the day,
         # less what a replay of a recording of one sample takes (the interpreter, the imports, the reading
         # process started). The reader reads in that time while the detectors detect in it.

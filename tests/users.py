@@ -110,7 +110,7 @@ def with_capabilities(argv: Sequence[str], caps: Sequence[str], uid: int | None)
 
 
 _PACKAGES = ("psutil", "pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection",
-             "msgspec", "yaml", "_yaml", "prometheus_client")
+             "msgspec", "yaml", "_yaml", "prometheus_client", "numpy")
 
 
 def portable_install(folder: Path) -> dict[str, str]:
@@ -126,6 +126,9 @@ def portable_install(folder: Path) -> dict[str, str]:
         if source.name == "__init__.py":
             shutil.copytree(source.parent, lib / source.parent.name,
                             ignore=shutil.ignore_patterns("__pycache__"))
+            shared = source.parent.with_name(source.parent.name + ".libs")  # a wheel's bundled libraries (numpy's)
+            if shared.is_dir():
+                shutil.copytree(shared, lib / shared.name)
         else:
             shutil.copy(source, lib / source.name)
     py_spy = Path(sys.executable).with_name("py-spy")  # installed with the test extras, beside this python

@@ -86,6 +86,12 @@ class GpuSample(NamedTuple):
         return [name for bit, name in THROTTLE_REASON_NAMES.items() if bits & bit]
 
 
+# The readings that are numbers (the detectors hold them as float64 arrays, a missing one NaN).
+NUMERIC_FIELDS = ("utilization_ratio", "memory_utilization_ratio", "power_watts", "power_limit_watts", "sm_clock_hertz",
+                  "sm_clock_max_hertz", "memory_used_bytes", "temperature_celsius", "clock_event_reasons",
+                  "sm_activity_ratio", "host_cpu_ratio", "host_io_bytes_per_second")
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """Every GPU of the node at one instant. `time_seconds` is wall time (epoch seconds, or the trace's
@@ -128,7 +134,7 @@ class SnapshotBlock:
         values, width = self.columns[slot], len(self.layout)
         if values is None:
             return (SAMPLE_DEFAULTS[slot],) * (stop - start)
-        return values[start * width + position:stop * width:width]
+        return _plain(slot, values[start * width + position:stop * width:width])
 
     def samples(self, position: int, start: int, stop: int) -> list[GpuSample]:
         """The GPU at `position` in snapshots start..stop-1, as samples."""
@@ -139,10 +145,21 @@ class SnapshotBlock:
         stop = len(self.times) if stop is None else stop
         width = len(self.layout)
         first, last = start * width, stop * width
-        samples = samples_of([None if values is None else values[first:last] for values in self.columns],
-                             last - first)
+        samples = samples_of([None if values is None else _plain(slot, values[first:last])
+                              for slot, values in enumerate(self.columns)], last - first)
         return [NodeSnapshot(t, tuple(samples[n:n + width]))
                 for t, n in zip(self.times[start:stop], range(0, last - first, width))]
+
+
+_WHOLE = {GpuSample._fields.index(name) for name in ("memory_used_bytes", "memory_total_bytes", "clock_event_reasons")}
+
+
+def _plain(slot: int, values: Sequence[Any]) -> Sequence[Any]:
+    """A column as samples hold it: a reader's float64 array (sample/read_ahead.py) back to numbers and None."""
+    if not hasattr(values, "tolist"):
+        return values
+    whole = slot in _WHOLE
+    return [None if v != v else int(v) if whole else v for v in values.tolist()]
 
 
 def each_snapshot(stretches: Iterable[NodeSnapshot | SnapshotBlock]) -> Iterator[NodeSnapshot]:

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from tests.detect.judge import fresh_frames, judged, newest, stretch_of
 from watchdog.config import Config
 from watchdog.detect import busy_spin
-from watchdog.detect.window import GpuRun, GpuWindow
-from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuSample
+from watchdog.detect.evidence import Evidence
+from watchdog.detect.frames import Ticks
+from watchdog.detect.stretch import Cells, Context
+from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuSample, NodeSnapshot
 
 CFG = Config().detectors.busy_spin
 H100 = {"power_limit_watts": 700.0, "sm_clock_max_hertz": 1.98e9, "memory_used_bytes": 40 * 2**30}
 
 
-def window(history: list[dict], now: list[dict]) -> GpuWindow:
-    w = GpuWindow(0, 30, 600, CFG.idle_power_max_multiple, CFG.default_idle_power_ratio)
-    t = 0.0
-    for fields in history + now:
-        w.add(t, GpuSample(index=0, **{**H100, **fields}))
-        t += 1.0
-    return w
+def spin(history: list[dict], now: list[dict]) -> Evidence | None:
+    """busy_spin's evidence on the newest of these readings, one a second."""
+    return judged(busy_spin.detect, history + now, CFG, base=H100)
 
 
 # Readings as an nvidia-smi log has them (no memory-controller or SM activity columns) ...
@@ -46,7 +46,7 @@ LIVE_IDLE = {**IDLE, "memory_utilization_ratio": 0.0, "sm_activity_ratio": 0.0}
      {"power_near_idle", "power_below_busy", "power_flat"}),
 ])
 def test_spin_fires_with_its_legs(history: list[dict], now: list[dict], legs: set[str]) -> None:
-    evidence = busy_spin.evaluate(window(history, now), CFG)
+    evidence = spin(history, now)
     assert evidence is not None and set(evidence.legs) == legs
 
 
@@ -63,62 +63,62 @@ def test_spin_fires_with_its_legs(history: list[dict], now: list[dict], legs: se
     ([], [SPIN] * 2, "too few samples"),
 ])
 def test_no_spin(history: list[dict], now: list[dict], why: str) -> None:
-    assert busy_spin.evaluate(window(history, now), CFG) is None, why
+    assert spin(history, now) is None, why
 
 
 def test_power_flat_alone_is_not_evidence() -> None:
     """A steady compute-bound kernel is flat too: flatness needs a leg that says 'no work'."""
     steady = [{"utilization_ratio": 1.0, "power_watts": 300.0}] * 20
-    assert busy_spin.evaluate(window([IDLE] * 10, steady), CFG) is None
+    assert spin([IDLE] * 10, steady) is None
 
 
 def test_onset_ignores_the_samples_before_the_spin() -> None:
-    evidence = busy_spin.evaluate(window([], [IDLE] * 8 + [SPIN] * 18), CFG)
+    evidence = spin([], [IDLE] * 8 + [SPIN] * 18)
     assert evidence is not None and evidence.since == 8.0
 
 
-def _reading(rng: random.Random) -> dict:
-    spin = rng.random() < 0.7
-    return {
-        "utilization_ratio": None if rng.random() < 0.05 else (1.0 if spin else rng.choice([0.0, 0.4, 0.97])),
-        "power_watts": None if rng.random() < 0.05 else round(rng.uniform(140, 160) if spin else rng.uniform(60, 600)),
-        "memory_utilization_ratio": rng.choice([None, 0.0, 0.0, 0.02, 0.3]),
-        "sm_activity_ratio": rng.choice([None, None, 0.01, 0.02, 0.5]),
-        "clock_event_reasons": rng.choice([None, 0, 0, 0x1, CLOCK_EVENT_HW_THERMAL]),
-    }
+def _reading(rng: random.Random, spinning: bool) -> dict:
+    """A spin's readings (with the odd [N/A] and blip), or anything at all."""
+    if spinning:
+        return {"utilization_ratio": None if rng.random() < 0.05 else 1.0,
+                "power_watts": None if rng.random() < 0.05 else round(rng.uniform(140, 160)),
+                "memory_utilization_ratio": rng.choice([None, 0.0, 0.0, 0.0, 0.02]),
+                "sm_activity_ratio": rng.choice([None, 0.01, 0.02]),
+                "clock_event_reasons": rng.choice([None, 0, 0, 0x1])}
+    return {"utilization_ratio": rng.choice([None, 0.0, 0.4, 0.97, 1.0]),
+            "power_watts": None if rng.random() < 0.05 else round(rng.uniform(60, 600)),
+            "memory_utilization_ratio": rng.choice([None, 0.0, 0.02, 0.3]),
+            "sm_activity_ratio": rng.choice([None, None, 0.01, 0.5]),
+            "clock_event_reasons": rng.choice([None, 0, 0x1, CLOCK_EVENT_HW_THERMAL])}
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_the_sliding_window_readings_are_those_of_the_window(seed: int) -> None:
-    """busy_spin keeps its window's readings sorted as the window slides (_Readings): at every tick,
-    through gaps, throttling, a sampling interval that changes, clock steps back and stretches taken
-    in bulk, they equal the sorted readings of the window, and every verdict equals the one reached
-    from readings gathered afresh."""
+@pytest.mark.parametrize("seed", range(6))
+def test_a_stretch_at_once_gives_each_tick_the_evidence_it_gets_on_its_own(seed: int) -> None:
+    """The rule over every tick of a stretch at once (a replay) and over each newest tick as it comes (the
+    daemon), through gaps, [N/A]s, throttling, a sampling interval that changes and clock steps back."""
     rng = random.Random(seed)
-    w = GpuWindow(0, 30, 600, CFG.idle_power_max_multiple, CFG.default_idle_power_ratio)
-    t, compared = 0.0, 0
-    for _ in range(600):
-        if rng.random() < 0.02:  # a stretch ingested in bulk
-            times = [t + 1.0 + n for n in range(rng.randint(2, 60))]
-            w.extend(GpuRun(times, [GpuSample(index=0, **{**H100, **_reading(rng)}) for _ in times]))
-            t = times[-1]
+    t, samples = 0.0, []
+    for n in range(300):
         t += rng.choice([1.0, 1.0, 1.0, 0.5, 5.0]) if rng.random() > 0.01 else -3.0
-        w.add(t, GpuSample(index=0, **{**H100, **_reading(rng)}))
-        slid = (busy_spin.evaluate(w, CFG), busy_spin.pinned(w, CFG))
-        count = w.recent_count(busy_spin._span(w, CFG.window_seconds))
-        readings = w.memo.get("busy_spin")
-        if readings is not None and readings.end == w.added and count >= 3:
-            window = [s for _, s in w.recent(busy_spin._span(w, CFG.window_seconds))]
-            for name, field in (("utils", "utilization_ratio"), ("memory", "memory_utilization_ratio"),
-                                ("power", "power_watts")):
-                assert getattr(readings, name) == sorted(v for s in window if (v := getattr(s, field)) is not None)
-            assert list(readings.activity) == [s.sm_activity_ratio for s in window if s.sm_activity_ratio is not None]
-            compared += 1
-        w.memo.clear()
-        assert (busy_spin.evaluate(w, CFG), busy_spin.pinned(w, CFG)) == slid
-    assert compared > 300
+        reading = _reading(rng, (n // 40) % 2 == 1)
+        samples.append((t, GpuSample(index=0, **{**H100, **reading}, pids=(7,) if rng.random() < 0.9 else ())))
+    whole = stretch_of(samples)
+    every = np.arange(len(whole))
+    at_once = busy_spin.detect(Cells(whole, every, np.zeros(len(whole), int), every), CFG, CTX)
+    frames, found = fresh_frames(), 0
+    for n, (t, sample) in enumerate(samples):
+        stretch, _ = frames.add(Ticks.of_snapshots([NodeSnapshot(t, (sample,))]))
+        alone, together = busy_spin.detect(newest(stretch), CFG, CTX).get(0), at_once.get(n)
+        assert (alone is None) == (together is None), n
+        if alone is not None and together is not None:  # the busy level's average, summed in another order
+            assert (alone.legs, alone.since, alone.weak, alone.early) == (
+                together.legs, together.since, together.weak, together.early), n
+            assert alone.facts == pytest.approx(together.facts, rel=1e-12), n
+            found += 1
+    assert found > 20
 
 
+CTX = Context(20.0, 2**30)
 RANK = {"pids": (4242,)}  # a process on the GPU: its stacks can be looked at
 LIVE_BUSY = {**BUSY, "memory_utilization_ratio": 0.45, "sm_activity_ratio": 0.8, **RANK}
 
@@ -128,8 +128,7 @@ def test_a_spin_on_its_newest_samples_is_early_evidence(spun: int, early: bool |
     """Live, the work before a spin keeps the window's memory traffic and SM activity up (vetoes) until the
     spin fills most of it; its newest samples alone, all pinned, are early evidence, dated from the spin's
     first sample."""
-    w = window([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * spun)
-    evidence = busy_spin.evaluate(w, CFG)
+    evidence = spin([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * spun)
     if early is None:
         assert evidence is None
         return
@@ -138,5 +137,5 @@ def test_a_spin_on_its_newest_samples_is_early_evidence(spun: int, early: bool |
 
 
 def test_no_early_evidence_while_the_newest_samples_still_work_or_without_processes() -> None:
-    assert busy_spin.evaluate(window([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * 11 + [LIVE_BUSY]), CFG) is None
-    assert busy_spin.evaluate(window([LIVE_BUSY] * 60, [LIVE_SPIN] * 12), CFG) is None  # a log: no stacks to see
+    assert spin([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * 11 + [LIVE_BUSY]) is None
+    assert spin([LIVE_BUSY] * 60, [LIVE_SPIN] * 12) is None  # a log: no stacks to see

@@ -3,25 +3,24 @@ that combine per-GPU evidence (busy_spin has its own file)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
+from tests.detect.judge import judged, newest, stretch_of
 from watchdog.config import Config
 from watchdog.detect import gpu_lost, throttle, underuse, zero_util
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.node import job_findings
-from watchdog.detect.window import GpuWindow
+from watchdog.detect.node import GpuView, job_findings
+from watchdog.detect.stretch import Context
 from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, Severity, Signature
 
 D = Config().detectors
 GIB = 2**30
 
 
-def window(readings: list[dict], long_seconds: float = 600, memory_min: int = GIB, step: float = 1.0) -> GpuWindow:
-    w = GpuWindow(0, 30, long_seconds, D.busy_spin.idle_power_max_multiple, D.busy_spin.default_idle_power_ratio)
-    w.memory_min_bytes = memory_min
-    for n, fields in enumerate(readings):
-        w.add(n * step, GpuSample(index=0, **{"power_limit_watts": 700.0, **fields}))
-    return w
+BASE = {"power_limit_watts": 700.0}
 
 
 IDLE_HELD = {"utilization_ratio": 0.0, "power_watts": 120.0, "memory_used_bytes": 40 * GIB}
@@ -46,7 +45,7 @@ IDLE_HELD = {"utilization_ratio": 0.0, "power_watts": 120.0, "memory_used_bytes"
     ([IDLE_HELD] * 12 + [{**IDLE_HELD, "memory_used_bytes": None}], True),
 ])
 def test_zero_util(readings: list[dict], fires: bool) -> None:
-    evidence = zero_util.evaluate(window(readings), D.zero_util)
+    evidence = judged(zero_util.detect, readings, D.zero_util, base=BASE)
     assert (evidence is not None) is fires
     if evidence is not None:
         assert evidence.signature is Signature.ZERO_UTIL and evidence.facts["memory_used_bytes"] == 40 * GIB
@@ -61,7 +60,7 @@ def test_zero_util(readings: list[dict], fires: bool) -> None:
 ])
 def test_underuse(util: float, seconds: int, fires: bool) -> None:
     readings = [{"utilization_ratio": util, "power_watts": 300.0, "memory_used_bytes": 40 * GIB}] * (seconds + 1)
-    evidence = underuse.evaluate(window(readings), D.underuse)
+    evidence = judged(underuse.detect, readings, D.underuse, base=BASE)
     assert (evidence is not None) is fires
 
 
@@ -73,7 +72,7 @@ def test_underuse(util: float, seconds: int, fires: bool) -> None:
 def test_throttle(reasons: int, legs: tuple[str, ...] | None) -> None:
     readings = [{"utilization_ratio": 1.0, "power_watts": 300.0, "clock_event_reasons": reasons,
                  "sm_clock_hertz": 0.9e9, "sm_clock_max_hertz": 1.98e9}] * 5
-    evidence = throttle.evaluate(window(readings), D.throttle)
+    evidence = judged(throttle.detect, readings, D.throttle, base=BASE)
     if legs is None:
         assert evidence is None
     else:
@@ -88,32 +87,44 @@ def test_throttle(reasons: int, legs: tuple[str, ...] | None) -> None:
     ([GpuHealth.LOST, GpuHealth.OK, GpuHealth.HUNG], 2.0, "hung"),  # it came back in between
 ])
 def test_gpu_lost(healths: list[GpuHealth], since: float | None, leg: str | None) -> None:
-    w = GpuWindow(0, 30, 600, 2.5, 0.12)
-    for n, health in enumerate(healths):
-        w.add(float(n), GpuSample(index=0, health=health, errors=(("nvml", "x"),) if health is not GpuHealth.OK
-                                  else ()))
-    evidence = gpu_lost.evaluate(w, D.gpu_lost)
+    readings = [{"health": health, "errors": (("nvml", "x"),) if health is not GpuHealth.OK else ()}
+                for health in healths]
+    evidence = judged(gpu_lost.detect, readings, D.gpu_lost)
     if leg is None:
         assert evidence is None
     else:
         assert evidence is not None and evidence.since == since and evidence.legs == (leg,)
 
 
-def test_window_learns_idle_and_busy_power_and_keeps_its_spans() -> None:
+def learnt(readings: list[dict], name: str) -> float:
+    """A learnt level (detect/levels.py) of the one GPU after these readings, one a second."""
+    stretch = stretch_of([(float(n), GpuSample(index=0, **{**BASE, **r})) for n, r in enumerate(readings)])
+    return float(stretch.level(name)[-1, 0])
+
+
+def test_the_levels_learn_idle_and_busy_power() -> None:
     readings = ([{"utilization_ratio": 0.0, "power_watts": 70.0}] * 20
                 + [{"utilization_ratio": 0.97, "power_watts": 600.0}] * 50)
-    w = window(readings, long_seconds=40)
-    assert w.idle_watts == pytest.approx(70.0)
-    assert w.busy_watts == pytest.approx(600.0)
-    assert w.long_span_seconds == 40.0  # trimmed to the long window
-    assert w.long_mean_utilization == pytest.approx(0.97)
-    assert [t for t, _ in w.recent(5)] == [64.0, 65.0, 66.0, 67.0, 68.0, 69.0]
-    assert w.samples[0][0] >= 69.0 - 30  # the short window is trimmed too
+    assert learnt(readings, "idle") == pytest.approx(70.0)
+    assert learnt(readings, "busy") == pytest.approx(600.0)
+    # the lowest mean of 5 samples in a row at 0%; a sample without a reading does not break a block
+    blocks = [{"utilization_ratio": 0.0, "power_watts": w} for w in (200, 200, 200, 200, 200, 10, 10, 10, 10)]
+    assert learnt(blocks, "idle") == pytest.approx(200.0)  # four samples at 10 W are not yet a block
+    assert learnt(blocks + blocks[5:6], "idle") == pytest.approx(10.0)
+    assert learnt(blocks[:4] + [{"utilization_ratio": None}] + blocks[4:5], "idle") == pytest.approx(200.0)
+    assert np.isnan(learnt(blocks[:4] + [{"utilization_ratio": 0.3, "power_watts": 90.0}] + blocks[:1], "idle"))
 
 
-def test_window_does_not_learn_busy_power_from_a_spin() -> None:
-    w = window([{"utilization_ratio": 1.0, "power_watts": 100.0}] * 60)  # 100 W < 2.5 x 84 W assumed idle
-    assert w.busy_watts is None and w.idle_watts is None
+def test_the_busy_level_is_an_average_over_about_a_minute_of_work() -> None:
+    readings = [{"utilization_ratio": 0.97, "power_watts": 600.0}] * 30 + [
+        {"utilization_ratio": 0.97, "power_watts": 400.0}] * 50
+    busy = learnt(readings, "busy")
+    assert 400.0 < busy < 600.0 and busy == pytest.approx(400 + 200 * math.exp(-50 / 50), rel=1e-9)
+
+
+def test_the_levels_do_not_learn_busy_power_from_a_spin() -> None:
+    readings = [{"utilization_ratio": 1.0, "power_watts": 100.0}] * 60  # 100 W < 2.5 x 84 W assumed idle
+    assert np.isnan(learnt(readings, "busy")) and np.isnan(learnt(readings, "idle"))
 
 
 def ev(gpu: int, signature: Signature, since: float = 0.0) -> Evidence:
@@ -131,8 +142,8 @@ def ev(gpu: int, signature: Signature, since: float = 0.0) -> Evidence:
 ])
 def test_node_verdicts(spin: list[int], zero: list[int], other: list[int], expected: Signature | None,
                        culprits: tuple[int, ...]) -> None:
-    views = {i: window([{"utilization_ratio": 0.5, "power_watts": 300.0, "memory_used_bytes": 40 * GIB}] * 3)
-             for i in range(8)}
+    busy = GpuSample(index=0, utilization_ratio=0.5, power_watts=300.0, memory_used_bytes=40 * GIB)
+    views = {i: GpuView(lambda: busy, GpuHealth.OK, True, 2.0, None, None, None, 30.0) for i in range(8)}
     findings = job_findings(views, {i: ev(i, Signature.BUSY_SPIN) for i in spin},
                             {i: ev(i, Signature.ZERO_UTIL) for i in zero})
     if expected is None:
@@ -144,16 +155,16 @@ def test_node_verdicts(spin: list[int], zero: list[int], other: list[int], expec
 
 
 def test_a_failing_detector_costs_only_itself() -> None:
-    from watchdog.detect import DETECTORS
+    from watchdog.detect import DETECTORS, DetectorSpec
     from watchdog.detect.engine import DetectorEngine
     from watchdog.model import NodeSnapshot
 
-    def broken(view: object, cfg: object) -> None:
+    def broken(cells: object, cfg: object, ctx: object) -> None:
         raise ZeroDivisionError("a bug")
 
     errors: list[tuple[str, str]] = []
     engine = DetectorEngine(Config(), on_error=lambda c, e: errors.append((c, str(e))),
-                            detectors={**DETECTORS, "throttle": broken})
+                            detectors={**DETECTORS, "throttle": DetectorSpec(broken, "gpu", Severity.WARNING)})
     hot = GpuSample(index=0, health=GpuHealth.LOST, errors=(("nvml", "GPU is lost"),))
     events = []
     for t in range(5):
@@ -180,4 +191,6 @@ SPIN = {"utilization_ratio": 1.0, "power_watts": 150.0, "memory_used_bytes": 40 
 def test_recovery_evidence(readings: list[dict], back: bool) -> None:
     from watchdog.detect.recovery import recovered
 
-    assert recovered(window(readings), D.busy_spin) is back
+    samples = [(float(n), GpuSample(index=0, **{**BASE, **r})) for n, r in enumerate(readings)]
+    cells = newest(stretch_of(samples))
+    assert bool(recovered(cells, D.busy_spin, Context(20.0, GIB))[0]) is back

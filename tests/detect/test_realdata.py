@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REALDATA, REPO, realdata, run_engine
+from tests.detect.judge import newest, stretch_of
 from watchdog.config import Config
 from watchdog.detect import busy_spin
-from watchdog.detect.window import GpuWindow
+from watchdog.detect.stretch import Context
 from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample.smi_csv import read_smi_csv
 
@@ -139,12 +140,10 @@ def test_healthy_low_power_jobs_look_like_spins_on_power_alone(name: str) -> Non
     trace = held(table, seconds=30)
     cfg = Config().detectors.busy_spin
     power_alone = []
+    pinned = cfg.model_copy(update={"utilization_min_ratio": 0.0})
     for gpu in trace[0].gpus:
-        window = GpuWindow(gpu.index, 30, 600, cfg.idle_power_max_multiple, cfg.default_idle_power_ratio)
-        for snap in trace:
-            window.add(snap.time_seconds, snap.gpus[[g.index for g in snap.gpus].index(gpu.index)])
-        pinned = cfg.model_copy(update={"utilization_min_ratio": 0.0})
-        evidence = busy_spin.evaluate(window, pinned)
+        samples = [(snap.time_seconds, snap.gpus[[g.index for g in snap.gpus].index(gpu.index)]) for snap in trace]
+        evidence = busy_spin.detect(newest(stretch_of(samples)), pinned, Context(20.0, 2**30)).get(0)
         if evidence is not None and "power_near_idle" in evidence.legs:
             power_alone.append(gpu.index)
     assert power_alone, "expected at least one GPU whose power alone looks like a spin"

@@ -165,7 +165,7 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
                         kept.extend(snapshot_range(batch, offset, offset + 1))
                         if len(kept) > 4 * report_html.MAX_POINTS:
                             kept, stride = kept[::2], stride * 2
-            for event in engine.observe_many(batch):
+            for event in engine.observe(batch):
                 if event.event is EventKind.SUSPECTED:
                     continue  # a look at the stacks, live; nothing to report from a trace
                 fired.append(event)

@@ -1,36 +1,38 @@
-"""Detectors: pure functions of a window of samples, with time passed in.
+"""Detectors: pure functions of a stretch of ticks x GPUs (detect/stretch.py), with time passed in.
 
 `DETECTORS` is the one explicit table of per-GPU detectors; each name is also its config section
-(`detectors.<name>`), its signature and its metric label. `node.job_findings` turns busy_spin and
-zero_util evidence into job-level verdicts (busy_spin, zero_util, waiting).
+(`detectors.<name>`), its signature and its metric label. A detector's rule is one function,
+`detect(cells, section, context) -> {cell: Evidence}`, its gate in its first lines; the daemon applies it
+to its newest tick, a replay to a day. `scope` says what becomes of its evidence: a per-GPU episode of the
+given severity, the job's verdict (`node.job_findings`: busy_spin, zero_util, waiting), or one warning for
+the node's GPUs together (underuse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from watchdog.detect import busy_spin, gpu_lost, throttle, underuse, zero_util
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.window import GpuRun, GpuView
+from watchdog.detect.stretch import Cells, Context
+from watchdog.model import Severity
 
-Detector = Callable[[GpuView, Any], "Evidence | None"]
-Steady = Callable[[GpuRun, GpuView, Any], bool]
+Rule = Callable[[Cells, Any, Context], "dict[int, Evidence]"]
 
-DETECTORS: dict[str, Detector] = {
-    "gpu_lost": gpu_lost.evaluate,
-    "throttle": throttle.evaluate,
-    "busy_spin": busy_spin.evaluate,
-    "zero_util": zero_util.evaluate,
-    "underuse": underuse.evaluate,
-}
 
-# For each detector, whether it would find nothing on any sample of a stretch (see GpuRun): a replay
-# ingests such stretches in bulk. A detector table without an entry here is run on every tick.
-STEADY: dict[str, Steady] = {
-    "gpu_lost": gpu_lost.steady,
-    "throttle": throttle.steady,
-    "busy_spin": busy_spin.steady,
-    "zero_util": zero_util.steady,
-    "underuse": underuse.steady,
+@dataclass(frozen=True)
+class DetectorSpec:
+    rule: Rule
+    scope: str  # "gpu": a per-GPU episode of `severity`; "job": the job's verdict; "node": one warning
+    severity: Severity | None = None
+
+
+DETECTORS: dict[str, DetectorSpec] = {
+    "gpu_lost": DetectorSpec(gpu_lost.detect, "gpu", Severity.CRITICAL),
+    "throttle": DetectorSpec(throttle.detect, "gpu", Severity.WARNING),
+    "busy_spin": DetectorSpec(busy_spin.detect, "job"),
+    "zero_util": DetectorSpec(zero_util.detect, "job"),
+    "underuse": DetectorSpec(underuse.detect, "node"),
 }

@@ -21,15 +21,15 @@ memory-controller busy, SM activity high.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
-import operator
-from collections import deque
+from typing import Any
+
+import numpy as np
 
 from watchdog.config import BusySpinConfig
-from watchdog.detect.evidence import Evidence, percentile, run_start
-from watchdog.detect.window import GpuRun, GpuView, span
+from watchdog.detect.evidence import Evidence
+from watchdog.detect.levels import zeroed
+from watchdog.detect.stretch import Cells, Context, Window, at_rank, nearest_rank, ranked, run_start
 from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
 _MIN_SAMPLES = 8  # the flatness of fewer samples means little
@@ -39,232 +39,139 @@ _MAX_SPAN_SECONDS = 40.0  # a spin is critical within a minute at any sampling i
 # looked at), its newest samples alone, all pinned, are judged too: such evidence is `early`, enough to
 # suspect the stall and look at its stacks, never to alert on by itself (detect/episodes.py).
 _EARLY_SAMPLES = 8
+_LEG_ORDER = ("memory_idle", "sm_activity_low", "power_near_idle", "power_below_busy", "power_fell", "power_flat")
+_NAMED = [tuple(leg for bit, leg in enumerate(_LEG_ORDER) if mask >> bit & 1) for mask in range(1 << len(_LEG_ORDER))]
 
 
-def evaluate(view: GpuView, cfg: BusySpinConfig) -> Evidence | None:
-    latest = view.latest
-    floor = cfg.utilization_min_ratio
-    if latest.utilization_ratio is not None and latest.utilization_ratio < floor:
-        return None  # an [N/A] reading is judged on the window's others
-    if working_now(latest, cfg):  # a cheap pre-gate before the window pass
-        return None
-    span = _span(view, cfg.window_seconds)
-    count = view.recent_count(span)
-    if count < 3:
-        return None
-    readings = _readings(view, count)
-    found = _legs(view, cfg, readings)
-    early = False
-    if found is None and count > _EARLY_SAMPLES and latest.pids:
-        newest = _readings(view, _EARLY_SAMPLES, "busy_spin_newest")
-        if newest.utils and newest.utils[0] >= floor:  # the spin's own samples, without the work before it
-            found, early = _legs(view, cfg, newest), True
-    if found is None:
-        return None
-    legs, facts, weak = found
-    utils = readings.utils
-    if not early and len(utils) == count and utils[0] >= floor:  # every sample holds: run_start's answer
-        since = view.samples[len(view.samples) - count][0]
-    else:
-        window = view.recent(span)
-        since = run_start([t for t, _ in window], [s.utilization_ratio is not None and s.utilization_ratio >= floor
-                                                    for _, s in window])
-    return Evidence(view.index, Signature.BUSY_SPIN, since=since, legs=legs, facts=facts, weak=weak, early=early)
+def detect(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> dict[int, Evidence]:
+    """The evidence of each cell (by its number) that spins."""
+    util = cells.latest("utilization_ratio")
+    memory, activity = cells.latest("memory_utilization_ratio"), cells.latest("sm_activity_ratio")
+    due = ~(util < cfg.utilization_min_ratio)  # an [N/A] reading is judged on the window's others
+    due &= ~at_work(memory, activity, cfg)
+    chosen = np.flatnonzero(due)  # the gate: no work seen now (a tick judged so is absorbed by hysteresis)
+    if not len(chosen):
+        return {}
+    cells = cells.subset(chosen)
+    window = cells.window(_span(cells, cfg.window_seconds), ctx.short_seconds)
+    enough = window.count >= 3
+    legs, facts, weak = _legs(cells, cfg, window)
+    early = np.zeros(len(cells), bool)
+    maybe = enough & np.isnan(legs).all(axis=1) & (window.count > _EARLY_SAMPLES)
+    if maybe.any() and (maybe := maybe & cells.has_pids()).any():
+        newest = window.newest(_EARLY_SAMPLES)
+        utils = newest.readings("utilization_ratio")
+        low = np.where(np.isnan(utils), np.inf, utils).min(axis=1, initial=np.inf)
+        maybe &= np.isfinite(low) & (low >= cfg.utilization_min_ratio)  # the spin's own samples, pinned
+        early_legs, early_facts, early_weak = _legs(cells, cfg, newest)
+        early = maybe & ~np.isnan(early_legs).all(axis=1)
+        legs[early], weak[early] = early_legs[early], early_weak[early]
+        for name in facts:
+            facts[name][early] = early_facts[name][early]
+    found = enough & ~np.isnan(legs).all(axis=1)
+    if not found.any():
+        return {}
+    utils = window.readings("utilization_ratio")
+    since = run_start(window.times(), ~np.isnan(utils) & (utils >= cfg.utilization_min_ratio), window.count)
+    hits = np.flatnonzero(found)
+    bits = (zeroed(legs[hits]) @ (1 << np.arange(len(_LEG_ORDER)))).astype(int).tolist()
+    names = list(facts)
+    quoted = np.column_stack([facts[name][hits] for name in names]).tolist()
+    gpus = [cells.stretch.gpus[c] for c in cells.cols[hits].tolist()]
+    out = {}
+    for cell, mask, values, gpu, start, is_weak, is_early in zip(
+            chosen[hits].tolist(), bits, quoted, gpus, since[hits].tolist(), weak[hits].tolist(),
+            early[hits].tolist()):
+        out[cell] = Evidence(gpu, Signature.BUSY_SPIN, since=start, legs=_NAMED[mask],
+                             facts={k: v for k, v in zip(names, values) if v == v}, weak=is_weak, early=is_early)
+    return out
+
+
+def at_work(memory: Any, activity: Any, cfg: BusySpinConfig) -> Any:
+    """Busy memory or busy SMs in a sample: real work now, whatever the window holds (a single tick judged
+    so is absorbed by the episode's hysteresis). Readings as arrays or numbers, missing ones NaN."""
+    return (memory > 2 * cfg.memory_utilization_max_ratio) | (activity > 2 * cfg.sm_activity_max_ratio)
 
 
 def working_now(sample: GpuSample, cfg: BusySpinConfig) -> bool:
-    """Busy memory or busy SMs in this sample: real work now, whatever the window holds (a single tick
-    judged so is absorbed by the episode's hysteresis)."""
+    """at_work for one sample (the daemon reads the host progress only of the processes not at work)."""
     memory, activity = sample.memory_utilization_ratio, sample.sm_activity_ratio
-    return (memory is not None and memory > 2 * cfg.memory_utilization_max_ratio) or (
-        activity is not None and activity > 2 * cfg.sm_activity_max_ratio)
+    return bool(at_work(math.nan if memory is None else memory, math.nan if activity is None else activity, cfg))
 
 
-def _legs(view: GpuView, cfg: BusySpinConfig, readings: _Readings
-          ) -> tuple[tuple[str, ...], dict[str, float | str], bool] | None:
-    """The legs that fire over these readings, the facts they quote, and whether they are weak; None when
-    a veto holds or too few legs fire. This runs every tick for every spinning GPU: the medians and
-    quartiles are nearest ranks of the sorted readings (as evidence.percentile takes them), by index."""
-    if readings.throttled:
-        return None  # throttled: slow, not spinning
-    utils = readings.utils
-    if not utils:
-        return None
-    utilization = utils[len(utils) // 2]
-    if utilization < cfg.utilization_min_ratio:
-        return None
-    latest = view.latest
-    clock, clock_max = latest.sm_clock_hertz, latest.sm_clock_max_hertz
-    if clock is not None and clock_max and clock < cfg.clock_min_ratio * clock_max:
-        return None
+def _legs(cells: Cells, cfg: BusySpinConfig, window: Window) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """For each cell, the legs that fire (1.0 for a leg that fired, 0.0 for one that did not; a row all
+    NaN when a veto holds or too few legs fire), the facts they quote (NaN: not quoted) and whether the
+    evidence is weak. Medians and quartiles are nearest ranks of the sorted readings."""
+    n = len(cells)
+    utils, count = ranked(window.readings("utilization_ratio"))
+    utilization = at_rank(utils, count // 2)
+    vetoed = (count == 0) | ~(utilization >= cfg.utilization_min_ratio)
+    reasons = zeroed(window.readings("clock_event_reasons")).astype(np.int64)
+    vetoed |= ((reasons & THROTTLE_REASON_MASK) != 0).any(axis=1)  # throttled: slow, not spinning
+    clock, clock_max = cells.latest("sm_clock_hertz"), cells.latest("sm_clock_max_hertz")
+    vetoed |= (clock_max > 0) & (clock < cfg.clock_min_ratio * clock_max)
 
-    legs: list[str] = []
-    facts: dict[str, float | str] = {"utilization": utilization}
-    substantive = False  # a leg other than power_fell and power_flat fired
-    mem = readings.memory
-    if mem:
-        if percentile(mem, 0.9) > cfg.memory_utilization_max_ratio:
-            return None  # the memory controller is busy: real work
-        legs.append("memory_idle")
-        facts["memory_utilization"] = mem[-1]
-        substantive = True
-    activity = readings.activity
-    if activity:
-        mean_activity = sum(activity) / len(activity)
-        if mean_activity > cfg.sm_activity_max_ratio:
-            return None  # SMs are busy: real work
-        legs.append("sm_activity_low")
-        facts["sm_activity"] = mean_activity
-        substantive = True
-    fell = flat = False
-    power = readings.power
-    if power:
-        # The median, not the mean: a spinning rank still shows brief bursts of real work.
-        watts = len(power)
-        median = power[watts // 2]
-        facts["power_watts"] = median
-        limit = latest.power_limit_watts
-        if limit:
-            facts["power_limit_watts"] = limit
-        busy = view.busy_watts
-        idle = view.idle_watts
-        if idle is None and limit:
-            idle = cfg.default_idle_power_ratio * limit
-        # Near idle means nothing where this GPU's work itself draws little more than idle (a T4: 27 W held,
-        # 64 W busy): not while the power stays within fell_max_ratio of what it drew working.
-        if idle is not None and median <= cfg.idle_power_max_multiple * idle and (
-                busy is None or median <= cfg.fell_max_ratio * busy):
-            legs.append("power_near_idle")
-            facts["idle_watts"] = idle
-            substantive = True
-        if busy is not None and median <= cfg.busy_power_max_ratio * busy:
-            legs.append("power_below_busy")
-            facts["busy_watts"] = busy
-            substantive = True
-        elif busy is not None and median <= cfg.fell_max_ratio * busy:
-            legs.append("power_fell")
-            facts["busy_watts"] = busy
-            fell = True
-        if power[3 * watts // 4] - power[watts // 4] <= max(cfg.power_flat_max_ratio * median,
-                                                            cfg.power_flat_min_watts):
-            legs.append("power_flat")
-            flat = True
+    fired = np.zeros((n, len(_LEG_ORDER)))
+    nan = np.full(n, np.nan)
+    facts = {"utilization": utilization.copy(), "memory_utilization": nan.copy(), "sm_activity": nan.copy(),
+             "power_watts": nan.copy(), "power_limit_watts": nan.copy(), "idle_watts": nan.copy(),
+             "busy_watts": nan.copy()}
+    memory, memories = ranked(window.readings("memory_utilization_ratio"))
+    seen = memories > 0
+    vetoed |= seen & (nearest_rank(memory, memories, 0.9) > cfg.memory_utilization_max_ratio)  # real work
+    fired[:, 0] = seen
+    facts["memory_utilization"] = np.where(seen, at_rank(memory, memories - 1), np.nan)
+    activity = window.readings("sm_activity_ratio")
+    active = np.count_nonzero(~np.isnan(activity), axis=1)
+    mean_activity = zeroed(activity).sum(axis=1) / np.maximum(active, 1)
+    vetoed |= (active > 0) & (mean_activity > cfg.sm_activity_max_ratio)  # SMs busy: real work
+    fired[:, 1] = active > 0
+    facts["sm_activity"] = np.where(active > 0, mean_activity, np.nan)
 
-    weak = not substantive and fell and flat
-    if len(legs) < cfg.min_legs or not (substantive or weak):
-        return None
-    return tuple(legs), facts, weak
+    power, watts = ranked(window.readings("power_watts"))
+    has_power = watts > 0
+    # The median, not the mean: a spinning rank still shows brief bursts of real work.
+    median = np.where(has_power, at_rank(power, watts // 2), np.nan)
+    facts["power_watts"] = median
+    limit = cells.latest("power_limit_watts")
+    facts["power_limit_watts"] = np.where(has_power & (limit > 0), limit, np.nan)
+    busy, idle = cells.level("busy"), cells.level("idle")
+    idle = np.where(np.isnan(idle) & (limit > 0), cfg.default_idle_power_ratio * limit, idle)
+    # Near idle means nothing where this GPU's work itself draws little more than idle (a T4: 27 W held,
+    # 64 W busy): not while the power stays within fell_max_ratio of what it drew working.
+    near = has_power & (median <= cfg.idle_power_max_multiple * idle) & (
+        np.isnan(busy) | (median <= cfg.fell_max_ratio * busy))
+    fired[:, 2] = near
+    facts["idle_watts"] = np.where(near, idle, np.nan)
+    below = has_power & (median <= cfg.busy_power_max_ratio * busy)
+    fell = has_power & ~below & (median <= cfg.fell_max_ratio * busy)
+    fired[:, 3], fired[:, 4] = below, fell
+    facts["busy_watts"] = np.where(below | fell, busy, np.nan)
+    spread = at_rank(power, 3 * watts // 4) - at_rank(power, watts // 4)
+    flat = has_power & (spread <= np.maximum(cfg.power_flat_max_ratio * median, cfg.power_flat_min_watts))
+    fired[:, 5] = flat
+
+    substantive = fired[:, [0, 1, 2, 3]].any(axis=1)
+    weak = ~substantive & fell & flat
+    vetoed |= (fired.sum(axis=1) < cfg.min_legs) | ~(substantive | weak)
+    fired[vetoed] = np.nan
+    return fired, facts, weak
 
 
-class _Readings:
-    """The readings of busy_spin's window, kept as the window slides: a tick brings a sample and drops
-    one, and the sorted lists are updated in place rather than sorted afresh. They always hold exactly
-    the window's readings, so each percentile is the one sorting the window would give."""
-
-    __slots__ = ("start", "end", "samples", "utils", "memory", "power", "activity", "throttled")
-
-    def __init__(self, start: int = 0) -> None:
-        self.start = self.end = start  # the samples held: numbers start..end-1 (see GpuView.added)
-        self.samples: deque[GpuSample] = deque()
-        self.utils: list[float] = []  # sorted, readings that are there only (a read may have failed)
-        self.memory: list[float] = []
-        self.power: list[float] = []
-        self.activity: deque[float] = deque()  # in window order: summed as the window's own list would be
-        self.throttled = 0  # samples with a hardware or thermal slowdown reason
-
-    # The readings kept sorted are utilization, memory-controller utilization and power, each where it
-    # is there; take() and drop() spell them out, as they run for every spinning GPU on every tick.
-    def take(self, sample: GpuSample) -> None:
-        self.samples.append(sample)
-        util, memory, power = sample.utilization_ratio, sample.memory_utilization_ratio, sample.power_watts
-        if util is not None:
-            bisect.insort(self.utils, util)
-        if memory is not None:
-            bisect.insort(self.memory, memory)
-        if power is not None:
-            bisect.insort(self.power, power)
-        if sample.sm_activity_ratio is not None:
-            self.activity.append(sample.sm_activity_ratio)
-        if _throttled(sample):
-            self.throttled += 1
-
-    def drop(self) -> None:
-        sample = self.samples.popleft()
-        util, memory, power = sample.utilization_ratio, sample.memory_utilization_ratio, sample.power_watts
-        if util is not None:
-            del self.utils[bisect.bisect_left(self.utils, util)]
-        if memory is not None:
-            del self.memory[bisect.bisect_left(self.memory, memory)]
-        if power is not None:
-            del self.power[bisect.bisect_left(self.power, power)]
-        if sample.sm_activity_ratio is not None:
-            self.activity.popleft()
-        if _throttled(sample):
-            self.throttled -= 1
-
-
-def _throttled(sample: GpuSample) -> bool:
-    """A hardware or thermal slowdown reason is set."""
-    return bool(sample.clock_event_reasons and sample.clock_event_reasons & THROTTLE_REASON_MASK)
-
-
-def _readings(view: GpuView, count: int, memo: str = "busy_spin") -> _Readings:
-    """The readings of the view's newest `count` samples: those kept under `memo` for the last tick, slid
-    on (the window's, and the newest _EARLY_SAMPLES alone)."""
-    end = view.added
-    start = end - count
-    readings: _Readings | None = view.memo.get(memo)
-    if readings is None or not readings.start <= start <= readings.end:  # not a slide of what is kept
-        readings = view.memo[memo] = _Readings(start)
-    for _ in range(start - readings.start):
-        readings.drop()
-    samples, new = view.samples, end - readings.end
-    if new == 1:  # the usual tick: one sample more
-        readings.take(samples[-1][1])
-    else:
-        for _, sample in itertools.islice(samples, len(samples) - new, None):
-            readings.take(sample)
-    readings.start, readings.end = start, end
-    return readings
-
-
-def _span(view: GpuView, seconds: float) -> float:
+def _span(cells: Cells, seconds: float) -> np.ndarray:
     """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow
-    (window.span), but no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window
+    (Cells.span), but no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window
     of minutes)."""
-    stretch = span(view, seconds, _MIN_SAMPLES)
-    return stretch if stretch <= _MAX_SPAN_SECONDS else max(seconds, _MAX_SPAN_SECONDS)
+    stretch = cells.span(seconds, _MIN_SAMPLES)
+    return np.where(stretch <= _MAX_SPAN_SECONDS, stretch, max(seconds, _MAX_SPAN_SECONDS))
 
 
-def pinned(view: GpuView, cfg: BusySpinConfig) -> bool:
+def pinned(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:
     """Utilization pinned at 100% with no memory traffic seen: a GPU like this may spin without enough
     power evidence of its own, and is never the one the others wait on."""
-    readings = _readings(view, view.recent_count(_span(view, cfg.window_seconds)))
-    utils, mem = readings.utils, readings.memory
-    if len(utils) < 3 or percentile(utils, 0.5) < cfg.utilization_min_ratio:
-        return False
-    return not mem or percentile(mem, 0.9) <= cfg.memory_utilization_max_ratio
-
-
-def steady(run: GpuRun, view: GpuView, cfg: BusySpinConfig) -> bool:
-    """evaluate() finds nothing after any of these samples: each fails its first checks (utilization
-    below the floor, or the memory controller or the SMs busy now; an [N/A] utilization fails none)."""
-    floor = cfg.utilization_min_ratio
-    utils = run.column("utilization_ratio")
-    if None not in utils and max(utils, default=0.0) < floor:
-        return True
-    memory_busy, sm_busy = 2 * cfg.memory_utilization_max_ratio, 2 * cfg.sm_activity_max_ratio
-    memory, activity = run.column("memory_utilization_ratio"), run.column("sm_activity_ratio")
-    if None not in memory and min(memory) > memory_busy:
-        return True
-    if None not in activity and min(activity) > sm_busy:
-        return True  # the SMs busy at every sample: training on a GPU with GPM
-    if None not in utils and None not in memory:  # each sample at or above the floor: memory or SMs busy
-        hot = list(map(floor.__le__, utils))
-        if activity.count(None) == len(activity):
-            return min(itertools.compress(memory, hot), default=math.inf) > memory_busy
-        if None not in activity:
-            return all(map(operator.or_, map(memory_busy.__lt__, itertools.compress(memory, hot)),
-                           map(sm_busy.__lt__, itertools.compress(activity, hot))))
-    return all((u is not None and u < floor) or (m is not None and m > memory_busy) or (a is not None and a > sm_busy)
-               for u, m, a in zip(utils, memory, activity))
+    window = cells.window(_span(cells, cfg.window_seconds), ctx.short_seconds)
+    utils, count = ranked(window.readings("utilization_ratio"))
+    memory, memories = ranked(window.readings("memory_utilization_ratio"))
+    return (count >= 3) & (nearest_rank(utils, count, 0.5) >= cfg.utilization_min_ratio) & (
+        (memories == 0) | (nearest_rank(memory, memories, 0.9) <= cfg.memory_utilization_max_ratio))

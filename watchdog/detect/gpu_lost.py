@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from watchdog.config import GpuLostConfig
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.window import GpuRun, GpuView
-from watchdog.model import GpuHealth, Signature
+from watchdog.detect.stretch import Cells, Context
+from watchdog.model import Signature
 
 
-def evaluate(view: GpuView, cfg: GpuLostConfig) -> Evidence | None:
-    latest = view.latest
-    if latest.health is GpuHealth.OK:
-        return None
-    since = view.now
-    for t, sample in reversed(view.samples):
-        if sample.health is GpuHealth.OK:
-            break
-        since = t
-    errors = "; ".join(f"{k}: {v}" for k, v in latest.errors)
-    return Evidence(
-        view.index, Signature.GPU_LOST, since=since, legs=(latest.health.value,), facts={"errors": errors}
-    )
-
-
-def steady(run: GpuRun, view: GpuView, cfg: GpuLostConfig) -> bool:
-    """evaluate() finds nothing after any of these samples: every one answered."""
-    return run.column("health").count(GpuHealth.OK) == len(run)
+def detect(cells: Cells, cfg: GpuLostConfig, ctx: Context) -> dict[int, Evidence]:
+    """The evidence of each cell (by its number) whose GPU has stopped answering: since the first of the
+    samples it has kept that did not answer, in a row up to the newest."""
+    stretch = cells.stretch
+    chosen = np.flatnonzero(stretch.health[cells.end, cells.cols] != 0)
+    if not len(chosen):
+        return {}
+    cells = cells.subset(chosen)
+    window = cells.window(np.inf, ctx.short_seconds)
+    answered = np.where(window.rows >= 0, stretch.health[window.rows, cells.cols[:, None]] == 0, True)
+    lost = ~answered[:, ::-1]
+    run = np.where(lost.all(axis=1), window.count, np.argmin(lost, axis=1))  # the trailing run of lost samples
+    times = window.times()
+    out = {}
+    for n in range(len(cells)):
+        latest = stretch.sample(int(cells.end[n]), int(cells.cols[n]))
+        since = float(times[n, window.count[n] - max(int(run[n]), 1)])
+        errors = "; ".join(f"{k}: {v}" for k, v in latest.errors)
+        out[int(chosen[n])] = Evidence(latest.index, Signature.GPU_LOST, since=since, legs=(latest.health.value,),
+                                       facts={"errors": errors})
+    return out

@@ -14,11 +14,34 @@ per-GPU episode of its own), never an odd GPU the others wait on: what the other
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.window import GpuView
-from watchdog.model import Finding, GpuHealth, Progress, Severity, Signature
+from watchdog.model import Finding, GpuHealth, GpuSample, Progress, Severity, Signature
+
+
+class GpuView:
+    """One GPU as the node's verdict looks at it on one tick. Its newest sample is built when read (only the
+    GPUs the others wait on are quoted)."""
+
+    __slots__ = ("_sample", "_latest", "health", "active", "now", "host_first_at", "host_seen_at", "moved_at",
+                 "progress_still_seconds")
+
+    def __init__(self, sample: Callable[[], GpuSample], health: GpuHealth, active: bool, now: float,
+                 host_first_at: float | None, host_seen_at: float | None, moved_at: float | None,
+                 progress_still_seconds: float):
+        self._sample, self.health, self.active, self.now = sample, health, active, now
+        self._latest: GpuSample | None = None
+        self.host_first_at, self.host_seen_at, self.moved_at = host_first_at, host_seen_at, moved_at
+        self.progress_still_seconds = progress_still_seconds
+
+    @property
+    def latest(self) -> GpuSample:
+        latest: GpuSample | None = self._latest
+        if latest is None:
+            latest = self._latest = self._sample()
+        return latest
+
 
 
 def _merged_legs(evidence: list[Evidence]) -> tuple[str, ...]:
@@ -81,7 +104,7 @@ def job_findings(
 ) -> list[Finding]:
     """The node's verdict from its GPUs' evidence. `pinned` are GPUs at 100% util with no memory traffic
     but not enough power evidence of their own: they spin along when others do, and are never culprits."""
-    lost = sorted(i for i, v in views.items() if v.latest.health is not GpuHealth.OK)
+    lost = sorted(i for i, v in views.items() if v.health is not GpuHealth.OK)
     job = sorted(i for i, v in views.items() if i not in lost and (v.active or i in spin or i in zero))
     if not job:
         return []

@@ -9,30 +9,26 @@ traffic of work (a spinning kernel reads 100% too, at near-idle power and no mem
 
 from __future__ import annotations
 
+import numpy as np
+
 from watchdog.config import BusySpinConfig
-from watchdog.detect.evidence import percentile
-from watchdog.detect.window import GpuView, span
+from watchdog.detect.stretch import Cells, Context, active, nearest_rank, ranked
 
 WORK_MIN_RATIO = 0.5  # a training step's input-pipeline dips go lower, its median does not
 _SECONDS = 10.0  # the recent stretch judged; the episode asks for clear_seconds of this in a row
 _MIN_SAMPLES = 3
 
 
-def recovered(view: GpuView, cfg: BusySpinConfig) -> bool:
-    if not view.active:
-        return True
-    window = view.recent(span(view, _SECONDS, _MIN_SAMPLES))
-    utils = sorted(s.utilization_ratio for _, s in window if s.utilization_ratio is not None)
-    if len(utils) < _MIN_SAMPLES:
-        return False
-    util = percentile(utils, 0.5)
-    if util < WORK_MIN_RATIO:
-        return False
-    if util < cfg.utilization_min_ratio:
-        return True
-    power = sorted(s.power_watts for _, s in window if s.power_watts is not None)
-    busy = view.busy_watts
-    if power and busy is not None and percentile(power, 0.5) > cfg.fell_max_ratio * busy:
-        return True
-    memory = sorted(s.memory_utilization_ratio for _, s in window if s.memory_utilization_ratio is not None)
-    return bool(memory) and percentile(memory, 0.5) > cfg.memory_utilization_max_ratio
+def recovered(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:
+    """For each cell, whether its GPU shows that its stall has ended."""
+    window = cells.window(cells.span(_SECONDS, _MIN_SAMPLES), ctx.short_seconds)
+    utils, count = ranked(window.readings("utilization_ratio"))
+    util = nearest_rank(utils, count, 0.5)
+    power, watts = ranked(window.readings("power_watts"))
+    memory, memories = ranked(window.readings("memory_utilization_ratio"))
+    busy = cells.level("busy")
+    working = (util < cfg.utilization_min_ratio) | (
+        (watts > 0) & (nearest_rank(power, watts, 0.5) > cfg.fell_max_ratio * busy)) | (
+        (memories > 0) & (nearest_rank(memory, memories, 0.5) > cfg.memory_utilization_max_ratio))
+    at_work = (count >= _MIN_SAMPLES) & (util >= WORK_MIN_RATIO) & working
+    return ~active(cells, ctx) | at_work

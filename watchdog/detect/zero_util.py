@@ -5,47 +5,51 @@ for_seconds (a checkpoint) never fires."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from watchdog.config import ZeroUtilConfig
-from watchdog.detect.evidence import Evidence, percentile, run_start
-from watchdog.detect.window import GpuRun, GpuView, span
+from watchdog.detect.evidence import Evidence
+from watchdog.detect.stretch import Cells, Context, at_rank, nearest_rank, ranked, run_start
 from watchdog.model import Signature
 
 _MIN_SAMPLES = 3
 
 
-def evaluate(view: GpuView, cfg: ZeroUtilConfig) -> Evidence | None:
-    latest = view.latest
-    util, used = latest.utilization_ratio, latest.memory_used_bytes
+def detect(cells: Cells, cfg: ZeroUtilConfig, ctx: Context) -> dict[int, Evidence]:
+    """The evidence of each cell (by its number) that sits idle with the job's memory held."""
+    util, used = cells.latest("utilization_ratio"), cells.latest("memory_used_bytes")
     blip = cfg.blip_max_ratio
-    if (util is not None and util > blip) or (used is not None and used < view.memory_min_bytes):
-        return None  # an [N/A] reading is judged on the window's others
-    window = view.recent(span(view, cfg.window_seconds, _MIN_SAMPLES))
-    if len(window) < _MIN_SAMPLES:
-        return None
-    samples = [s for _, s in window]
-    utils = sorted(s.utilization_ratio for s in samples if s.utilization_ratio is not None)
-    if not utils or percentile(utils, 0.5) > cfg.utilization_max_ratio or utils[-1] > blip:
-        return None  # at work, or more than the blips of an idle GPU
-    memory = [s.memory_used_bytes for s in samples if s.memory_used_bytes is not None]
-    if not memory or min(memory) < view.memory_min_bytes:
-        return None  # released or not yet allocated
-    if memory[-1] - memory[0] > cfg.memory_growth_max_bytes:
-        return None  # still allocating: start-up
-    facts: dict[str, float | str] = {"memory_used_bytes": float(memory[-1])}
-    if latest.power_watts is not None:
-        facts["power_watts"] = latest.power_watts
-    since = run_start([t for t, _ in window], [s.utilization_ratio is None or s.utilization_ratio <= blip
-                                              for _, s in window])
-    return Evidence(view.index, Signature.ZERO_UTIL, since=since, facts=facts)
+    chosen = np.flatnonzero(~(util > blip) & ~(used < ctx.memory_min_bytes))  # an [N/A] is judged on the window
+    if not len(chosen):
+        return {}
+    cells = cells.subset(chosen)
+    window = cells.window(cells.span(cfg.window_seconds, _MIN_SAMPLES), ctx.short_seconds)
+    readings = window.readings("utilization_ratio")
+    utils, count = ranked(readings)
+    idle = (window.count >= _MIN_SAMPLES) & (count > 0) & (nearest_rank(utils, count, 0.5) <= cfg.utilization_max_ratio)
+    idle &= ~(at_rank(utils, count - 1) > blip)  # at work, or more than the blips of an idle GPU: not idle
+    memory = window.readings("memory_used_bytes")
+    held = np.count_nonzero(~np.isnan(memory), axis=1)
+    first, last = _first(memory), _first(memory[:, ::-1])
+    lowest = np.where(np.isnan(memory), np.inf, memory).min(axis=1, initial=np.inf)
+    idle &= (held > 0) & ~(lowest < ctx.memory_min_bytes)
+    idle &= ~(last - first > cfg.memory_growth_max_bytes)  # still allocating: start-up
+    if not idle.any():
+        return {}
+    since = run_start(window.times(), np.isnan(readings) | (readings <= blip), window.count)
+    power = cells.latest("power_watts")
+    out = {}
+    for n in np.flatnonzero(idle).tolist():
+        facts: dict[str, float | str] = {"memory_used_bytes": float(last[n])}
+        if not np.isnan(power[n]):
+            facts["power_watts"] = float(power[n])
+        out[int(chosen[n])] = Evidence(int(cells.stretch.gpus[cells.cols[n]]), Signature.ZERO_UTIL,
+                                       since=float(since[n]), facts=facts)
+    return out
 
 
-def steady(run: GpuRun, view: GpuView, cfg: ZeroUtilConfig) -> bool:
-    """evaluate() finds nothing after any of these samples: each fails its first check (utilization
-    above the blips of an idle GPU, or no job-sized memory held; an [N/A] fails neither)."""
-    utils, used = run.column("utilization_ratio"), run.column("memory_used_bytes")
-    blip, held = cfg.blip_max_ratio, view.memory_min_bytes
-    if None not in utils and min(utils) > blip:
-        return True
-    if None not in used and max(used) < held:
-        return True
-    return all((u is not None and u > blip) or (m is not None and m < held) for u, m in zip(utils, used))
+def _first(readings: np.ndarray) -> np.ndarray:
+    """Each row's first reading (NaN where it has none)."""
+    there = ~np.isnan(readings)
+    picked = np.take_along_axis(readings, np.argmax(there, axis=1)[:, None], axis=1)[:, 0]
+    return np.where(there.any(axis=1), picked, np.nan)

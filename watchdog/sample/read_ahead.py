@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
-from watchdog.model import NodeSnapshot, SnapshotBlock
+from watchdog.model import NUMERIC_FIELDS, GpuSample, NodeSnapshot, SnapshotBlock
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.replay import Trace, open_trace
 
@@ -31,6 +31,9 @@ _PIPE_BYTES = 1 << 20  # the pipe's buffer where the system allows it (Linux's u
 
 class ReaderFailed(RuntimeError):
     """The reading process failed other than on the trace's content (a bug, or it was killed)."""
+
+
+_NUMERIC_SLOTS = {GpuSample._fields.index(name) for name in NUMERIC_FIELDS}
 
 
 def available() -> bool:
@@ -120,6 +123,17 @@ def _stretches(inbox: _Inbox, skips: SkipLog) -> Iterator[NodeSnapshot | Snapsho
         return
 
 
+def _as_arrays(block: SnapshotBlock) -> SnapshotBlock:
+    """The block with its numeric columns as float64 arrays (a missing reading NaN): converted here, in the
+    reading process, they cross the pipe as arrays and reach the detectors as they take them."""
+    import numpy as np
+
+    columns: tuple[Any, ...] = tuple(
+        np.array(values, dtype=float) if values is not None and slot in _NUMERIC_SLOTS else values
+        for slot, values in enumerate(block.columns))
+    return SnapshotBlock(block.times, block.layout, columns)
+
+
 def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] | None) -> None:
     """The reading process: everything it reads, in order, then what it skipped."""
     try:
@@ -130,7 +144,7 @@ def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] |
                 error = None
                 try:
                     for item in trace.stretches:
-                        batch.append(item)
+                        batch.append(_as_arrays(item) if isinstance(item, SnapshotBlock) else item)
                         if isinstance(item, SnapshotBlock) or len(batch) >= _BATCH:
                             sending.send(("items", batch))
                             batch = []
