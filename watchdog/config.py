@@ -163,6 +163,31 @@ class GpuLostConfig(EpisodeTiming):
     for_seconds: SecondsOrZero = Field(0.0, description="Condition must hold this long before firing.")
 
 
+class GpuHealthConfig(EpisodeTiming):
+    """A GPU reporting a fault: a hardware Xid, uncorrected or climbing ECC errors, a memory repair pending or
+    failed, NVLink or PCIe errors climbing, a PCIe link trained down (warning)."""
+
+    for_seconds: SecondsOrZero = Field(0.0, description="Condition must hold this long before firing.")
+    clear_seconds: Seconds = Field(
+        60.0, description="Condition must be absent this long before an episode resolves (hysteresis).")
+    xid_hold_seconds: Seconds = Field(
+        600.0, description="A hardware Xid keeps its GPU's episode open this long after it was reported.")
+    window_seconds: Seconds = Field(
+        3600.0, description="Climbing counters (corrected ECC, NVLink and PCIe replay errors) are counted over "
+        "this trailing window.")
+    corrected_ecc_rise: Annotated[int, Field(ge=1)] = Field(
+        100, description="Corrected ECC errors within window_seconds that make a warning (a few are routine).")
+    nvlink_errors_rise: Annotated[int, Field(ge=1)] = Field(
+        100, description="NVLink CRC, replay and recovery errors within window_seconds that make a warning.")
+    pcie_replays_rise: Annotated[int, Field(ge=1)] = Field(
+        100, description="PCIe replays within window_seconds that make a warning.")
+    busy_min_ratio: Ratio = Field(
+        0.5, description="A PCIe link below its maximum generation counts only while the GPU is at least this "
+        "busy (links train down at idle to save power); a narrower link always counts.")
+    hang_lookback_seconds: Seconds = Field(
+        900.0, description="A hang's verdict names the Xids its GPUs reported within this long before it.")
+
+
 class DetectorsConfig(_Section):
     busy_spin: BusySpinConfig = BusySpinConfig()
     zero_util: ZeroUtilConfig = ZeroUtilConfig()
@@ -170,6 +195,7 @@ class DetectorsConfig(_Section):
     underuse: UnderuseConfig = UnderuseConfig()
     throttle: ThrottleConfig = ThrottleConfig()
     gpu_lost: GpuLostConfig = GpuLostConfig()
+    gpu_health: GpuHealthConfig = GpuHealthConfig()
 
 
 class JobConfig(_Section):

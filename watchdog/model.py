@@ -35,6 +35,7 @@ class Signature(str, enum.Enum):
     UNDERUSE = "underuse"
     THROTTLE = "throttle"
     GPU_LOST = "gpu_lost"
+    GPU_HEALTH = "gpu_health"
 
 
 # Clock-event reason bits (nvmlClocksEventReason*; nvidia-smi clocks_event_reasons.*). Only these mean
@@ -79,6 +80,23 @@ class GpuSample(NamedTuple):
     host_io_bytes_per_second: float | None = None
     pids: tuple[int, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()
+    # Health (detect/gpu_health.py): the Xid events NVML reported since the previous sample, and counters
+    # read every sample/nvml.py HEALTH_SECONDS (their last values repeat between). ECC counts are volatile
+    # (since the driver loaded); memory repair is row remapping (Ampere and later) or page retirement:
+    # 1 pending (a GPU reset applies it) or failed; NVLink errors are the CRC, replay and recovery errors of
+    # the active links summed; PCIe replays since the driver loaded; the PCIe link's generation and width now
+    # and at most.
+    xids: tuple[int, ...] = ()
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    memory_repair_pending: int | None = None
+    memory_repair_failed: int | None = None
+    nvlink_errors: int | None = None
+    pcie_replays: int | None = None
+    pcie_link_gen: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
 
     @property
     def throttle_reasons(self) -> list[str]:
@@ -151,7 +169,11 @@ class SnapshotBlock:
                 for t, n in zip(self.times[start:stop], range(0, last - first, width))]
 
 
-_WHOLE = {GpuSample._fields.index(name) for name in ("memory_used_bytes", "memory_total_bytes", "clock_event_reasons")}
+HEALTH_COUNTERS = ("ecc_corrected", "ecc_uncorrected", "memory_repair_pending", "memory_repair_failed",
+                   "nvlink_errors", "pcie_replays", "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width",
+                   "pcie_link_width_max")
+INTEGER_FIELDS = ("memory_used_bytes", "memory_total_bytes", "clock_event_reasons", *HEALTH_COUNTERS)
+_WHOLE = {GpuSample._fields.index(name) for name in INTEGER_FIELDS}
 
 
 def _plain(slot: int, values: Sequence[Any]) -> Sequence[Any]:
@@ -430,7 +452,8 @@ WORKLOAD_LABELS = tuple(f.name for f in fields(Workload) if f.name != "claimed")
 # the episode_alert_info series) carry the same name and labels, so Alertmanager holds one alert per incident
 # whichever of the two reports it. Both are built here.
 RUNBOOK_URL = "https://github.com/stall-watchdog/stall-watchdog/blob/main/docs/runbook.md"
-PER_GPU_SIGNATURES = frozenset({Signature.THROTTLE, Signature.GPU_LOST})  # one episode per GPU: `gpu` is a label
+# One episode per GPU: `gpu` is a label.
+PER_GPU_SIGNATURES = frozenset({Signature.THROTTLE, Signature.GPU_LOST, Signature.GPU_HEALTH})
 
 
 def alert_name(signature: Signature) -> str:

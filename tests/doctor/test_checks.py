@@ -114,6 +114,11 @@ def test_inventory_from_nvml_and_sysfs(tmp_path: Path) -> None:
     ("ib down", "infiniband", WARNING, "mlx5_0/1 DOWN"),
     ("nvlink down", "nvlink", WARNING, "GPU 2 link 1"),
     ("persistence off", "persistence_mode", WARNING, "persistence mode off on GPU 5"),
+    ("memory repair pending", "gpu_memory", WARNING, "memory repair pending on GPU 4"),
+    ("uncorrected ecc", "gpu_memory", WARNING, "uncorrected ECC errors since the driver loaded (GPU 6: 3)"),
+    ("memory repair failed", "gpu_memory", ERROR, "memory row remap failed on GPU 1"),
+    ("retired pages pending", "gpu_memory", WARNING, "memory repair pending on GPU 2"),
+    ("memory health unreported", "gpu_memory", UNKNOWN, "not reported"),
 ])
 def test_node_checks(tmp_path: Path, case: str, check: str, severity: str, phrase: str) -> None:
     gpus, tree, nvml = eight(), {}, {}
@@ -123,6 +128,17 @@ def test_node_checks(tmp_path: Path, case: str, check: str, severity: str, phras
         tree = {"short_config": True}
     elif case == "x8 link":
         gpus[3] = FakeGpu(bus_id=gpus[3].bus_id, pcie_width=(8, 16))
+    elif case == "memory repair pending":
+        gpus[4] = FakeGpu(bus_id=gpus[4].bus_id, remapped_rows=(0, 1, 1, 0))
+    elif case == "uncorrected ecc":
+        gpus[6] = FakeGpu(bus_id=gpus[6].bus_id, ecc=(40, 3))
+    elif case == "memory repair failed":
+        gpus[1] = FakeGpu(bus_id=gpus[1].bus_id, remapped_rows=(0, 9, 0, 1))
+    elif case == "retired pages pending":  # before Ampere: page retirement, no row remapping
+        gpus[2] = FakeGpu(bus_id=gpus[2].bus_id, not_supported={"nvmlDeviceGetRemappedRows"}, retired_pages_pending=1)
+    elif case == "memory health unreported":
+        gpus = [FakeGpu(bus_id=g.bus_id, not_supported={"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+                                                        "nvmlDeviceGetRetiredPagesPendingStatus"}) for g in gpus]
     elif case == "gen at idle":
         gpus[0] = FakeGpu(bus_id=gpus[0].bus_id, pcie_gen=(1, 5))
     elif case == "mixed models":

@@ -18,7 +18,7 @@ import pynvml as _real
 # Everything the real module exports that is not a function we fake: exception classes, constants,
 # ctypes structures.
 _EXPORTS = {name: getattr(_real, name) for name in dir(_real)
-            if name.startswith(("NVMLError", "NVML_", "c_nvml", "nvmlClocks"))}
+            if name.startswith(("NVMLError", "NVML_", "c_nvml", "nvmlClocks", "nvmlEventType"))}
 
 
 @dataclass
@@ -44,12 +44,27 @@ class FakeGpu:
     pcie_gen: tuple[int, int] = (5, 5)
     pcie_width: tuple[int, int] = (16, 16)
     nvlinks: tuple[int, ...] = ()  # per link: 1 active, 0 down; empty: no NVLink
+    ecc: tuple[int, int] = (0, 0)  # volatile (corrected, uncorrected)
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corrected rows, uncorrected rows, pending, failed
+    retired_pages_pending: int = 0  # NVML_FEATURE_ENABLED (1) when a retirement waits for a reset
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter) -> count
+    pcie_replays: int = 0
     not_supported: set[str] = field(default_factory=set)  # pynvml function names
     lost: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
     hang_in: str | None = None  # function name that blocks until `release` is set
     release: threading.Event = field(default_factory=threading.Event)
     calls: list[str] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class FakeEventSet:
+    """An NVML event set: the GPUs registered with it and the events waiting in it."""
+
+    devices: set[int] = field(default_factory=set)
+    queue: list[tuple[int, int]] = field(default_factory=list)  # (GPU handle, Xid)
+    freed: bool = False
+    hang: threading.Event | None = None  # set: nvmlEventSetWait_v2 blocks until it is set
 
 
 class FakeNvml(SimpleNamespace):
@@ -66,6 +81,13 @@ class FakeNvml(SimpleNamespace):
         self.initialized = False
         self.p2p = p2p or {}  # (i, j) -> NVML_P2P_STATUS_*; default OK
         self.topology = topology or {}  # (i, j) -> NVML_TOPOLOGY_*; default NVML_TOPOLOGY_NODE
+        self.event_sets: list[FakeEventSet] = []
+
+    def xid(self, gpu: int, xid: int) -> None:
+        """The driver reports Xid `xid` on GPU `gpu`: it reaches every event set that GPU is registered with."""
+        for events in self.event_sets:
+            if gpu in events.devices and not events.freed:
+                events.queue.append((gpu, xid))
 
     # -- helpers ---------------------------------------------------------------------------------
     def _gpu(self, handle: Any, function: str) -> FakeGpu:
@@ -219,6 +241,54 @@ class FakeNvml(SimpleNamespace):
         assert isinstance(p2pIndex, int), "NVML takes the capability index as an integer"
         self._gpu(device1, "nvmlDeviceGetP2PStatus")
         return self.p2p.get((device1, device2), _real.NVML_P2P_STATUS_OK)
+
+    # -- health ----------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        if "nvmlEventSetCreate" in self.missing:
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        events = FakeEventSet()
+        self.event_sets.append(events)
+        return events
+
+    def nvmlDeviceRegisterEvents(self, handle: int, eventTypes: int, eventSet: FakeEventSet) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        assert eventTypes == _real.nvmlEventTypeXidCriticalError
+        eventSet.devices.add(handle)
+
+    def nvmlEventSetWait_v2(self, eventSet: FakeEventSet, timeoutms: int) -> Any:
+        if "nvmlEventSetWait_v2" in self.missing:
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        assert not eventSet.freed, "waiting on a freed event set"
+        if eventSet.hang is not None:
+            eventSet.hang.wait()
+        if not eventSet.queue:
+            raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
+        gpu, xid = eventSet.queue.pop(0)
+        return SimpleNamespace(device=gpu, eventType=_real.nvmlEventTypeXidCriticalError, eventData=xid,
+                               gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+
+    def nvmlEventSetFree(self, eventSet: FakeEventSet) -> None:
+        eventSet.freed = True
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, errorType: int, counterType: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        assert counterType == _real.NVML_VOLATILE_ECC
+        return g.ecc[0 if errorType == _real.NVML_MEMORY_ERROR_TYPE_CORRECTED else 1]
+
+    def nvmlDeviceGetRemappedRows(self, device: int) -> tuple[int, int, int, int]:
+        return self._gpu(device, "nvmlDeviceGetRemappedRows").remapped_rows
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: int) -> int:
+        return self._gpu(device, "nvmlDeviceGetRetiredPagesPendingStatus").retired_pages_pending
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: int, link: int, counter: int) -> int:
+        g = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")
+        if link >= len(g.nvlinks):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return g.nvlink_errors.get((link, counter), 0)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: int, device2: int) -> int:
         self._gpu(device1, "nvmlDeviceGetTopologyCommonAncestor")

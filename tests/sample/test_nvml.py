@@ -199,3 +199,77 @@ def test_the_energy_counter_is_read_every_half_minute(monkeypatch: pytest.Monkey
     assert gpu.calls.count("nvmlDeviceGetTotalEnergyConsumption") == 2
     assert gpu.calls.count("nvmlDeviceGetPowerUsage") == 4
     source.close()
+
+
+# -- health: Xid events and counters -------------------------------------------------------------------
+
+def test_xid_events_reach_the_sample_of_their_gpu_once() -> None:
+    source, fake = opened(FakeGpu(), FakeGpu(uuid="GPU-1"))
+    assert [g.xids for g in source.sample().gpus] == [(), ()]
+    fake.xid(1, 79)
+    fake.xid(1, 45)
+    fake.xid(0, 13)
+    first, second = source.sample(), source.sample()
+    assert [g.xids for g in first.gpus] == [(13,), (79, 45)]
+    assert [g.xids for g in second.gpus] == [(), ()]
+    source.close()
+    assert all(events.freed for events in fake.event_sets)
+
+
+def test_health_counters_are_read_every_health_seconds_and_repeat_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(ecc=(12, 1), remapped_rows=(3, 1, 1, 0), nvlinks=(1, 1, 0), pcie_replays=7,
+                  pcie_gen=(3, 5), pcie_width=(8, 16),
+                  nvlink_errors={(0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT): 5,
+                                 (1, pynvml.NVML_NVLINK_ERROR_DL_REPLAY): 2,
+                                 (2, pynvml.NVML_NVLINK_ERROR_DL_REPLAY): 100})  # link 2 is down: not counted
+    source, _ = opened(gpu)
+    g = source.sample().gpus[0]
+    assert (g.ecc_corrected, g.ecc_uncorrected, g.memory_repair_pending, g.memory_repair_failed) == (12, 1, 1, 0)
+    assert (g.nvlink_errors, g.pcie_replays) == (7, 7)
+    assert (g.pcie_link_gen, g.pcie_link_gen_max, g.pcie_link_width, g.pcie_link_width_max) == (3, 5, 8, 16)
+    gpu.ecc = (20, 2)
+    assert source.sample().gpus[0].ecc_corrected == 12  # within HEALTH_SECONDS: the last values
+    calls = gpu.calls.count("nvmlDeviceGetTotalEccErrors")
+    monkeypatch.setattr(nvml, "HEALTH_SECONDS", 0.0)
+    assert source.sample().gpus[0][1:] != g[1:]
+    assert (source.sample().gpus[0].ecc_corrected, gpu.calls.count("nvmlDeviceGetTotalEccErrors")) == (20, calls + 4)
+    source.close()
+
+
+def test_health_a_gpu_does_not_support_is_left_out_and_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer card: no ECC, no row remapping (page retirement answers instead), no NVLink."""
+    monkeypatch.setattr(nvml, "HEALTH_SECONDS", 0.0)
+    gpu = FakeGpu(not_supported={"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"}, retired_pages_pending=1)
+    source, _ = opened(gpu)
+    for _ in range(3):
+        g = source.sample().gpus[0]
+        assert (g.ecc_corrected, g.ecc_uncorrected, g.nvlink_errors) == (None, None, None)
+        assert (g.memory_repair_pending, g.memory_repair_failed, g.pcie_replays) == (1, None, 0)
+        assert g.errors == () and g.health is GpuHealth.OK
+    assert gpu.calls.count("nvmlDeviceGetTotalEccErrors") == 1 and gpu.calls.count("nvmlDeviceGetNvLinkState") == 1
+    source.close()
+
+
+def test_a_driver_without_xid_events_still_samples() -> None:
+    source, fake = opened(FakeGpu(), missing={"nvmlEventSetCreate"})
+    assert source.sample().gpus[0].xids == () and fake.event_sets == []
+    source.close()
+    source, fake = opened(FakeGpu(not_supported={"nvmlDeviceRegisterEvents"}))
+    assert source.sample().gpus[0].utilization_ratio == 0.0 and fake.event_sets[0].freed
+    source.close()
+
+
+def test_an_event_wait_that_hangs_costs_the_xids_not_the_tick() -> None:
+    source, fake = opened(FakeGpu(util_percent=100), timeout=0.3)
+    events = fake.event_sets[0]
+    events.hang = threading.Event()
+    started = time.monotonic()
+    for _ in range(3):
+        sample = source.sample().gpus[0]
+        assert sample.utilization_ratio == 1.0 and sample.health is GpuHealth.OK
+    assert time.monotonic() - started < 2.0  # one deadline, then not queued behind the stuck call
+    fake.xid(0, 48)
+    events.hang.set()
+    seen = [source.sample().gpus[0].xids for _ in range(2)]
+    assert (48,) in seen
+    source.close()

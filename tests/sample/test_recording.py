@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
+from watchdog.model import HEALTH_COUNTERS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
 
@@ -38,6 +38,8 @@ gpu_samples = st.builds(
     pids=st.lists(st.integers(1, 2**22), max_size=3).map(tuple),
     errors=st.lists(st.tuples(st.sampled_from(["power_watts", "nvml"]), st.text(max_size=10)),
                     max_size=2, unique_by=lambda e: e[0]).map(tuple),
+    xids=st.lists(st.integers(1, 200), max_size=3).map(tuple),
+    **{name: st.none() | st.integers(0, 2**40) for name in HEALTH_COUNTERS},
 )
 
 

@@ -19,14 +19,18 @@ from watchdog.detect import DETECTORS, DetectorSpec, busy_spin
 from watchdog.detect.episodes import EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Frames, Ticks
+from watchdog.detect.gpu_health import COUNTERS_OF, NO_COUNTERS, HealthLedger
 from watchdog.detect.levels import Levels, LevelsConfig
 from watchdog.detect.node import GpuView, job_findings, underuse_finding
 from watchdog.detect.recovery import recovered
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
-from watchdog.model import EpisodeEvent, Finding, NodeSnapshot, Signature, SnapshotBlock
+from watchdog.model import HEALTH_COUNTERS, EpisodeEvent, Finding, GpuSample, NodeSnapshot, Signature, SnapshotBlock
 
 _ROW_GRACE_STEPS, _ROW_GRACE_SECONDS = 3, 3.0  # a GPU missing from a sample stays in the picture this long
 _RECOVERY_BATCH = 256  # evaluated ticks whose recovery evidence is worked out at once, when first asked
+_STALLS = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)
+_HEALTH_SLOTS = [GpuSample._fields.index(name) for name in ("xids", *HEALTH_COUNTERS)]
+HealthReading = tuple[int, int, tuple[int, ...], tuple, float | None]  # (new row, GPU, xids, counters, util)
 
 
 def _ignore(component: str, error: Exception) -> None:
@@ -45,6 +49,7 @@ class DetectorEngine:
         self._pids: dict[int, tuple[int, ...]] = {}  # each GPU's processes, as last seen with any
         self._configure(config)
         self.frames = Frames(self._keep_seconds, Levels(self._levels_config()))
+        self.health = HealthLedger(config.detectors.gpu_health)
 
     def _configure(self, config: Config) -> None:
         self.config = config
@@ -66,6 +71,7 @@ class DetectorEngine:
         self._configure(config)
         self.frames.keep_seconds = self._keep_seconds
         self.frames.levels.config = self._levels_config()
+        self.health.cfg = config.detectors.gpu_health
         self.detector_up = {}
         self.tracker.retime({sig: getattr(config.detectors, sig.value) for sig in Signature}, config)
 
@@ -86,11 +92,19 @@ class DetectorEngine:
             return []
         arrays = Ticks.of_block(ticks) if isinstance(ticks, SnapshotBlock) else Ticks.of_snapshots(ticks)
         stretch, base = self.frames.add(arrays)
+        health = _health_readings(ticks)
         restarts = self._restarts(stretch, base)
         due = self._due(stretch.times[base:].tolist())
         if not due:
+            self._feed_health(stretch, base, health, len(stretch))
             return [event for _, later in restarts for event in later()]
-        return self._judge(stretch, [base + row for row in due], restarts)
+        return self._judge(stretch, [base + row for row in due], restarts, base, health)
+
+    def _feed_health(self, stretch: Stretch, base: int, health: list[HealthReading], upto: int) -> None:
+        """Hand the health ledger the readings of the new rows before `upto`, in order (consumed from `health`)."""
+        while health and base + health[0][0] < upto:
+            row, gpu, xids, counters, util = health.pop(0)
+            self.health.observe(float(stretch.times[base + row]), gpu, xids, counters, util)
 
     def _due(self, times: list[float]) -> list[int]:
         """The new ticks due for judgement: each at least evaluate_interval_seconds after the one before."""
@@ -138,7 +152,8 @@ class DetectorEngine:
         tick, cols = np.nonzero(seen)
         return Cells(stretch, at[tick], cols, newest[tick, cols]), tick
 
-    def _judge(self, stretch: Stretch, rows: list[int], restarts: list[tuple[int, _Later]]) -> list[EpisodeEvent]:
+    def _judge(self, stretch: Stretch, rows: list[int], restarts: list[tuple[int, _Later]], base: int,
+               health: list[HealthReading]) -> list[EpisodeEvent]:
         cells, tick = self._cells(stretch, rows)
         found: dict[str, dict[int, Evidence]] = {}
         failed: set[str] = set()
@@ -168,15 +183,25 @@ class DetectorEngine:
         pending = list(restarts)
         tracker = self.tracker
         findings: list[Finding] = []
+        health_on = self.config.detectors.gpu_health.enabled
         for n, row in enumerate(rows):
             while pending and pending[0][0] <= row:
                 events += pending.pop(0)[1]()
+            self._feed_health(stretch, base, health, row + 1)
             findings = self._findings(sorted(per_tick[n], key=lambda item: (item[2].gpu, order[item[0]])), views, n)
+            if self.health.reported:
+                t = float(stretch.times[row])
+                for finding in findings:  # what the GPUs of a stall reported before it
+                    if finding.signature in _STALLS and (note := self.health.before(finding.gpus, t)):
+                        finding.facts["gpu_health"] = note
+                if health_on:
+                    findings += self.health.findings(t)
             if findings or tracker.open or tracker.pauses.watched_since is None:
                 t = float(stretch.times[row])
                 events += tracker.update(t, findings, partial(recovery.all, n))
         while pending:
             events += pending.pop(0)[1]()
+        self._feed_health(stretch, base, health, len(stretch))
         self.last_findings = findings
         return events
 
@@ -220,6 +245,20 @@ class DetectorEngine:
         waiting_on = self.config.detectors.waiting.enabled
         return [f for f in job_findings(views, spin, zero, along)
                 if waiting_on or f.signature is not Signature.WAITING]
+
+
+def _health_readings(ticks: Sequence[NodeSnapshot] | SnapshotBlock) -> list[HealthReading]:
+    """The samples of these ticks that carry health (Xid events or counters), by row: none for a log that has
+    no such columns."""
+    out: list[HealthReading] = []
+    if isinstance(ticks, SnapshotBlock):
+        if all(ticks.columns[slot] is None for slot in _HEALTH_SLOTS):
+            return out
+        ticks = ticks.snapshots()
+    for row, snapshot in enumerate(ticks):
+        out += [(row, s.index, s.xids, counters, s.utilization_ratio) for s in snapshot.gpus
+                if (counters := COUNTERS_OF(s)) != NO_COUNTERS or s.xids]
+    return out
 
 
 class _Later:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from watchdog.detect.gpu_health import summary_of
 from watchdog.model import Finding, Severity, Signature, Verdict, duration_text, gpu_list, plural
 
 
@@ -31,7 +32,8 @@ def _gpus_of(fact: float | str | None) -> list[int]:
 
 
 _WORDS = {Signature.BUSY_SPIN: "SPIN", Signature.ZERO_UTIL: "PAUSE", Signature.WAITING: "WAITING",
-          Signature.UNDERUSE: "UNDER-USE", Signature.THROTTLE: "THROTTLED", Signature.GPU_LOST: "GPU LOST"}
+          Signature.UNDERUSE: "UNDER-USE", Signature.THROTTLE: "THROTTLED", Signature.GPU_LOST: "GPU LOST",
+          Signature.GPU_HEALTH: "GPU FAULT"}
 _STALLS = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)
 
 
@@ -58,6 +60,8 @@ def headline(finding: Finding, elapsed_seconds: float, severity: Severity, stack
         what = f"{gpus} at {float(f.get('mean_utilization', 0)):.0%} mean util{lasting}"
     elif sig is Signature.THROTTLE:
         what = f"{gpus} throttled{lasting}: slow, not stalled"
+    elif sig is Signature.GPU_HEALTH:
+        what = f"{gpus}: {f.get('problems', 'a fault')}"
     else:
         what = f"{gpus} stopped answering NVML{lasting}"
     return f"{word} ({severity.value}): {what}"
@@ -101,6 +105,8 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
         clock = f" at {float(f['clock_ratio']):.0%} of max SM clock" if "clock_ratio" in f else ""
         temp = f", {float(f['temperature_celsius']):.0f} C" if "temperature_celsius" in f else ""
         return f"{gpus} throttled{lasting} ({f.get('reasons', '')}){clock}{temp}"
+    if sig is Signature.GPU_HEALTH:
+        return summary_of(finding.gpus, f)
     if sig is Signature.GPU_LOST:
         errors = f.get("errors") or "no answer"
         return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "
@@ -113,6 +119,8 @@ def summarize(finding: Finding, elapsed_seconds: float, severity: Severity, reas
     """(headline, summary): the summary is the headline, why this severity, then the evidence."""
     head = headline(finding, elapsed_seconds, severity, stacks)
     text = head + (f"; {reason}" if reason else "") + ". " + evidence(finding, elapsed_seconds, unbroken_seconds)
+    if finding.facts.get("gpu_health"):
+        text += f". Before it: {finding.facts['gpu_health']}"
     if stacks is not None:
         text += f". Stacks: {stacks.sentence}"
     return head, text

@@ -145,6 +145,25 @@ def check_pcie(f: NodeFacts) -> DoctorFinding:
     return DoctorFinding("pcie_link", OK if known else UNKNOWN, "full width" if known else "not reported")
 
 
+def check_gpu_memory(f: NodeFacts) -> DoctorFinding:
+    """Uncorrected ECC errors and memory repairs (row remapping, page retirement) waiting or failed."""
+    failed = [g.index for g in f.gpus if g.memory_repair and g.memory_repair[1]]
+    if failed:
+        return DoctorFinding("gpu_memory", ERROR, f"memory row remap failed on {gpu_list(failed)}",
+                             "drain the node: the GPU needs service")
+    pending = [g.index for g in f.gpus if g.memory_repair and g.memory_repair[0]]
+    errors = [f"GPU {g.index}: {g.ecc_uncorrected}" for g in f.gpus if g.ecc_uncorrected]
+    if pending or errors:
+        parts = ([f"memory repair pending on {gpu_list(pending)}"] if pending else []) + (
+            [f"uncorrected ECC errors since the driver loaded ({', '.join(errors)})"] if errors else [])
+        return DoctorFinding("gpu_memory", WARNING, "; ".join(parts),
+                             "drain the node and reset the GPU (nvidia-smi -r) when it is idle; replace it if the "
+                             "errors come back")
+    known = [g for g in f.gpus if g.ecc_uncorrected is not None or g.memory_repair is not None]
+    return DoctorFinding("gpu_memory", OK if known else UNKNOWN,
+                         "no uncorrected ECC errors, no memory repair waiting" if known else "not reported")
+
+
 def check_nvlink(f: NodeFacts) -> DoctorFinding:
     down = [f"GPU {g.index} link {n}" for g in f.gpus if g.nvlinks for n, up in enumerate(g.nvlinks) if not up]
     if down:
@@ -203,7 +222,8 @@ def check_interfaces(f: NodeFacts) -> DoctorFinding:
 NODE_CHECKS: dict[str, Callable[[NodeFacts], DoctorFinding]] = {
     "driver": check_driver, "gpu_models": check_mixed_models, "persistence_mode": check_persistence,
     "kernel": check_kernel, "p2p": check_p2p, "topology": check_topology, "pcie_link": check_pcie,
-    "nvlink": check_nvlink, "pcie_acs": check_acs, "iommu": check_iommu, "infiniband": check_infiniband,
+    "gpu_memory": check_gpu_memory, "nvlink": check_nvlink, "pcie_acs": check_acs, "iommu": check_iommu,
+    "infiniband": check_infiniband,
     "network": check_interfaces,
 }
 

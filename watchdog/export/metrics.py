@@ -57,6 +57,16 @@ READINGS: dict[str, str] = {
     "gpu_sm_activity_ratio": "sm_activity_ratio",
     "gpu_host_cpu_ratio": "host_cpu_ratio",
     "gpu_host_io_bytes_per_second": "host_io_bytes_per_second",
+    "gpu_ecc_corrected_errors": "ecc_corrected",
+    "gpu_ecc_uncorrected_errors": "ecc_uncorrected",
+    "gpu_memory_repair_pending": "memory_repair_pending",
+    "gpu_memory_repair_failed": "memory_repair_failed",
+    "gpu_nvlink_errors": "nvlink_errors",
+    "gpu_pcie_replays": "pcie_replays",
+    "gpu_pcie_link_generation": "pcie_link_gen",
+    "gpu_pcie_link_generation_max": "pcie_link_gen_max",
+    "gpu_pcie_link_width": "pcie_link_width",
+    "gpu_pcie_link_width_max": "pcie_link_width_max",
 }
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -75,6 +85,19 @@ METRICS: tuple[MetricSpec, ...] = (
                "busy).", GPU),
     MetricSpec("gpu_host_io_bytes_per_second", "gauge", "Host progress: bytes per second the processes on this "
                "GPU moved through read and write calls (rchar + wchar), read as gpu_host_cpu_ratio is.", GPU),
+    MetricSpec("gpu_ecc_corrected_errors", "gauge", "Corrected ECC errors since the driver loaded (volatile; read "
+               "every 30 s, as are the health readings below).", GPU),
+    MetricSpec("gpu_ecc_uncorrected_errors", "gauge", "Uncorrected ECC errors since the driver loaded.", GPU),
+    MetricSpec("gpu_memory_repair_pending", "gauge", "1 while a memory row remap (or page retirement) waits for a "
+               "GPU reset.", GPU),
+    MetricSpec("gpu_memory_repair_failed", "gauge", "1 once a memory row remap failed: the GPU needs service.", GPU),
+    MetricSpec("gpu_nvlink_errors", "gauge", "NVLink CRC, replay and recovery errors of the active links, summed.",
+               GPU),
+    MetricSpec("gpu_pcie_replays", "gauge", "PCIe replays since the driver loaded.", GPU),
+    MetricSpec("gpu_pcie_link_generation", "gauge", "PCIe link generation now (it trains down at idle).", GPU),
+    MetricSpec("gpu_pcie_link_generation_max", "gauge", "PCIe link generation at most.", GPU),
+    MetricSpec("gpu_pcie_link_width", "gauge", "PCIe link width (lanes) now.", GPU),
+    MetricSpec("gpu_pcie_link_width_max", "gauge", "PCIe link width (lanes) at most.", GPU),
     MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
     MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
                "slowdown.", GPU),

@@ -5,12 +5,17 @@ out of the snapshot) or an error (kept in GpuSample.errors). GPU-is-lost and unk
 GPU `lost`. An NVML call can hang inside a wedged driver, so each GPU is read on its own worker thread
 and a read that outlives `call_timeout_seconds` marks that GPU `hung`; the next tick does not queue
 behind it, and the GPU comes back by itself once the call returns.
+
+Health: the Xid events of every GPU are drained from one NVML event set each tick (on a thread of their own,
+within the same deadline), and each GPU's health counters (ECC, memory repair, NVLink errors, PCIe replays and
+link) are read every HEALTH_SECONDS; detect/gpu_health.py judges them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
 import contextlib
+import ctypes
 import importlib
 import threading
 import time
@@ -20,7 +25,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from watchdog import logfmt
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.model import HEALTH_COUNTERS, GpuHealth, GpuSample, NodeSnapshot
 from watchdog.sample.nvml_inventory import Inventory, read_inventory, text_of
 
 T = TypeVar("T")
@@ -40,6 +45,10 @@ FUNCTIONS = (
     "nvmlDeviceGetPciInfo", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetP2PStatus", "nvmlDeviceGetTopologyCommonAncestor",
+    # health: Xid events and counters
+    "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
+    "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetPcieReplayCounter",
 )
 
 
@@ -48,6 +57,8 @@ class NvmlUnavailable(Exception):
 
 
 ENERGY_SECONDS = 30.0  # the energy counter is read this often (see _readers: it is a slow call)
+HEALTH_SECONDS = 30.0  # the health counters are read this often: they move slowly, and NVLink takes a call a link
+_XIDS_PER_TICK = 256  # Xid events drained at most in one tick (the rest wait for the next)
 
 
 @dataclass
@@ -63,6 +74,9 @@ class _Device:
     pending: futures.Future[GpuSample] | None = None
     executor: futures.ThreadPoolExecutor | None = None
     energy: tuple[float, float] | None = None  # (monotonic time read, joules)
+    health: tuple[float, tuple[int | None, ...]] | None = None  # (monotonic time read, HEALTH_COUNTERS)
+    health_unsupported: set[str] = field(default_factory=set)
+    nvlinks: list[int] | None = None  # the links that answered, found at the first health read
 
 
 class NvmlSource:
@@ -77,6 +91,10 @@ class NvmlSource:
         self._lost_classes: tuple[type[BaseException], ...] = ()
         self._reader_table: list[tuple[tuple[str, ...], Callable[[_Device], Any]]] = []
         self._open = False
+        self._events: Any = None  # the NVML event set the GPUs' Xid events arrive in
+        self._event_gpus: dict[Any, int] = {}  # device handle (as _handle_key has it) -> GPU index
+        self._xid_executor: futures.ThreadPoolExecutor | None = None
+        self._xid_pending: futures.Future[dict[int, list[int]]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -102,6 +120,32 @@ class NvmlSource:
             self.driver_version = None
         for index in range(nv.nvmlDeviceGetCount()):
             self._devices.append(self._open_device(index))
+        self._watch_xids()
+
+    def _watch_xids(self) -> None:
+        """Register every GPU for Xid events in one event set; a GPU or driver without them is read without."""
+        nv = self._nvml
+        assert nv is not None
+        try:
+            events = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            logfmt.event("nvml_no_xid_events", reason=str(exc))
+            return
+        for dev in self._devices:
+            if dev.handle is None:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(dev.handle, nv.nvmlEventTypeXidCriticalError, events)
+            except nv.NVMLError as exc:
+                logfmt.event("nvml_no_xid_events", gpu=dev.index, reason=str(exc))
+                continue
+            self._event_gpus[_handle_key(dev.handle)] = dev.index
+        if not self._event_gpus:
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlEventSetFree(events)
+            return
+        self._events = events
+        self._xid_executor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml-xid")
 
     def _open_device(self, index: int) -> _Device:
         nv = self._nvml
@@ -142,16 +186,28 @@ class NvmlSource:
                 busy.append(dev.index)
             if dev.executor is not None:
                 dev.executor.shutdown(wait=False, cancel_futures=True)
+        if self._xid_pending is not None and not self._xid_pending.done():
+            with contextlib.suppress(futures.TimeoutError):
+                self._xid_pending.result(timeout=max(0.0, deadline - time.monotonic()))
+            if not self._xid_pending.done():
+                busy.append(-1)
+        if self._xid_executor is not None:
+            self._xid_executor.shutdown(wait=False, cancel_futures=True)
         if nv is not None and not busy:
             for dev in self._devices:
                 for gpm in dev.gpm_samples:
                     with contextlib.suppress(nv.NVMLError):
                         nv.nvmlGpmSampleFree(gpm)
+            if self._events is not None:
+                with contextlib.suppress(nv.NVMLError):
+                    nv.nvmlEventSetFree(self._events)
+        self._events, self._event_gpus, self._xid_executor, self._xid_pending = None, {}, None, None
         self._devices = []
         if nv is None or not self._open:
             return
         if busy:
-            logfmt.event("nvml_shutdown_skipped", level=logfmt.WARNING, gpus=",".join(map(str, busy)),
+            logfmt.event("nvml_shutdown_skipped", level=logfmt.WARNING,
+                         gpus=",".join("xid events" if gpu < 0 else str(gpu) for gpu in busy),
                          reason="an NVML call is still running")
             return
         self._open = False
@@ -168,6 +224,11 @@ class NvmlSource:
             return _bounded(lambda: read_inventory(nv, handles), timeout_seconds, "nvml-inventory")
         except futures.TimeoutError:
             raise NvmlUnavailable(f"reading the NVML inventory took over {timeout_seconds:g} s") from None
+
+    @property
+    def watches_xids(self) -> bool:
+        """Whether Xid events are watched (some GPU registered for them)."""
+        return self._xid_executor is not None
 
     @property
     def gpu_count(self) -> int:
@@ -187,10 +248,49 @@ class NvmlSource:
                 continue
             dev.pending = dev.executor.submit(self._read, dev)
             submitted.append((dev, dev.pending))
+        xids = self._xids(deadline)
         gpus = []
         for dev, future in submitted:
-            gpus.append(self._collect(dev, future, deadline))
+            sample = self._collect(dev, future, deadline)
+            gpus.append(sample._replace(xids=tuple(xids[dev.index])) if dev.index in xids else sample)
         return NodeSnapshot(now, tuple(gpus))
+
+    def _xids(self, deadline: float) -> dict[int, list[int]]:
+        """The Xid events that arrived since the last tick, by GPU. A drain still stuck in the driver is not
+        queued behind: its events come with the tick on which it returns."""
+        if self._xid_executor is None:
+            return {}
+        if self._xid_pending is None:
+            self._xid_pending = self._xid_executor.submit(self._drain_xids)
+        try:
+            found = self._xid_pending.result(timeout=max(0.0, deadline - time.monotonic()))
+        except futures.TimeoutError:
+            return {}
+        except Exception as exc:  # a bug or an NVML error: this tick's events are lost, never the loop
+            logfmt.event("nvml_xid_read_failed", level=logfmt.ERROR, error=f"{type(exc).__name__}: {exc}")
+            found = {}
+        self._xid_pending = None
+        for gpu, numbers in found.items():
+            for xid in numbers:
+                logfmt.event("gpu_xid", level=logfmt.WARNING, gpu=gpu, xid=xid)
+        return found
+
+    def _drain_xids(self) -> dict[int, list[int]]:
+        """Runs on the Xid thread: every waiting event, without waiting for more."""
+        nv = self._nvml
+        assert nv is not None
+        found: dict[int, list[int]] = {}
+        for _ in range(_XIDS_PER_TICK):
+            try:
+                data = nv.nvmlEventSetWait_v2(self._events, 0)
+            except nv.NVMLError_Timeout:
+                break
+            if not data.eventType & nv.nvmlEventTypeXidCriticalError:
+                continue
+            gpu = self._event_gpus.get(_handle_key(data.device))
+            if gpu is not None:
+                found.setdefault(gpu, []).append(int(data.eventData))
+        return found
 
     @staticmethod
     def _unread(dev: _Device, health: GpuHealth, field: str, message: str) -> GpuSample:
@@ -312,6 +412,83 @@ class NvmlSource:
                 raise nv.NVMLError(metric.nvmlReturn)
             return float(metric.value) / 100.0
 
+        def health(d: _Device) -> tuple[int | None, ...]:
+            # The health counters (model.HEALTH_COUNTERS), read every HEALTH_SECONDS; their last values
+            # in between. Each part a GPU does not support is not asked again; a failed part reads None
+            # and is asked again next time.
+            now = time.monotonic()
+            if d.health is not None and now - d.health[0] < HEALTH_SECONDS:
+                return d.health[1]
+            values: dict[str, int | None] = {}
+            for names, part in health_parts:
+                if names[0] in d.health_unsupported:
+                    continue
+                try:
+                    values.update(zip(names, part(d)))
+                except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+                    d.health_unsupported.update(names)
+                except self._lost_classes:
+                    raise
+                except nv.NVMLError:
+                    continue
+            counters = tuple(values.get(name) for name in HEALTH_COUNTERS)
+            d.health = (now, counters)
+            return counters
+
+        def ecc(d: _Device) -> tuple[int, int]:  # nvmlDeviceGetTotalEccErrors(volatile); ecc.errors.*.volatile.total
+            return (int(nv.nvmlDeviceGetTotalEccErrors(d.handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                                       nv.NVML_VOLATILE_ECC)),
+                    int(nv.nvmlDeviceGetTotalEccErrors(d.handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                       nv.NVML_VOLATILE_ECC)))
+
+        def memory_repair(d: _Device) -> tuple[int, int | None]:
+            # nvmlDeviceGetRemappedRows (Ampere and later): pending, failed; remapped_rows.pending/.failure.
+            # Before Ampere, page retirement: nvmlDeviceGetRetiredPagesPendingStatus; retired_pages.pending.
+            try:
+                _, _, pending, failed = nv.nvmlDeviceGetRemappedRows(d.handle)
+                return int(bool(pending)), int(bool(failed))
+            except nv.NVMLError_NotSupported:
+                status = nv.nvmlDeviceGetRetiredPagesPendingStatus(d.handle)
+                return int(status == nv.NVML_FEATURE_ENABLED), None
+
+        def nvlink(d: _Device) -> tuple[int]:
+            # nvmlDeviceGetNvLinkErrorCounter: replay, recovery and CRC (flit, data) errors of each active link
+            if d.nvlinks is None:
+                d.nvlinks = []
+                for link in range(nv.NVML_NVLINK_MAX_LINKS):
+                    try:
+                        if nv.nvmlDeviceGetNvLinkState(d.handle, link) == nv.NVML_FEATURE_ENABLED:
+                            d.nvlinks.append(link)
+                    except nv.NVMLError_NotSupported:
+                        if link == 0:
+                            raise
+                        break
+                    except nv.NVMLError_InvalidArgument:
+                        break
+            if not d.nvlinks:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            return (sum(int(nv.nvmlDeviceGetNvLinkErrorCounter(d.handle, link, counter)) for link in d.nvlinks
+                        for counter in (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY,
+                                        nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA)),)
+
+        def pcie_replays(d: _Device) -> tuple[int]:  # nvmlDeviceGetPcieReplayCounter; pcie.link... replay count
+            return (int(nv.nvmlDeviceGetPcieReplayCounter(d.handle)),)
+
+        def pcie_link(d: _Device) -> tuple[int, int, int, int]:
+            # pcie.link.gen.current/.max, pcie.link.width.current/.max (a link trains down at idle to save
+            # power: detect/gpu_health.py judges the generation only while the GPU works)
+            h = d.handle
+            return (int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h)), int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                    int(nv.nvmlDeviceGetCurrPcieLinkWidth(h)), int(nv.nvmlDeviceGetMaxPcieLinkWidth(h)))
+
+        health_parts: list[tuple[tuple[str, ...], Callable[[_Device], tuple[int | None, ...]]]] = [
+            (("ecc_corrected", "ecc_uncorrected"), ecc),
+            (("memory_repair_pending", "memory_repair_failed"), memory_repair),
+            (("nvlink_errors",), nvlink),
+            (("pcie_replays",), pcie_replays),
+            (("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max"), pcie_link),
+        ]
+
         def processes(d: _Device) -> list[int]:  # nvmlDeviceGetComputeRunningProcesses, host pids
             return [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(d.handle)]
 
@@ -326,7 +503,16 @@ class NvmlSource:
             (("energy_joules",), energy),
             (("sm_activity_ratio",), sm_activity),
             (("pids",), processes),
+            (HEALTH_COUNTERS, health),
         ]
+
+
+def _handle_key(handle: Any) -> Any:
+    """A device handle as a dictionary key: an event names its GPU by a handle object of its own, which
+    compares equal to the one the GPU was opened with only by the address it points at."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 def _bounded(call: Callable[[], T], timeout: float, name: str) -> T:

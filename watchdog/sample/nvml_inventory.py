@@ -1,4 +1,4 @@
-"""NVML's static facts for the doctor: driver, GPUs, PCIe links, NVLink, P2P status and topology.
+"""NVML's facts for the doctor: driver, GPUs, PCIe links, NVLink, P2P status and topology, memory health.
 
 Read once per incident or `doctor` run, through the NVML handle that sample/nvml.py owns (this module is
 handed the pynvml module object; it never imports or initialises it). A fact that cannot be read is None
@@ -27,6 +27,8 @@ class GpuFacts:
     pcie_width: tuple[int, int] | None = None
     nvlinks: tuple[bool, ...] | None = None  # per link: active; None when the GPU has no NVLink
     numa_node: int | None = None
+    ecc_uncorrected: int | None = None  # volatile: since the driver loaded
+    memory_repair: tuple[bool, bool] | None = None  # (pending, failed): row remapping, or page retirement (pending)
 
 
 @dataclass
@@ -69,11 +71,18 @@ def read_inventory(nv: Any, handles: list[Any]) -> Inventory:
             except nv.NVMLError:
                 break  # no such link (or no NVLink at all)
         mode = ask(nv.nvmlDeviceGetPersistenceMode, h)
+        ecc = ask(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+        rows = ask(nv.nvmlDeviceGetRemappedRows, h)
+        if rows is None:
+            retired = ask(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            repair = None if retired is None else (retired == nv.NVML_FEATURE_ENABLED, False)
+        else:
+            repair = (bool(rows[2]), bool(rows[3]))
         inv.gpus.append(GpuFacts(
             index, text_of(ask(nv.nvmlDeviceGetName, h) or "") or None, text_of(ask(nv.nvmlDeviceGetUUID, h) or "")
             or None, bus, None if mode is None else bool(mode),
             gens if None not in gens else None, widths if None not in widths else None,
-            tuple(links) or None))
+            tuple(links) or None, None, None if ecc is None else int(ecc), repair))
     # pynvml defines NVML_P2P_CAPS_INDEX_READ as the tuple (0,): pass the index itself.
     read_index = 0
     for i, a in enumerate(handles):

@@ -8,7 +8,8 @@ Every other line is one snapshot of the node, column by column:
 Each key of "gpus" is a GpuSample field name in base units, with one entry per GPU (null where that GPU
 does not support the reading). A column is left out when no GPU has it. "health" holds ok|lost|hung,
 "errors" per GPU a map of field -> why it could not be read, "pids" the compute processes,
-"host_cpu_ratio" and "host_io_bytes_per_second" the host progress of those processes.
+"host_cpu_ratio" and "host_io_bytes_per_second" the host progress of those processes, "xids" the Xid events
+of each GPU since the sample before, and the health counters (model.HEALTH_COUNTERS) as whole numbers.
 Columns, rather than one object per GPU, make a day-long trace several times faster to read.
 """
 
@@ -22,7 +23,7 @@ from typing import Annotated, Any, Literal, TextIO
 
 import msgspec
 
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
+from watchdog.model import INTEGER_FIELDS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines, line_blocks
 
@@ -31,7 +32,8 @@ FORMAT_VERSION = 1
 
 _FIELDS = GpuSample._fields
 _DEFAULTS = GpuSample._field_defaults
-_INTS = {"index", "memory_used_bytes", "memory_total_bytes", "clock_event_reasons"}
+_INTS = {"index", *INTEGER_FIELDS}
+_TUPLES = ("pids", "xids")  # a tuple of whole numbers per GPU
 _HEALTH = {h.value: h for h in GpuHealth}
 _LARGEST = 1e15  # no reading or Unix time is this large
 MAX_GPUS = 1024
@@ -49,7 +51,7 @@ def encode(snapshot: NodeSnapshot) -> str:
         if name == "health":
             if any(v is not GpuHealth.OK for v in values):
                 columns[name] = [v.value for v in values]
-        elif name == "pids":
+        elif name in _TUPLES:
             if any(values):
                 columns[name] = [list(v) for v in values]
         elif name == "errors":
@@ -77,6 +79,7 @@ _COLUMN_TYPES: dict[str, Any] = {
     "name": list[str | None] | None,
     "health": list[Literal["ok", "lost", "hung"] | None] | None,
     "pids": list[tuple[int, ...] | None] | None,  # decoded straight into GpuSample's tuples
+    "xids": list[tuple[_Count, ...] | None] | None,
     "errors": list[dict[str, str] | None] | None,
     **{name: list[_Count | None] | None for name in _INTS - {"index"}},
 }
@@ -91,6 +94,7 @@ _DECODE = msgspec.json.Decoder(_Line).decode
 _CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
     "health": lambda column: [_HEALTH[v] if v is not None else GpuHealth.OK for v in column],
     "pids": lambda column: [p or () for p in column] if None in column else column,
+    "xids": lambda column: [x or () for x in column] if None in column else column,
     "errors": lambda column: [tuple(e.items()) if e else () for e in column],
 }
 _CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]
