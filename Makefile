@@ -43,6 +43,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/daemon_cost.py
 	$(BIN)/python bench/live_verdict.py
 	$(BIN)/python bench/accuracy.py
+	$(BIN)/python bench/straggler.py --per-class 2
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/pod_resources.py
 	$(BIN)/python bench/hostile_costs.py

@@ -188,6 +188,24 @@ class GpuHealthConfig(EpisodeTiming):
         900.0, description="A hang's verdict names the Xids its GPUs reported within this long before it.")
 
 
+class StragglerConfig(EpisodeTiming):
+    """One GPU of a job computing at clocks its working peers do not, so that every step waits for it (warning)."""
+
+    for_seconds: SecondsOrZero = Field(120.0, description="Condition must hold this long before firing.")
+    clear_seconds: Seconds = Field(
+        60.0, description="Condition must be absent this long before an episode resolves (hysteresis).")
+    window_seconds: Seconds = Field(
+        120.0, description="Trailing window over which a GPU's median SM clock is compared with its peers'.")
+    clock_deficit_ratio: Ratio = Field(
+        0.1, description="A GPU whose median SM clock is at least this fraction below the median of its working "
+        "peers' is a straggler.")
+    busy_min_ratio: Ratio = Field(
+        0.5, description="The GPUs compared are those at least this busy (utilization), each over its own busy "
+        "samples.")
+    min_gpus: Annotated[int, Field(ge=2)] = Field(
+        3, description="Working GPUs a tick needs for one of them to be called slower than its peers.")
+
+
 class DetectorsConfig(_Section):
     busy_spin: BusySpinConfig = BusySpinConfig()
     zero_util: ZeroUtilConfig = ZeroUtilConfig()
@@ -196,6 +214,7 @@ class DetectorsConfig(_Section):
     throttle: ThrottleConfig = ThrottleConfig()
     gpu_lost: GpuLostConfig = GpuLostConfig()
     gpu_health: GpuHealthConfig = GpuHealthConfig()
+    straggler: StragglerConfig = StragglerConfig()
 
 
 class JobConfig(_Section):

@@ -36,7 +36,7 @@ from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.export.metrics import AlertRow, EpisodeView, Published, RankRow, WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict, Workload, gpu_list
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature, Verdict, Workload, gpu_list
 from watchdog.sample import sim
 from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.kubelet import PodDirectory, PodResourcesClient
@@ -126,6 +126,11 @@ RELOAD = {
     "source": "restart", "export": "restart", "alerts": "restart", "bundles": "restart",
     "kubernetes": "restart",
 }
+
+
+def _slowdown(facts: dict[str, float | str]) -> float | None:
+    value = facts.get("slowdown")
+    return float(value) if value is not None else None
 
 
 class Daemon:
@@ -243,7 +248,7 @@ class Daemon:
     def _publish(self, snapshot: NodeSnapshot | None, tick_seconds: float) -> None:
         episodes = tuple(
             EpisodeView(ep.finding.signature, ep.fired_severity, ep.finding.gpus, ep.finding.culprit_gpus,
-                        ep.onset)
+                        ep.onset, _slowdown(ep.finding.facts) if ep.finding.signature is Signature.STRAGGLER else None)
             for ep in self.engine.tracker.episodes.values())
         ranks = self._ranks(snapshot)
         last = snapshot.time_seconds if snapshot is not None else self.published.last_sample_wall

@@ -36,6 +36,7 @@ class Signature(str, enum.Enum):
     THROTTLE = "throttle"
     GPU_LOST = "gpu_lost"
     GPU_HEALTH = "gpu_health"
+    STRAGGLER = "straggler"
 
 
 # Clock-event reason bits (nvmlClocksEventReason*; nvidia-smi clocks_event_reasons.*). Only these mean
@@ -453,7 +454,7 @@ WORKLOAD_LABELS = tuple(f.name for f in fields(Workload) if f.name != "claimed")
 # whichever of the two reports it. Both are built here.
 RUNBOOK_URL = "https://github.com/stall-watchdog/stall-watchdog/blob/main/docs/runbook.md"
 # One episode per GPU: `gpu` is a label.
-PER_GPU_SIGNATURES = frozenset({Signature.THROTTLE, Signature.GPU_LOST, Signature.GPU_HEALTH})
+PER_GPU_SIGNATURES = frozenset({Signature.THROTTLE, Signature.GPU_LOST, Signature.GPU_HEALTH, Signature.STRAGGLER})
 
 
 def alert_name(signature: Signature) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.detect import busy_spin, gpu_lost, throttle, underuse, zero_util
+from watchdog.detect import busy_spin, gpu_lost, straggler, throttle, underuse, zero_util
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.stretch import Cells, Context
 from watchdog.model import Severity
@@ -32,6 +32,7 @@ class DetectorSpec:
 DETECTORS: dict[str, DetectorSpec] = {
     "gpu_lost": DetectorSpec(gpu_lost.detect, "gpu", Severity.CRITICAL),
     "throttle": DetectorSpec(throttle.detect, "gpu", Severity.WARNING),
+    "straggler": DetectorSpec(straggler.detect, "gpu", Severity.WARNING),
     "busy_spin": DetectorSpec(busy_spin.detect, "job"),
     "zero_util": DetectorSpec(zero_util.detect, "job"),
     "underuse": DetectorSpec(underuse.detect, "node"),

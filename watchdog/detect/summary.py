@@ -33,7 +33,7 @@ def _gpus_of(fact: float | str | None) -> list[int]:
 
 _WORDS = {Signature.BUSY_SPIN: "SPIN", Signature.ZERO_UTIL: "PAUSE", Signature.WAITING: "WAITING",
           Signature.UNDERUSE: "UNDER-USE", Signature.THROTTLE: "THROTTLED", Signature.GPU_LOST: "GPU LOST",
-          Signature.GPU_HEALTH: "GPU FAULT"}
+          Signature.GPU_HEALTH: "GPU FAULT", Signature.STRAGGLER: "STRAGGLER"}
 _STALLS = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)
 
 
@@ -62,6 +62,9 @@ def headline(finding: Finding, elapsed_seconds: float, severity: Severity, stack
         what = f"{gpus} throttled{lasting}: slow, not stalled"
     elif sig is Signature.GPU_HEALTH:
         what = f"{gpus}: {f.get('problems', 'a fault')}"
+    elif sig is Signature.STRAGGLER:
+        what = (f"{gpus} is the straggler{lasting}: the job runs about {float(f.get('slowdown', 1)):.2f}x slower "
+                "than without it")
     else:
         what = f"{gpus} stopped answering NVML{lasting}"
     return f"{word} ({severity.value}): {what}"
@@ -107,6 +110,11 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
         return f"{gpus} throttled{lasting} ({f.get('reasons', '')}){clock}{temp}"
     if sig is Signature.GPU_HEALTH:
         return summary_of(finding.gpus, f)
+    if sig is Signature.STRAGGLER:
+        reasons = f" (held down: {f['reasons']})" if f.get("reasons") else ""
+        mine, theirs = float(f.get("clock_hertz", 0)) / 1e6, float(f.get("peers_clock_hertz", 0)) / 1e6
+        return (f"{gpus} computes at an SM clock of {mine:,.0f} MHz{reasons} while its working peers run at "
+                f"{theirs:,.0f} MHz{lasting}: they wait for it in every step's collective")
     if sig is Signature.GPU_LOST:
         errors = f.get("errors") or "no answer"
         return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "

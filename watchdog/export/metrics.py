@@ -113,6 +113,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("episode_alert_info", "gauge", "1 for each episode that has alerted, while it is open. Its labels "
                "are those of the daemon's own Alertmanager alert for it (culprit aside), so the shipped rules "
                "raise the same alert and Alertmanager keeps one per incident.", ALERT_LABELS),
+    MetricSpec("straggler_slowdown_ratio", "gauge", "While a straggler warning is open on a GPU: how much slower "
+               "the job runs for it, estimated (its peers' SM clock over its own; 1.18 is 18% slower).", ("gpu",)),
     MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
                ("signature", "severity")),
     MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
@@ -152,6 +154,7 @@ class EpisodeView:
     gpus: tuple[int, ...]
     culprit_gpus: tuple[int, ...]
     onset_wall: float
+    slowdown: float | None = None  # straggler: how much slower the job runs for it (estimated)
 
 
 class AlertRow(NamedTuple):
@@ -306,6 +309,9 @@ class WatchdogCollector(Collector):
                 state[key] = max(state.get(key, 0), _STATE[episode.severity])
                 if episode.severity is not None:
                     out["episode_start_time_seconds"].append(((str(gpu), episode.signature.value), episode.onset_wall))
+            if episode.slowdown is not None and episode.severity is not None:
+                for gpu in episode.gpus:
+                    out["straggler_slowdown_ratio"].append(((str(gpu),), episode.slowdown))
             if episode.signature is Signature.WAITING and episode.severity is not None:
                 for gpu in episode.culprit_gpus:
                     out["episode_culprit"].append(((str(gpu), episode.signature.value), 1))

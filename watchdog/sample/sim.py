@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, NodeSnapshot
+from watchdog.model import CLOCK_EVENT_HW_SLOWDOWN, CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, NodeSnapshot
 
 GiB = 2**30
 
@@ -89,6 +89,22 @@ def _throttle(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
     return sample
 
 
+def _slow(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
+    # Training with its SM clock held 15% down by a hardware slowdown: every step of the job waits for it.
+    sample = _train(rng, m, t)
+    power = float(sample["power"])  # type: ignore[arg-type]
+    sample.update(clock=0.85, reasons=CLOCK_EVENT_HW_SLOWDOWN, power=power * 0.9)
+    return sample
+
+
+def _waiting_on_slow(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
+    # The slow GPU's peers: they finish each step early and wait in the collective for it (fewer SMs busy).
+    sample = _train(rng, m, t)
+    power, util = float(sample["power"]), float(sample["util"])  # type: ignore[arg-type]
+    sample.update(power=power * 0.9, sm_activity=util * 0.8 * 0.85)
+    return sample
+
+
 def _lost(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
     return {"lost": True}
 
@@ -96,7 +112,7 @@ def _lost(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
 BEHAVIOURS: dict[str, Behaviour] = {
     "idle": _idle, "startup": _startup, "train": _train, "tp_small_batch": _tp_small_batch, "spin": _spin,
     "zero": _zero, "checkpoint_writer": _checkpoint_writer, "underuse": _underuse, "throttle": _throttle,
-    "lost": _lost,
+    "slow": _slow, "waiting_on_slow": _waiting_on_slow, "lost": _lost,
 }
 
 
@@ -141,6 +157,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              ((0, None, "startup"), (40, None, "underuse")), "underuse warnings after 30 min"),
     _h100("throttle", "GPU 2 thermally throttled from t=300 s for 5 min", 900,
           _WARMUP + ((300, (2,), "throttle"), (600, (2,), "train")), "throttle warning on GPU 2, resolved"),
+    _h100("straggler", "GPU 5's SM clock held 15% down by a hardware slowdown from t=300 s; every step waits for it",
+          900, _WARMUP + ((300, (5,), "slow"), (300, (0, 1, 2, 3, 4, 6, 7), "waiting_on_slow")),
+          "throttle and straggler warnings on GPU 5, the job about 1.18x slower"),
     _h100("gpu_lost", "GPU 5 falls off the bus at t=300 s; the others then spin on a collective it cannot join", 900,
           _WARMUP + ((300, (5,), "lost"), (300, (0, 1, 2, 3, 4, 6, 7), "spin")),
           "gpu_lost critical on GPU 5 at once; busy_spin critical on the others, naming GPU 5 lost"),
