@@ -50,7 +50,8 @@ def test_a_hardware_xid_warns_on_its_gpu_with_its_meaning_and_action_then_ends()
     fired, resolved = health_events(run(stream))
     assert fired.event is EventKind.FIRED and fired.severity is Severity.WARNING and fired.gpus == (3,)
     assert fired.at_seconds - stream[100].time_seconds < 2
-    assert "Xid 79 (the GPU has fallen off the bus)" in fired.summary and "drain the node" in fired.summary.lower()
+    assert "Xid 79 (the GPU has fallen off the bus)" in fired.summary
+    assert "Drain the node; check its power, cooling and PCIe slot, and reboot" in fired.summary
     assert resolved.event is EventKind.RESOLVED
     assert 600 <= resolved.at_seconds - stream[100].time_seconds <= 600 + 60 + 5  # held, then clear_seconds
 

@@ -23,12 +23,12 @@ from watchdog.detect.gpu_health import COUNTERS_OF, NO_COUNTERS, HealthLedger
 from watchdog.detect.levels import Levels, LevelsConfig
 from watchdog.detect.node import GpuView, job_findings, underuse_finding
 from watchdog.detect.recovery import recovered
+from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
 from watchdog.model import HEALTH_COUNTERS, EpisodeEvent, Finding, GpuSample, NodeSnapshot, Signature, SnapshotBlock
 
 _ROW_GRACE_STEPS, _ROW_GRACE_SECONDS = 3, 3.0  # a GPU missing from a sample stays in the picture this long
 _RECOVERY_BATCH = 256  # evaluated ticks whose recovery evidence is worked out at once, when first asked
-_STALLS = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)
 _HEALTH_SLOTS = [GpuSample._fields.index(name) for name in ("xids", *HEALTH_COUNTERS)]
 HealthReading = tuple[int, int, tuple[int, ...], tuple, float | None]  # (new row, GPU, xids, counters, util)
 
@@ -192,7 +192,7 @@ class DetectorEngine:
             if self.health.reported:
                 t = float(stretch.times[row])
                 for finding in findings:  # what the GPUs of a stall reported before it
-                    if finding.signature in _STALLS and (note := self.health.before(finding.gpus, t)):
+                    if finding.signature in STACK_SIGNATURES and (note := self.health.before(finding.gpus, t)):
                         finding.facts["gpu_health"] = note
                 if health_on:
                     findings += self.health.findings(t)

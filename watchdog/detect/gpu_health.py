@@ -201,4 +201,5 @@ def _rise(history: deque[tuple[float, int]], start: float, t: float) -> int:
 
 def summary_of(gpus: tuple[int, ...], facts: dict[str, float | str]) -> str:
     """The evidence sentence of a gpu_health episode."""
-    return f"{gpu_list(gpus)} reports a fault: {facts.get('problems', '')}. {str(facts.get('action', '')).capitalize()}"
+    action = str(facts.get("action", ""))
+    return f"{gpu_list(gpus)} reports a fault: {facts.get('problems', '')}. {action[:1].upper()}{action[1:]}"
