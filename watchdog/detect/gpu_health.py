@@ -74,6 +74,7 @@ class _Gpu:
         default_factory=lambda: [deque(maxlen=_HISTORY_KEPT) for _ in _RISES])
     busy: bool = False
     standing: bool = False  # the counters show a problem that needs no window (or climb enough to look at one)
+    slow_link: bool = False  # the PCIe link below its maximum generation (normal at idle)
     since: float | None = None  # when the problems of the open stretch began
 
 
@@ -101,8 +102,8 @@ class HealthLedger:
                     history.append((t, int(value)))
             state.counters = counters
             c = dict(zip(HEALTH_COUNTERS, counters))
+            state.slow_link = (c["pcie_link_gen"] or 0) < (c["pcie_link_gen_max"] or 0)  # a fault only while busy
             state.standing = bool(c["ecc_uncorrected"] or c["memory_repair_failed"] or c["memory_repair_pending"]
-                                  or (c["pcie_link_gen"] or 0) < (c["pcie_link_gen_max"] or 0)
                                   or (c["pcie_link_width"] or 0) < (c["pcie_link_width_max"] or 0)
                                   or any(len(h) > 1 and h[-1][1] - h[0][1] >= getattr(self.cfg, setting)
                                          for h, (_, setting, _) in zip(state.history, _RISES)))
@@ -148,7 +149,7 @@ class HealthLedger:
         out = []
         hold = t - self.cfg.xid_hold_seconds
         for gpu, state in self._gpus.items():
-            if not state.standing and not (state.xids and state.xids[-1][0] >= hold):
+            if not (state.standing or (state.slow_link and state.busy) or (state.xids and state.xids[-1][0] >= hold)):
                 state.since = None  # the usual tick: nothing to look at
                 continue
             problems = self.problems(t, gpu)
