@@ -68,6 +68,19 @@ def test_full_query_with_index_units_and_reasons() -> None:
     assert snaps[1].time_seconds - snaps[0].time_seconds == pytest.approx(1.0)
 
 
+def test_health_columns_are_read_as_whole_numbers() -> None:
+    """nvidia-smi's ECC and PCIe link fields, in a log that has them (an [N/A] on a card without ECC)."""
+    text = ("timestamp, index, utilization.gpu [%], ecc.errors.corrected.volatile.total, "
+            "ecc.errors.uncorrected.volatile.total, pcie.link.gen.current, pcie.link.gen.max, pcie.link.width.current, "
+            "pcie.link.width.max\n"
+            "2024/01/02 03:04:05.000, 0, 99 %, 12, 0, 4, 5, 8, 16\n"
+            "2024/01/02 03:04:05.000, 1, 99 %, [N/A], [N/A], 5, 5, 16, 16\n")
+    a, b = read(text)[0].gpus
+    assert (a.ecc_corrected, a.ecc_uncorrected, a.pcie_link_gen, a.pcie_link_gen_max) == (12, 0, 4, 5)
+    assert (a.pcie_link_width, a.pcie_link_width_max) == (8, 16) and isinstance(a.pcie_link_width, int)
+    assert (b.ecc_corrected, b.ecc_uncorrected, b.pcie_link_width) == (None, None, 16)
+
+
 def test_nounits_noheader_with_fields() -> None:
     text = "2024/01/02 03:04:05.000, 1, 87, 312.40\n2024/01/02 03:04:06.000, 1, 0, 60.1\n"
     snaps = read(text, fields=["timestamp", "index", "utilization.gpu", "power.draw"])

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from watchdog.model import SAMPLE_DEFAULTS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
+from watchdog.model import (
+    HEALTH_COUNTERS,
+    SAMPLE_DEFAULTS,
+    GpuHealth,
+    GpuSample,
+    NodeSnapshot,
+    SnapshotBlock,
+    each_snapshot,
+    samples_of,
+)
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines, line_blocks
 from watchdog.sample.smi_gpu_count import group_by_time, with_index
@@ -42,6 +51,15 @@ _NUMERIC: dict[str, tuple[str, str]] = {
     "memory.used": ("memory_used_bytes", "MiB"),
     "memory.total": ("memory_total_bytes", "MiB"),
     "temperature.gpu": ("temperature_celsius", "C"),
+    # health (detect/gpu_health.py)
+    "ecc.errors.corrected.volatile.total": ("ecc_corrected", ""),
+    "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected", ""),
+    "pcie.link.gen.current": ("pcie_link_gen", ""),
+    "pcie.link.gen.gpucurrent": ("pcie_link_gen", ""),
+    "pcie.link.gen.max": ("pcie_link_gen_max", ""),
+    "pcie.link.gen.gpumax": ("pcie_link_gen_max", ""),
+    "pcie.link.width.current": ("pcie_link_width", ""),
+    "pcie.link.width.max": ("pcie_link_width_max", ""),
 }
 # Fields that name the same GpuSample field: the first listed wins when a log has both.
 _PREFERENCE = ["enforced.power.limit", "power.limit", "power.draw", "power.draw.instant", "power.draw.average"]
@@ -63,7 +81,7 @@ _NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 _HEADER = re.compile(r"^\s*([A-Za-z_.]+)\s*(?:\[([^\]]*)\])?\s*$")
 _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f",
                  "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
-_INTEGER_FIELDS = {"memory_used_bytes", "memory_total_bytes"}
+_INTEGER_FIELDS = {"memory_used_bytes", "memory_total_bytes", *HEALTH_COUNTERS}
 
 
 class _Cells(dict[str, Any]):
