@@ -95,10 +95,14 @@ def test_underuse_is_one_warning_for_the_job() -> None:
 
 
 def test_throttle_warns_and_is_never_a_spin() -> None:
+    """GPU 2 held at 60% of its clock while the others train: throttled, and the job's straggler (1.67x)."""
     events = events_of("throttle")
-    assert [(e.event, e.signature, e.gpus) for e in events] == [
-        (EventKind.FIRED, Signature.THROTTLE, (2,)), (EventKind.RESOLVED, Signature.THROTTLE, (2,))]
+    assert sorted((e.event.value, e.signature.value, e.gpus) for e in events) == [
+        ("fired", "straggler", (2,)), ("fired", "throttle", (2,)),
+        ("resolved", "straggler", (2,)), ("resolved", "throttle", (2,))]
     assert "hw_thermal_slowdown" in events[0].summary
+    (straggler,) = [e for e in events if e.signature is Signature.STRAGGLER and e.event is EventKind.FIRED]
+    assert "about 1.67x slower" in straggler.headline
 
 
 def test_lost_gpu_is_critical_at_once_and_the_others_spin_on_without_it() -> None:

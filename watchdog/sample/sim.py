@@ -156,7 +156,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("underuse", "8xA100 fine-tune at 30-40% util for 3 hours", "a100-pcie", 8, 3 * 3600,
              ((0, None, "startup"), (40, None, "underuse")), "underuse warnings after 30 min"),
     _h100("throttle", "GPU 2 thermally throttled from t=300 s for 5 min", 900,
-          _WARMUP + ((300, (2,), "throttle"), (600, (2,), "train")), "throttle warning on GPU 2, resolved"),
+          _WARMUP + ((300, (2,), "throttle"), (600, (2,), "train")), "throttle and straggler warnings on GPU 2, resolved"),
     _h100("straggler", "GPU 5's SM clock held 15% down by a hardware slowdown from t=300 s; every step waits for it",
           900, _WARMUP + ((300, (5,), "slow"), (300, (0, 1, 2, 3, 4, 6, 7), "waiting_on_slow")),
           "throttle and straggler warnings on GPU 5, the job about 1.18x slower"),
