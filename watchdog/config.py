@@ -26,7 +26,7 @@ Interval = Annotated[float, Field(ge=0.05, le=3600, allow_inf_nan=False)]  # a l
 Ratio = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 # The built-in scenarios of sample/sim.py (a test keeps the two lists equal; config imports nothing else).
 SCENARIO_NAMES = ("healthy", "checkpoint", "spin_hang", "startup_spin", "zero_util_hang", "odd_rank", "underuse",
-                  "throttle", "gpu_lost", "tp_small_batch", "t4_spin")
+                  "throttle", "straggler", "xid_then_spin", "gpu_lost", "tp_small_batch", "t4_spin")
 MAX_DOCUMENT_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake or an attack
 MAX_NODES = 20_000  # values in the document, aliases counted each time they are used
 MAX_DEPTH = 32
@@ -196,13 +196,13 @@ class StragglerConfig(EpisodeTiming):
         60.0, description="Condition must be absent this long before an episode resolves (hysteresis).")
     window_seconds: Seconds = Field(
         120.0, description="Trailing window over which a GPU's median SM clock is compared with its peers'.")
-    clock_deficit_ratio: Ratio = Field(
+    clock_deficit_ratio: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.1, description="A GPU whose median SM clock is at least this fraction below the median of its working "
-        "peers' is a straggler.")
+        "peers' is a straggler (between 0 and 1).")
     busy_min_ratio: Ratio = Field(
         0.5, description="The GPUs compared are those at least this busy (utilization), each over its own busy "
         "samples.")
-    min_gpus: Annotated[int, Field(ge=2)] = Field(
+    min_gpus: Annotated[int, Field(ge=2, le=4096)] = Field(
         3, description="Working GPUs a tick needs for one of them to be called slower than its peers.")
 
 

@@ -51,9 +51,41 @@ def test_a_hardware_xid_warns_on_its_gpu_with_its_meaning_and_action_then_ends()
     assert fired.event is EventKind.FIRED and fired.severity is Severity.WARNING and fired.gpus == (3,)
     assert fired.at_seconds - stream[100].time_seconds < 2
     assert "Xid 79 (the GPU has fallen off the bus)" in fired.summary
-    assert "Drain the node; check its power, cooling and PCIe slot, and reboot" in fired.summary
+    assert "What to do on GPU 3: drain the node; check its power, cooling and PCIe slot, and reboot" in fired.summary
     assert resolved.event is EventKind.RESOLVED
     assert 600 <= resolved.at_seconds - stream[100].time_seconds <= 600 + 60 + 5  # held, then clear_seconds
+
+
+def test_a_known_hardware_xid_is_quoted_first_and_repeats_are_counted_not_pushed_out() -> None:
+    """Unknown Xids, and sixteen program faults after it, neither hide nor push out a fall off the bus."""
+    stream = with_health(train_then("train", 400), {100: {3: {"xids": (79, 500, 501, 502, 503)}},
+                                                     101: {3: {"xids": (13,) * 16 + (79, 79)}}})
+    fired = health_events(run(stream))[0]
+    assert fired.headline.startswith("GPU FAULT (warning): GPU 3: Xid 79 (the GPU has fallen off the bus)")
+    assert "and 2 more" in fired.headline and "Xid 13" not in fired.headline
+    assert "drain the node; check its power" in fired.summary
+    late = with_health(train_then("train", 400), {100: {3: {"xids": (79,)}}, 101: {3: {"xids": (13,) * 16}},
+                                                   102: {3: {"xids": (79, 79)}}})
+    engine = DetectorEngine(Config())
+    for snapshot in late[:103]:
+        engine.observe(snapshot)
+    ((signal, what, _),) = engine.health.problems(late[102].time_seconds, 3)
+    assert signal == "xid" and what == "Xid 79 (the GPU has fallen off the bus) 3 times, the last just now"
+
+
+def test_a_counter_logged_every_second_still_climbs_past_a_high_rise() -> None:
+    config = parse_config({"detectors": {"gpu_health": {"corrected_ecc_rise": 1000}}})
+    stream = with_health(train_then("train", 3000), {n: {0: {"ecc_corrected": n}} for n in range(3000)})
+    (fired,) = health_events(run(stream, config))
+    assert "corrected ECC errors in the last" in fired.summary or "corrected ECC errors in the last" in fired.headline
+
+
+@pytest.mark.parametrize("fields", [
+    {"pcie_link_width": 64, "pcie_link_width_max": 16}, {"pcie_link_width": 8, "pcie_link_width_max": 999},
+    {"pcie_link_width": 0, "pcie_link_width_max": 16}, {"pcie_link_gen": 9, "pcie_link_gen_max": 5},
+])
+def test_pcie_readings_out_of_any_real_range_are_not_judged(fields: dict) -> None:
+    assert health_events(run(with_health(train_then("train", 200), {50: {1: fields}}))) == []
 
 
 def test_a_program_fault_xid_is_no_gpu_fault() -> None:
@@ -148,3 +180,10 @@ def test_an_xid_read_through_nvml_becomes_a_warning_on_its_gpu() -> None:
     (fired,) = health_events(events)
     assert fired.gpus == (1,) and f"Xid 63 ({XIDS[63][0]})" in fired.summary
     assert fired.at_seconds == 1010.0
+
+
+def test_the_built_in_scenario_names_the_xid_in_the_hang_it_comes_before() -> None:
+    events = run(list(sim.run(sim.SCENARIOS["xid_then_spin"])))
+    assert [e.gpus for e in health_events(events) if e.event is EventKind.FIRED] == [(3,)]
+    (critical,) = [e for e in events if e.signature is Signature.BUSY_SPIN and e.event is EventKind.FIRED]
+    assert "Before it: GPU 3 reported Xid 48 (double-bit ECC error" in critical.summary

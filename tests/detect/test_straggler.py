@@ -56,9 +56,17 @@ def test_the_sim_scenario_names_its_straggler() -> None:
     ("held down only 5%", lambda: stream_of(0.95)),
     ("two GPUs: no peers to compare", lambda: stream_of(0.7, gpus=2, slow=1)),
     ("the slow GPU is idle, not working", lambda: stream_of(0.5, util=0.0)),
+    ("a clock of 0 is no reading", lambda: stream_of(0.0)),
 ])
 def test_not_a_straggler(why: str, stream) -> None:  # type: ignore[no-untyped-def]
     assert stragglers(stream()) == [], why
+
+
+def test_peers_reading_far_above_their_maximum_are_no_reference() -> None:
+    stream = stream_of(1.0, reasons=CLOCK_EVENT_HW_SLOWDOWN)
+    stream = [NodeSnapshot(s.time_seconds, tuple(g._replace(sm_clock_hertz=9e14) if g.index != 5 and g.utilization_ratio
+                                                 else g for g in s.gpus)) for s in stream]
+    assert stragglers(stream) == []
 
 
 def test_it_ends_when_the_clock_comes_back() -> None:

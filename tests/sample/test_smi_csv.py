@@ -81,6 +81,22 @@ def test_health_columns_are_read_as_whole_numbers() -> None:
     assert (b.ecc_corrected, b.ecc_uncorrected, b.pcie_link_width) == (None, None, 16)
 
 
+@pytest.mark.parametrize(("cell", "column", "message"), [
+    ("1" + "0" * 400, "ecc.errors.uncorrected.volatile.total", "is out of range"),
+    ("9" * 100_000, "memory.used [MiB]", "is out of range"),
+    ("1" + "0" * 400, "clocks.sm [MHz]", "is out of range"),
+    ("1.5", "ecc.errors.uncorrected.volatile.total", "'1.5' is not a count (a whole number)"),
+    ("3 W", "pcie.link.gen.current", "'3 W' is not a count"),
+    ("1_000", "ecc.errors.corrected.volatile.total", "is not a count"),
+])
+def test_numbers_out_of_range_or_not_counts_are_named(cell: str, column: str, message: str) -> None:
+    text = (f"timestamp, index, utilization.gpu [%], {column}\n2024/01/02 03:04:05.000, 0, 99 %, {cell}\n"
+            "2024/01/02 03:04:06.000, 0, 99 %, 1\n")
+    with pytest.raises(TraceError) as caught:
+        read(text)
+    assert message in str(caught.value) and str(caught.value).startswith("log.csv:2: column")
+
+
 def test_nounits_noheader_with_fields() -> None:
     text = "2024/01/02 03:04:05.000, 1, 87, 312.40\n2024/01/02 03:04:06.000, 1, 0, 60.1\n"
     snaps = read(text, fields=["timestamp", "index", "utilization.gpu", "power.draw"])

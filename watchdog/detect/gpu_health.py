@@ -17,6 +17,7 @@ GPU keeps what they have shown, the daemon's tick and a replay's day feeding it 
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,11 +52,13 @@ XIDS: dict[int, tuple[str, str, bool]] = {
     120: ("GPU firmware (GSP) error", "reset the GPU; update the driver if it repeats", True),
     140: ("unrecovered ECC error", "drain the node and reset the GPU", True),
 }
-_XIDS_KEPT = 16  # per GPU, the newest
+_XIDS_KEPT = 64  # distinct Xids kept per GPU (the least recently seen go first): repeats cannot push one out
+_XIDS_QUOTED = 3  # distinct Xids a sentence quotes, hardware ones first; the rest are counted
 _RISES = (("ecc_corrected", "corrected_ecc_rise", "corrected ECC errors"),
           ("nvlink_errors", "nvlink_errors_rise", "NVLink errors"),
           ("pcie_replays", "pcie_replays_rise", "PCIe replays"))
-_HISTORY_KEPT = 256  # readings of a climbing counter kept per GPU (one a HEALTH_SECONDS: over two hours)
+_HISTORY_KEPT = 256  # readings of a climbing counter kept per GPU, at least window_seconds / 128 apart
+_LINK_MAX = {"gen": 16, "width": 32}  # above these a PCIe reading is not a reading: left unjudged
 _SLOTS = [HEALTH_COUNTERS.index(name) for name, _, _ in _RISES]
 COUNTERS_OF = operator.itemgetter(*(GpuSample._fields.index(name) for name in HEALTH_COUNTERS))  # of a sample
 NO_COUNTERS = (None,) * len(HEALTH_COUNTERS)
@@ -67,8 +70,16 @@ def xid_words(xid: int) -> tuple[str, str, bool]:
 
 
 @dataclass
+class _Xid:
+    first: float
+    last: float
+    count: int = 1
+
+
+@dataclass
 class _Gpu:
-    xids: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=_XIDS_KEPT))
+    xids: dict[int, _Xid] = field(default_factory=dict)
+    last_xid: float = -math.inf  # when the newest Xid came
     counters: tuple[Any, ...] = (None,) * len(HEALTH_COUNTERS)
     history: list[deque[tuple[float, int]]] = field(
         default_factory=lambda: [deque(maxlen=_HISTORY_KEPT) for _ in _RISES])
@@ -93,63 +104,79 @@ class HealthLedger:
             if not xids and counters.count(None) == len(counters):
                 return  # a GPU that never reported health: nothing to keep
             state = self._gpus[gpu] = _Gpu()
-        for xid in xids:
-            state.xids.append((t, int(xid)))
+        for xid in map(int, xids):
+            seen = state.xids.get(xid)
+            if seen is None:
+                if len(state.xids) >= _XIDS_KEPT:
+                    del state.xids[min(state.xids, key=lambda x: state.xids[x].last)]
+                state.xids[xid] = _Xid(t, t)
+            else:
+                seen.last, seen.count = t, seen.count + 1
+            state.last_xid = t
         if counters != state.counters:
+            spacing = self.cfg.window_seconds / 128
             for history, slot in zip(state.history, _SLOTS):
                 value = counters[slot]
-                if value is not None and (not history or history[-1][1] != value):
+                if value is None or (history and history[-1][1] == value):
+                    continue
+                if len(history) >= 2 and t - history[-2][0] < spacing:
+                    history[-1] = (t, int(value))  # a fast log: the newest reading stands for its spacing
+                else:
                     history.append((t, int(value)))
             state.counters = counters
             c = dict(zip(HEALTH_COUNTERS, counters))
-            state.slow_link = (c["pcie_link_gen"] or 0) < (c["pcie_link_gen_max"] or 0)  # a fault only while busy
+            state.slow_link = _below(c["pcie_link_gen"], c["pcie_link_gen_max"], "gen")  # a fault only while busy
             state.standing = bool(c["ecc_uncorrected"] or c["memory_repair_failed"] or c["memory_repair_pending"]
-                                  or (c["pcie_link_width"] or 0) < (c["pcie_link_width_max"] or 0)
+                                  or _below(c["pcie_link_width"], c["pcie_link_width_max"], "width")
                                   or any(len(h) > 1 and h[-1][1] - h[0][1] >= getattr(self.cfg, setting)
                                          for h, (_, setting, _) in zip(state.history, _RISES)))
         state.busy = utilization is not None and utilization >= self.cfg.busy_min_ratio
 
     def problems(self, t: float, gpu: int) -> list[tuple[str, str, str]]:
-        """(signal, what it shows, the action) for each problem GPU `gpu` shows at time t."""
+        """(signal, what it shows, the action) for each problem GPU `gpu` shows at time t, the worst first."""
         state = self._gpus.get(gpu)
         if state is None:
             return []
         cfg, out = self.cfg, []
-        recent = [(at, xid) for at, xid in state.xids if t - cfg.xid_hold_seconds <= at <= t and xid_words(xid)[2]]
-        for at, xid in recent[-3:]:
-            meaning, action, _ = xid_words(xid)
-            out.append(("xid", f"Xid {xid} ({meaning}) {duration_text(t - at)} ago", action))
+        recent = self._xids(state, t - cfg.xid_hold_seconds, t, hardware_only=True)
+        if recent:
+            out.append(("xid", _xid_text(recent, t, "ago"), xid_words(recent[0][0])[1]))
         c = dict(zip(HEALTH_COUNTERS, state.counters))
+        if c["memory_repair_failed"]:
+            out.append(("memory_repair", "a memory row remap failed", "drain the node: the GPU needs service"))
         if c["ecc_uncorrected"]:
             out.append(("ecc_uncorrected", f"{c['ecc_uncorrected']} uncorrected ECC "
                         f"{'error' if c['ecc_uncorrected'] == 1 else 'errors'} since the driver loaded",
-                        "drain the node and reset the GPU; replace it if they come back"))
-        if c["memory_repair_failed"]:
-            out.append(("memory_repair", "a memory row remap failed", "drain the node: the GPU needs service"))
-        elif c["memory_repair_pending"]:
+                        "drain the node and reset the GPU; replace it if this repeats"))
+        if c["memory_repair_pending"] and not c["memory_repair_failed"]:
             out.append(("memory_repair", "a memory row remap is pending", "reset the GPU when it is idle to apply it"))
         for (name, setting, words), history in zip(_RISES, state.history):
             rise = _rise(history, t - cfg.window_seconds, t)
             if rise >= getattr(cfg, setting):
                 span = duration_text(min(cfg.window_seconds, t - history[0][0]))
-                out.append((name, f"{rise} {words} in the last {span}",
-                            "check the link or memory it names and reset the GPU; replace it if they keep coming"
-                            if name != "ecc_corrected" else "watch it; replace the GPU if the rate holds"))
+                out.append((name, f"{rise} {words} in the last {span}", _RISE_ACTIONS[name]))
         width, width_max = c["pcie_link_width"], c["pcie_link_width_max"]
         gen, gen_max = c["pcie_link_gen"], c["pcie_link_gen_max"]
-        if width and width_max and width < width_max:
+        if _below(width, width_max, "width"):
             out.append(("pcie_link", f"PCIe link at x{width} of x{width_max}", "reseat the GPU or check its slot"))
-        elif gen and gen_max and gen < gen_max and state.busy:
+        elif _below(gen, gen_max, "gen") and state.busy:
             out.append(("pcie_link", f"PCIe link at Gen{gen} of Gen{gen_max} while busy",
                         "reseat the GPU or check its slot and the BIOS link settings"))
         return out
+
+    @staticmethod
+    def _xids(state: _Gpu, start: float, t: float, hardware_only: bool) -> list[tuple[int, _Xid]]:
+        """The distinct Xids last seen within [start, t], known hardware ones first, then the newest first."""
+        found = [(xid, seen) for xid, seen in state.xids.items() if start <= seen.last <= t
+                 and (xid_words(xid)[2] or not hardware_only)]
+        return sorted(found, key=lambda item: (item[0] not in XIDS or not XIDS[item[0]][2], -item[1].last))
 
     def findings(self, t: float) -> list[Finding]:
         """A warning for each GPU that shows a problem at time t."""
         out = []
         hold = t - self.cfg.xid_hold_seconds
         for gpu, state in self._gpus.items():
-            if not (state.standing or (state.slow_link and state.busy) or (state.xids and state.xids[-1][0] >= hold)):
+            if not (state.standing or (state.slow_link and state.busy) or state.last_xid >= hold):
                 state.since = None  # the usual tick: nothing to look at
                 continue
             problems = self.problems(t, gpu)
@@ -161,7 +188,8 @@ class HealthLedger:
             out.append(Finding(Signature.GPU_HEALTH, Severity.WARNING, (gpu,), since=state.since,
                                legs=tuple(dict.fromkeys(signal for signal, _, _ in problems)),
                                facts={"problems": "; ".join(what for _, what, _ in problems),
-                                      "action": problems[0][2]}, key=f"gpu_health:{gpu}"))
+                                      "action": "; ".join(dict.fromkeys(action for _, _, action in problems))},
+                               key=f"gpu_health:{gpu}"))
         return out
 
     def before(self, gpus: tuple[int, ...], t: float) -> str:
@@ -173,10 +201,9 @@ class HealthLedger:
             state = self._gpus.get(gpu)
             if state is None:
                 continue
-            xids = [(at, xid) for at, xid in state.xids if t - lookback <= at <= t]
-            for at, xid in xids[-3:]:
-                parts.append(f"GPU {gpu} reported Xid {xid} ({xid_words(xid)[0]}) {duration_text(t - at)} "
-                             "before this tick")
+            xids = self._xids(state, t - lookback, t, hardware_only=False)
+            if xids:
+                parts.append(f"GPU {gpu} reported {_xid_text(xids, t, 'earlier')}")
             parts += [f"GPU {gpu}: {what}" for signal, what, _ in self.problems(t, gpu) if signal != "xid"]
         return "; ".join(parts)
 
@@ -184,6 +211,30 @@ class HealthLedger:
     def reported(self) -> bool:
         """Whether any GPU has reported a health reading."""
         return bool(self._gpus)
+
+
+_RISE_ACTIONS = {
+    "ecc_corrected": "watch it; replace the GPU if the rate holds",
+    "nvlink_errors": "check the GPU's NVLink connections and reset it; replace it if they keep coming",
+    "pcie_replays": "reseat the GPU or check its slot and riser; replace it if they keep coming",
+}
+
+
+def _below(now: int | None, most: int | None, what: str) -> bool:
+    """A PCIe link reading below its maximum; readings out of any real range are not judged."""
+    return bool(now and most and 1 <= now < most <= _LINK_MAX[what])
+
+
+def _xid_text(xids: list[tuple[int, _Xid]], t: float, when: str) -> str:
+    """'Xid 79 (the GPU has fallen off the bus) 40 s ago; Xid 45 (...) 3 times, the last 2 s ago; and 4 more'."""
+    parts = []
+    for xid, seen in xids[:_XIDS_QUOTED]:
+        age = "just now" if t - seen.last < 1 else f"{duration_text(t - seen.last)} {when}"
+        times = f" {seen.count} times, the last" if seen.count > 1 else ""
+        parts.append(f"Xid {xid} ({xid_words(xid)[0]}){times} {age}")
+    if len(xids) > _XIDS_QUOTED:
+        parts.append(f"and {len(xids) - _XIDS_QUOTED} more")
+    return "; ".join(parts)
 
 
 def _rise(history: deque[tuple[float, int]], start: float, t: float) -> int:
@@ -201,6 +252,6 @@ def _rise(history: deque[tuple[float, int]], start: float, t: float) -> int:
 
 
 def summary_of(gpus: tuple[int, ...], facts: dict[str, float | str]) -> str:
-    """The evidence sentence of a gpu_health episode."""
+    """The evidence sentence of a gpu_health episode (the headline has said what the fault is)."""
     action = str(facts.get("action", ""))
-    return f"{gpu_list(gpus)} reports a fault: {facts.get('problems', '')}. {action[:1].upper()}{action[1:]}"
+    return f"What to do on {gpu_list(gpus)}: {action}"

@@ -32,7 +32,7 @@ _MIN_SAMPLES = 3
 def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Evidence]:
     """The evidence of each cell (by its number) whose GPU computes at clocks its working peers do not."""
     clock, util = cells.latest("sm_clock_hertz"), cells.latest("utilization_ratio")
-    working = util >= cfg.busy_min_ratio
+    working = (util >= cfg.busy_min_ratio) & _plausible(clock, cells.latest("sm_clock_max_hertz"))
     clocks = np.where(working, clock, np.nan)
     peers, counted = _tick_median(cells.at, clocks)
     chosen = np.flatnonzero(working & (counted >= cfg.min_gpus) & (clock <= (1 - cfg.clock_deficit_ratio) * peers))
@@ -45,7 +45,8 @@ def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Eviden
     window = some.window(cfg.window_seconds, ctx.short_seconds)
     readings = window.readings("sm_clock_hertz")
     utils = window.readings("utilization_ratio")
-    readings = np.where(utils >= cfg.busy_min_ratio, readings, np.nan)  # its working samples only
+    plausible = _plausible(readings, some.latest("sm_clock_max_hertz")[:, None])
+    readings = np.where((utils >= cfg.busy_min_ratio) & plausible, readings, np.nan)  # its working samples only
     sorted_clocks, count = ranked(readings)
     median = nearest_rank(sorted_clocks, count, 0.5)
     median = np.where(count >= _MIN_SAMPLES, median, np.nan)
@@ -66,6 +67,11 @@ def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Eviden
         out[cell] = Evidence(int(cells.stretch.gpus[cells.cols[cell]]), Signature.STRAGGLER, since=float(since[k]),
                              legs=("clock_below_peers", *named), facts=facts)
     return out
+
+
+def _plausible(clock: np.ndarray, clock_max: np.ndarray) -> np.ndarray:
+    """An SM clock that is a reading: above 0, and not above its maximum (where known) by more than boost slack."""
+    return (clock > 0) & ~(clock > 1.1 * clock_max)
 
 
 def _tick_median(at: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -114,7 +114,7 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
         reasons = f" (held down: {f['reasons']})" if f.get("reasons") else ""
         mine, theirs = float(f.get("clock_hertz", 0)) / 1e6, float(f.get("peers_clock_hertz", 0)) / 1e6
         return (f"{gpus} computes at an SM clock of {mine:,.0f} MHz{reasons} while its working peers run at "
-                f"{theirs:,.0f} MHz{lasting}: they wait for it in every step's collective")
+                f"{theirs:,.0f} MHz: they wait for it in every step's collective")
     if sig is Signature.GPU_LOST:
         errors = f.get("errors") or "no answer"
         return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "

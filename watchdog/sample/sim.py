@@ -105,6 +105,13 @@ def _waiting_on_slow(rng: random.Random, m: GpuModel, t: float) -> dict[str, obj
     return sample
 
 
+def _double_bit_ecc(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
+    # Training on, after the driver reports Xid 48 (a double-bit ECC error) once; the error count stays.
+    sample = _train(rng, m, t)
+    sample.update(xids=(48,) if t < 1 else (), ecc_uncorrected=1)
+    return sample
+
+
 def _lost(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
     return {"lost": True}
 
@@ -112,7 +119,7 @@ def _lost(rng: random.Random, m: GpuModel, t: float) -> dict[str, object]:
 BEHAVIOURS: dict[str, Behaviour] = {
     "idle": _idle, "startup": _startup, "train": _train, "tp_small_batch": _tp_small_batch, "spin": _spin,
     "zero": _zero, "checkpoint_writer": _checkpoint_writer, "underuse": _underuse, "throttle": _throttle,
-    "slow": _slow, "waiting_on_slow": _waiting_on_slow, "lost": _lost,
+    "slow": _slow, "waiting_on_slow": _waiting_on_slow, "double_bit_ecc": _double_bit_ecc, "lost": _lost,
 }
 
 
@@ -156,10 +163,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("underuse", "8xA100 fine-tune at 30-40% util for 3 hours", "a100-pcie", 8, 3 * 3600,
              ((0, None, "startup"), (40, None, "underuse")), "underuse warnings after 30 min"),
     _h100("throttle", "GPU 2 thermally throttled from t=300 s for 5 min", 900,
-          _WARMUP + ((300, (2,), "throttle"), (600, (2,), "train")), "throttle and straggler warnings on GPU 2, resolved"),
+          _WARMUP + ((300, (2,), "throttle"), (600, (2,), "train")),
+          "throttle and straggler warnings on GPU 2, resolved"),
     _h100("straggler", "GPU 5's SM clock held 15% down by a hardware slowdown from t=300 s; every step waits for it",
           900, _WARMUP + ((300, (5,), "slow"), (300, (0, 1, 2, 3, 4, 6, 7), "waiting_on_slow")),
           "throttle and straggler warnings on GPU 5, the job about 1.18x slower"),
+    _h100("xid_then_spin", "GPU 3 reports Xid 48 (double-bit ECC) at t=240 s; every GPU spins from t=300 s", 600,
+          _WARMUP + ((240, (3,), "double_bit_ecc"), (300, None, "spin")),
+          "gpu_health warning on GPU 3 at once; the busy_spin hang's verdict names the Xid 60 s before it"),
     _h100("gpu_lost", "GPU 5 falls off the bus at t=300 s; the others then spin on a collective it cannot join", 900,
           _WARMUP + ((300, (5,), "lost"), (300, (0, 1, 2, 3, 4, 6, 7), "spin")),
           "gpu_lost critical on GPU 5 at once; busy_spin critical on the others, naming GPU 5 lost"),
@@ -255,4 +266,6 @@ def _sample(index: int, m: GpuModel, r: dict[str, object], gpm: bool, pids: tupl
         clock_event_reasons=int(r.get("reasons", 0)),  # type: ignore[call-overload]
         sm_activity_ratio=(float(r.get("sm_activity", util * 0.8)) if gpm else None),  # type: ignore[arg-type]
         pids=pids if pids is not None else ((1000 + index,) if used else ()),
+        xids=r.get("xids", ()),  # type: ignore[arg-type]
+        ecc_uncorrected=r.get("ecc_uncorrected"),  # type: ignore[arg-type]
     )

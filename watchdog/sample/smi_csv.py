@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import functools
 import itertools
-import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -152,7 +151,7 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
         except ValueError:
             pass
         else:
-            if math.isfinite(value) and value >= 0:  # "nan", "inf" and negatives go to the strict path
+            if 0 <= value < _LARGEST:  # "nan", "inf", 400 digits and negatives go to the strict path
                 return value * scale
     lowered = text.strip().lower()
     if lowered in _MISSING:
@@ -166,7 +165,20 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
     scale = _SCALE.get(written or unit or default_unit)
     if scale is None:
         raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")
+    if not float(digits) < _LARGEST:
+        raise ValueError(f"{text.strip()[:40]!r} is out of range")
     return float(digits) * scale
+
+
+_LARGEST = 1e15  # no reading is this large (a JSON Lines recording has the same bound)
+_COUNT = re.compile(r"\s*\d{1,15}\s*", re.ASCII)
+
+
+def _as_count(text: str, value: float) -> int:
+    """A health counter's cell: a whole number, written without a unit."""
+    if not _COUNT.fullmatch(text):
+        raise ValueError(f"{text.strip()[:40]!r} is not a count (a whole number)")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -247,7 +259,11 @@ def _row_parser(columns: list[_Column]) -> RowParser:
             except ValueError as exc:
                 raise ValueError(f"column {header!r}: {exc}") from None
             if number is not None:
-                values[target] = int(number) if target in _INTEGER_FIELDS else number
+                try:
+                    values[target] = (_as_count(text, number) if target in HEALTH_COUNTERS
+                                      else int(number) if target in _INTEGER_FIELDS else number)
+                except ValueError as exc:
+                    raise ValueError(f"column {header!r}: {exc}") from None
         bits: int | None = None
         if active_mask is not None:
             text = row[active_mask[0]].strip()
@@ -288,12 +304,14 @@ def _row_parser(columns: list[_Column]) -> RowParser:
 _Row = tuple[int, float, int | None, str | None, GpuSample]
 
 
-def _strict_number(unit: str, default_unit: str, integer: bool) -> Callable[[str], Any]:
+def _strict_number(unit: str, default_unit: str, integer: bool, count: bool = False) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         if text.strip().lower() in _LOST:
             raise ValueError(text)  # a typed state: the row by row path builds the lost sample
         value = parse_number(text, unit, default_unit)
-        return int(value) if integer and value is not None else value
+        if value is None or not integer:
+            return value
+        return _as_count(text, value) if count else int(value)
     return convert
 
 
@@ -323,7 +341,8 @@ def _block_parser(columns: list[_Column]) -> Callable[[list[str]], tuple[list[fl
     converters: list[tuple[int, int, _Cells]] = []  # (column position, GpuSample slot, cells)
     for position, target, unit, default_unit, _ in _numeric_columns(columns):
         converters.append((position, slots[target],
-                           _Cells(_strict_number(unit, default_unit, target in _INTEGER_FIELDS))))
+                           _Cells(_strict_number(unit, default_unit, target in _INTEGER_FIELDS,
+                                                 target in HEALTH_COUNTERS))))
     for name, convert in (("index", int), ("uuid", str.strip), ("name", str.strip)):
         if name in by_name:
             converters.append((by_name[name], slots[name], _Cells(convert)))
