@@ -63,8 +63,9 @@ def headline(finding: Finding, elapsed_seconds: float, severity: Severity, stack
     elif sig is Signature.GPU_HEALTH:
         what = f"{gpus}: {f.get('problems', 'a fault')}"
     elif sig is Signature.STRAGGLER:
-        what = (f"{gpus} is the straggler{lasting}: the job runs about {float(f.get('slowdown', 1)):.2f}x slower "
-                "than without it")
+        one = len(finding.gpus) == 1
+        what = (f"{gpus} {'is the straggler' if one else 'are the stragglers'}{lasting}: the job runs about "
+                f"{float(f.get('slowdown', 1)):.2f}x slower than without {'it' if one else 'them'}")
     else:
         what = f"{gpus} stopped answering NVML{lasting}"
     return f"{word} ({severity.value}): {what}"
@@ -113,8 +114,10 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
     if sig is Signature.STRAGGLER:
         reasons = f" (held down: {f['reasons']})" if f.get("reasons") else ""
         mine, theirs = float(f.get("clock_hertz", 0)) / 1e6, float(f.get("peers_clock_hertz", 0)) / 1e6
-        return (f"{gpus} computes at an SM clock of {mine:,.0f} MHz{reasons} while its working peers run at "
-                f"{theirs:,.0f} MHz: they wait for it in every step's collective")
+        one = len(finding.gpus) == 1
+        return (f"{gpus} {'computes' if one else 'compute'} at an SM clock of {mine:,.0f} MHz{reasons} while "
+                f"{'its' if one else 'their'} working peers run at {theirs:,.0f} MHz: they wait for "
+                f"{'it' if one else 'them'} in every step's collective")
     if sig is Signature.GPU_LOST:
         errors = f.get("errors") or "no answer"
         return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "

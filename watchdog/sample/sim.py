@@ -266,6 +266,9 @@ def _sample(index: int, m: GpuModel, r: dict[str, object], gpm: bool, pids: tupl
         clock_event_reasons=int(r.get("reasons", 0)),  # type: ignore[call-overload]
         sm_activity_ratio=(float(r.get("sm_activity", util * 0.8)) if gpm else None),  # type: ignore[arg-type]
         pids=pids if pids is not None else ((1000 + index,) if used else ()),
+        # Health counters as a datacenter GPU reports them: nothing wrong, the PCIe link trained down at idle.
         xids=r.get("xids", ()),  # type: ignore[arg-type]
-        ecc_uncorrected=r.get("ecc_uncorrected"),  # type: ignore[arg-type]
+        ecc_corrected=0, ecc_uncorrected=int(r.get("ecc_uncorrected", 0)),  # type: ignore[call-overload]
+        memory_repair_pending=0, memory_repair_failed=0, nvlink_errors=0, pcie_replays=0,
+        pcie_link_gen=4 if util > 0 else 1, pcie_link_gen_max=4, pcie_link_width=16, pcie_link_width_max=16,
     )
