@@ -9,6 +9,7 @@ detector for that stretch (reported through `on_error` and `detector_up`), never
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
@@ -92,7 +93,7 @@ class DetectorEngine:
             return []
         arrays = Ticks.of_block(ticks) if isinstance(ticks, SnapshotBlock) else Ticks.of_snapshots(ticks)
         stretch, base = self.frames.add(arrays)
-        health = _health_readings(ticks)
+        health = deque(_health_readings(ticks))
         restarts = self._restarts(stretch, base)
         due = self._due(stretch.times[base:].tolist())
         if not due:
@@ -100,10 +101,10 @@ class DetectorEngine:
             return [event for _, later in restarts for event in later()]
         return self._judge(stretch, [base + row for row in due], restarts, base, health)
 
-    def _feed_health(self, stretch: Stretch, base: int, health: list[HealthReading], upto: int) -> None:
+    def _feed_health(self, stretch: Stretch, base: int, health: deque[HealthReading], upto: int) -> None:
         """Hand the health ledger the readings of the new rows before `upto`, in order (consumed from `health`)."""
         while health and base + health[0][0] < upto:
-            row, gpu, xids, counters, util = health.pop(0)
+            row, gpu, xids, counters, util = health.popleft()
             self.health.observe(float(stretch.times[base + row]), gpu, xids, counters, util)
 
     def _due(self, times: list[float]) -> list[int]:
@@ -153,7 +154,7 @@ class DetectorEngine:
         return Cells(stretch, at[tick], cols, newest[tick, cols]), tick
 
     def _judge(self, stretch: Stretch, rows: list[int], restarts: list[tuple[int, _Later]], base: int,
-               health: list[HealthReading]) -> list[EpisodeEvent]:
+               health: deque[HealthReading]) -> list[EpisodeEvent]:
         cells, tick = self._cells(stretch, rows)
         found: dict[str, dict[int, Evidence]] = {}
         failed: set[str] = set()
@@ -189,15 +190,14 @@ class DetectorEngine:
                 events += pending.pop(0)[1]()
             self._feed_health(stretch, base, health, row + 1)
             findings = self._findings(sorted(per_tick[n], key=lambda item: (item[2].gpu, order[item[0]])), views, n)
+            t = float(stretch.times[row])
             if self.health.reported:
-                t = float(stretch.times[row])
                 for finding in findings:  # what the GPUs of a stall reported before it
                     if finding.signature in STACK_SIGNATURES and (note := self.health.before(finding.gpus, t)):
                         finding.facts["gpu_health"] = note
                 if health_on:
                     findings += self.health.findings(t)
             if findings or tracker.open or tracker.pauses.watched_since is None:
-                t = float(stretch.times[row])
                 events += tracker.update(t, findings, partial(recovery.all, n))
         while pending:
             events += pending.pop(0)[1]()
