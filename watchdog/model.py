@@ -54,6 +54,11 @@ THROTTLE_REASON_NAMES: dict[int, str] = {
 THROTTLE_REASON_MASK = sum(THROTTLE_REASON_NAMES)
 
 
+def throttle_reason_names(bits: int) -> list[str]:
+    """The names of the hardware slowdown reasons set in a clock-event bit mask."""
+    return [name for bit, name in THROTTLE_REASON_NAMES.items() if bits & bit]
+
+
 class GpuSample(NamedTuple):
     """One GPU at one instant. None means "not supported by this GPU" or "could not be read"; the
     reason for a failed read is in `errors` (field name -> message). A NamedTuple: immutable, and
@@ -101,8 +106,7 @@ class GpuSample(NamedTuple):
 
     @property
     def throttle_reasons(self) -> list[str]:
-        bits = self.clock_event_reasons or 0
-        return [name for bit, name in THROTTLE_REASON_NAMES.items() if bits & bit]
+        return throttle_reason_names(self.clock_event_reasons or 0)
 
 
 # The readings that are numbers (the detectors hold them as float64 arrays, a missing one NaN).

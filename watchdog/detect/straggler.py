@@ -24,7 +24,7 @@ from watchdog.config import StragglerConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import zeroed
 from watchdog.detect.stretch import Cells, Context, nearest_rank, ranked, run_start
-from watchdog.model import THROTTLE_REASON_MASK, THROTTLE_REASON_NAMES, Signature
+from watchdog.model import THROTTLE_REASON_MASK, Signature, throttle_reason_names
 
 _MIN_SAMPLES = 3
 
@@ -60,7 +60,7 @@ def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Eviden
     since = run_start(window.times(), readings <= (1 - cfg.clock_deficit_ratio) * reference[:, None], window.count)
     for k in np.flatnonzero(slow).tolist():
         cell = int(judged[k])
-        named = [name for bit, name in THROTTLE_REASON_NAMES.items() if int(reasons[k]) & bit]
+        named = throttle_reason_names(int(reasons[k]))
         facts: dict[str, float | str] = {"clock_hertz": float(median[k]), "peers_clock_hertz": float(reference[k]),
                                          "slowdown": float(reference[k] / median[k])}
         facts["reasons"] = ", ".join(named)
@@ -76,13 +76,15 @@ def _plausible(clock: np.ndarray, clock_max: np.ndarray) -> np.ndarray:
 
 def _tick_median(at: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each cell, the median of the values of its tick's cells (NaN ignored) and how many there were."""
+    if not len(at):
+        return np.empty(0), np.empty(0, int)
     order = np.lexsort((values, at))
     ticks, ordered = at[order], values[order]
-    first = np.flatnonzero(np.concatenate([[True], ticks[1:] != ticks[:-1]])) if len(ticks) else np.empty(0, int)
-    counts = np.add.reduceat(~np.isnan(ordered), first) if len(first) else np.empty(0, int)
-    medians = np.where(counts > 0, ordered[np.minimum(first + counts // 2, len(ordered) - 1)], np.nan) if len(
-        first) else np.empty(0)
-    group = np.cumsum(np.concatenate([[True], ticks[1:] != ticks[:-1]])) - 1 if len(ticks) else np.empty(0, int)
+    starts = np.concatenate([[True], ticks[1:] != ticks[:-1]])  # where each tick's cells begin, in that order
+    first = np.flatnonzero(starts)
+    counts = np.add.reduceat(~np.isnan(ordered), first)
+    medians = np.where(counts > 0, ordered[np.minimum(first + counts // 2, len(ordered) - 1)], np.nan)
+    group = np.cumsum(starts) - 1
     out_median, out_count = np.empty(len(at)), np.empty(len(at), int)
     out_median[order], out_count[order] = medians[group], counts[group]
     return out_median, out_count
