@@ -44,6 +44,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/live_verdict.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/straggler.py --per-class 2
+	$(BIN)/python bench/straggler_live.py  # real gloo ranks under torchrun, about 40 minutes
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/pod_resources.py
 	$(BIN)/python bench/hostile_costs.py

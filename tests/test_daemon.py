@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -13,6 +14,7 @@ from prometheus_client import generate_latest
 
 from tests.fakes.daemon import FlakySource, Receiver, daemon_config, stepping_clock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+from watchdog import logfmt
 from watchdog.daemon import Daemon, build
 from watchdog.sample import sim
 from watchdog.sample.nvml import NvmlSource
@@ -290,3 +292,46 @@ def test_a_suspicion_that_ends_without_an_alert_leaves_nothing_behind(tmp_path: 
     assert any(key.startswith("zero_util@") for key in held), held
     assert daemon.incidents.open == {}
     assert metric(daemon, "stall_watchdog_episodes_total") is None  # it never alerted
+
+
+class _Played:
+    """A source that plays a list of snapshots, one per tick."""
+
+    def __init__(self, snapshots: list) -> None:  # type: ignore[type-arg]
+        self.snapshots = iter(snapshots)
+        self.gpus = len(snapshots[0].gpus)
+
+    def gpu_count(self) -> int:
+        return self.gpus
+
+    def open(self) -> None:
+        pass
+
+    def sample(self):  # type: ignore[no-untyped-def]
+        return next(self.snapshots)
+
+    def close(self) -> None:
+        pass
+
+
+def test_uneven_work_is_said_once_and_shown_never_paged(tmp_path: Path) -> None:
+    from tests.detect.test_rank_waits import stream
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logfmt.log.addHandler(handler)
+    level = logfmt.log.level
+    logfmt.log.setLevel(logging.INFO)
+    try:
+        daemon = build(daemon_config(tmp_path), _Played(stream({0: 0.12}, seconds=400)))
+        for _ in range(400):
+            daemon.tick()
+        daemon.shutdown(2)
+    finally:
+        logfmt.log.removeHandler(handler)
+        logfmt.log.setLevel(level)
+    logged = "\n".join(lines)
+    assert logged.count("event=uneven_work") == 1 and "rank=0" in logged and "why=from_start" in logged
+    assert metric(daemon, 'stall_watchdog_uneven_work_ratio{gpu="0",why="from_start"}') == pytest.approx(0.18, abs=0.06)
+    assert metric(daemon, 'stall_watchdog_rank_wait_ratio{gpu="0"}') == pytest.approx(0.12, abs=0.05)
+    assert not daemon.engine.tracker.episodes

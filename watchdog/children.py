@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from typing import IO
 
 MAX_OUTPUT_BYTES = 64 * 1024  # a short command's standard output kept (scontrol's answers are a few hundred bytes)
 MAX_ERROR_BYTES = 64 * 1024
@@ -38,23 +39,26 @@ def environment() -> dict[str, str]:
 
 
 def read_bounded(process: subprocess.Popen[bytes], timeout: float, max_out: int, max_err: int,
-                 stop_on_long_output: bool = True) -> tuple[bytes, bytes, str | None]:
+                 stop_on_long_output: bool = True, out: IO[bytes] | None = None) -> tuple[bytes, bytes, str | None]:
     """A child's stdout and stderr, read as they come until both close: (stdout, stderr, None), or with
     "timeout" when it ran past `timeout`, or "too_long" when its stdout passed `max_out` and
     `stop_on_long_output` (the caller kills it then). Past its cap a stream is read and dropped, so the
-    child never blocks on a full pipe and the daemon keeps at most the caps."""
+    child never blocks on a full pipe and the daemon keeps at most the caps. `out`: another pipe the child
+    writes its output to, read in place of stdout (py-spy record writes its data to a path and talks on
+    stdout)."""
     deadline = time.monotonic() + timeout
-    caps: dict[object, int] = {process.stdout: max_out, process.stderr: max_err}
-    got: dict[object, list[bytes]] = {process.stdout: [], process.stderr: []}
+    data = out if out is not None else process.stdout
+    caps: dict[object, int] = {data: max_out, process.stderr: max_err}
+    got: dict[object, list[bytes]] = {data: [], process.stderr: []}
     sizes: dict[object, int] = dict.fromkeys(got, 0)
     with selectors.DefaultSelector() as selector:
-        for pipe in (process.stdout, process.stderr):
+        for pipe in (data, process.stderr):
             if pipe is not None:
                 selector.register(pipe, selectors.EVENT_READ)
         while selector.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
-                return b"".join(got[process.stdout]), b"".join(got[process.stderr]), "timeout"
+                return b"".join(got[data]), b"".join(got[process.stderr]), "timeout"
             for key, _ in selector.select(left):
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
@@ -63,18 +67,18 @@ def read_bounded(process: subprocess.Popen[bytes], timeout: float, max_out: int,
                 room = caps[key.fileobj] - sizes[key.fileobj]
                 sizes[key.fileobj] += len(chunk)
                 if sizes[key.fileobj] > caps[key.fileobj]:
-                    if key.fileobj is process.stdout and stop_on_long_output:
+                    if key.fileobj is data and stop_on_long_output:
                         return b"", b"".join(got[process.stderr]), "too_long"
                     chunk = chunk[:max(0, room)]  # the first of it is kept: it says what went wrong
                 got[key.fileobj].append(chunk)
     try:
         process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        return b"".join(got[process.stdout]), b"".join(got[process.stderr]), "timeout"
-    for pipe in (process.stdout, process.stderr):
+        return b"".join(got[data]), b"".join(got[process.stderr]), "timeout"
+    for pipe in (data, process.stderr):
         if pipe is not None:
             pipe.close()
-    return b"".join(got[process.stdout]), b"".join(got[process.stderr]), None
+    return b"".join(got[data]), b"".join(got[process.stderr]), None
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -189,13 +189,25 @@ class GpuHealthConfig(EpisodeTiming):
 
 
 class StragglerConfig(EpisodeTiming):
-    """One GPU of a job computing at clocks its working peers do not, so that every step waits for it (warning)."""
+    """One rank of a job that its peers wait for in every step (warning): its GPU computes at clocks its working
+    peers do not, or its stack samples show it waiting in collectives less than its job's other ranks do."""
 
-    for_seconds: SecondsOrZero = Field(120.0, description="Condition must hold this long before firing.")
+    for_seconds: SecondsOrZero = Field(60.0, description="Condition must hold this long before firing.")
     clear_seconds: Seconds = Field(
         60.0, description="Condition must be absent this long before an episode resolves (hysteresis).")
     window_seconds: Seconds = Field(
         120.0, description="Trailing window over which a GPU's median SM clock is compared with its peers'.")
+    wait_window_seconds: Seconds = Field(
+        45.0, description="Trailing window over which each rank's share of stack samples spent waiting in a "
+        "collective or a sync is compared with its job's other ranks' (stacks.sample_rate_hz); the rule also looks "
+        "over five times it, where a smaller gap stands out of chance.")
+    wait_gap_ratio: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.05, description="A rank that waits at least this share of its time less than the median of its job's "
+        "other ranks on the node, beyond chance, is the one they wait for (between 0 and 1).")
+    wait_sigmas: Annotated[float, Field(ge=1, le=20)] = Field(
+        5.0, description="Beyond chance: the gap is at least this many standard errors of the two shares.")
+    wait_min_samples: Annotated[int, Field(ge=10, le=100000)] = Field(
+        100, description="Stack samples a rank needs in the window to be compared.")
     clock_deficit_ratio: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.1, description="A GPU whose median SM clock is at least this fraction below the median of its working "
         "peers' is a straggler (between 0 and 1).")
@@ -288,6 +300,16 @@ class StacksConfig(_Section):
         3.0, description="Time between the two RAS queries: counts unchanged across it mean stuck.")
     nccl_ras_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
         5.0, description="How long RAS may gather the job's data for one query.")
+    sample_rate_hz: Annotated[float, Field(ge=0, le=50)] = Field(
+        8.0, description="Straggler sampling: stack samples per second of each rank's main thread, taken all the time "
+        "with py-spy record --nonblocking (the rank is never paused), to tell which rank its peers wait for. "
+        "0: off.")
+    sample_seconds: Annotated[float, Field(ge=2, le=300)] = Field(
+        15.0, description="Straggler sampling: the length of one py-spy record; its counts reach the detectors when "
+        "it ends.")
+    sample_learn_seconds: Annotated[float, Field(ge=0, le=86400)] = Field(
+        120.0, description="Straggler sampling: the first this-long of a rank's samples are kept apart as how it "
+        "was before: a rank slow since then is uneven work, not a rank that became slow.")
 
 
 class SourceConfig(_Section):

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client.registry import CollectorRegistry
 
 from watchdog import logfmt, privileges
+from watchdog.act import membership
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import AlertDispatcher, Receiver
 from watchdog.act.bundles import BundleStore
@@ -45,6 +46,7 @@ from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
 from watchdog.schedule import Ticker
 from watchdog.stacks.capture import StackCapturer
+from watchdog.stacks.sampling import RankSampler, SampleTarget
 
 T = TypeVar("T")
 
@@ -87,6 +89,9 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                                 on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic)
     daemon = Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
                     monotonic, wall, HostProgress(monotonic), verdicts)
+    daemon.sampler = RankSampler(incidents.capturer, config.stacks, daemon.sample_targets,
+                                 on_problem=lambda pid, problem: logfmt.event(
+                                     "rank_not_sampled", level=logfmt.WARNING, pid=pid or None, problem=problem))
     incidents.unready = action_problems(config.actions)  # the action would fail when due: said now, at start
     for problem in incidents.unready:
         logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
@@ -163,6 +168,8 @@ class Daemon:
         # pid -> (its start time as host progress read it, rank, job, workload)
         self._rank_cache: dict[int, tuple[int | None, int | None, str, Workload]] = {}
         self.dumps: DumpService | None = None  # POST /v1/dump, set by build()
+        self.sampler: RankSampler | None = None  # the ranks' stack samples for stragglers, set by build()
+        self._uneven: set[int] = set()  # GPUs said to hold uneven work (logged once while it lasts)
 
     def dump_request(self, body: bytes) -> tuple[int, dict[str, object], int | None]:
         """The endpoint's POST /v1/dump: the dump service's answer as (status, JSON, Retry-After)."""
@@ -190,7 +197,18 @@ class Daemon:
 
     def _sample(self) -> NodeSnapshot:
         spin = self.config.detectors.busy_spin
-        return self.host.annotate(self.source.sample(), lambda gpu: busy_spin.working_now(gpu, spin))
+        snapshot = self.host.annotate(self.source.sample(), lambda gpu: busy_spin.working_now(gpu, spin))
+        return self.sampler.annotate(snapshot) if self.sampler is not None else snapshot
+
+    def sample_targets(self) -> list[SampleTarget]:
+        """The ranks on the GPUs now that are proven members of a job (never a claim), for the stack sampler."""
+        snapshot = self.published.snapshot
+        if snapshot is None:
+            return []
+        proven, _, _ = membership.sorted_out(self.discovery.from_snapshot(snapshot),
+                                             self.incidents.actions.slurm_job_runs_as)
+        return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key)
+                for job in proven for r in job.ranks if r.rank is not None]
 
     def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
@@ -198,10 +216,20 @@ class Daemon:
             self.engine.tracker.note_stacks(key, verdict)
         steps = self.engine.clock_steps
         events = self.engine.observe(snapshot)
+        self._say_uneven()
         if self.engine.clock_steps != steps:
             logfmt.event("clock_stepped_back", level=logfmt.WARNING, seconds=round(self.engine.last_step_seconds, 1),
                          action="detection continues on a shifted timeline")
         return events
+
+    def _say_uneven(self) -> None:
+        """Log uneven work once when it appears on a GPU (it is a standing difference, never an episode)."""
+        uneven = self.engine.waits.uneven
+        for gpu in uneven.keys() - self._uneven:
+            u = uneven[gpu]
+            logfmt.event("uneven_work", gpu=gpu, rank=u.rank, gap=round(u.gap, 3), why=u.why,
+                         summary=u.sentence())
+        self._uneven = set(uneven)
 
     def _unsettled(self) -> list[str]:
         """Open stall episodes not yet critical: their stacks are worth another look now and then."""
@@ -259,8 +287,10 @@ class Daemon:
         alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
         action = (self.config.actions.mode, self.incidents.action_state)
         ledger = tuple((key, at) for key, at, _ in self.incidents.ledger.summary())
+        waits = self.engine.waits
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last,
-                                   tick_seconds, disk, action, ledger)
+                                   tick_seconds, disk, action, ledger, tuple(sorted(waits.shares.items())),
+                                   tuple((u.gpu, u.why, u.gap) for u in waits.uneven.values()))
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
         """gpu, pid, rank, job and workload for rank_info. A process is described once (psutil and /proc),
@@ -308,6 +338,8 @@ class Daemon:
     def run(self, on_ready: Callable[[], None] | None = None, max_ticks: int | None = None) -> None:
         """Tick every interval on the monotonic clock until stop_requested (or max_ticks)."""
         ticker = Ticker(self.monotonic)
+        if self.sampler is not None:
+            self.sampler.start()
         if on_ready is not None:
             on_ready()
         while not self.stop_requested.is_set():
@@ -345,6 +377,8 @@ class Daemon:
         for problem in self.incidents.unready:
             logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
         self.incidents.capturer.reconfigure(new.stacks)
+        if self.sampler is not None:
+            self.sampler.cfg = new.stacks
         if self.dumps is not None:
             self.dumps.config = new
         logfmt.event("reloaded", config=self.config_path,
@@ -354,6 +388,8 @@ class Daemon:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.notifier.stopping()
+        if self.sampler is not None:
+            self.sampler.stop(0)  # its records are killed with the capturer's, by incidents.close
         self.incidents.close(timeout)
         if self.dumps is not None:
             self.dumps.close()

@@ -103,6 +103,9 @@ class GpuSample(NamedTuple):
     pcie_link_gen_max: int | None = None
     pcie_link_width: int | None = None
     pcie_link_width_max: int | None = None
+    # The stack samples of this GPU's rank (stacks/sampling.py), as whole numbers named by RANK_WAITS: its job
+    # (a number for the job key) and rank, then counts since the daemon first sampled it. () where none.
+    rank_waits: tuple[int, ...] = ()
 
     @property
     def throttle_reasons(self) -> list[str]:
@@ -177,6 +180,11 @@ class SnapshotBlock:
 HEALTH_COUNTERS = ("ecc_corrected", "ecc_uncorrected", "memory_repair_pending", "memory_repair_failed",
                    "nvlink_errors", "pcie_replays", "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width",
                    "pcie_link_width_max")
+# The positions of GpuSample.rank_waits: the job (a number standing for the job key, to compare a rank with
+# its own job's only), the rank, how many samples of its main thread were taken, how many of them were inside a
+# collective or a sync (waiting for peers), how many in planned extra work (checkpoint I/O, evaluation), and
+# the samples and waits of its first look (stacks.sample_learn_seconds): what it was like before.
+RANK_WAITS = ("job", "rank", "samples", "waits", "planned", "first_samples", "first_waits")
 INTEGER_FIELDS = ("memory_used_bytes", "memory_total_bytes", "clock_event_reasons", *HEALTH_COUNTERS)
 _WHOLE = {GpuSample._fields.index(name) for name in INTEGER_FIELDS}
 

@@ -64,6 +64,8 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
     values that need escaping (a job name with a quote, a backslash and a newline), counters."""
     snapshots = sim.run(sim.Scenario("wide", "", "h100", 64, 600, ((0, None, "train"), (40, None, "spin")), gpm=True))
     snapshot = [next(snapshots) for _ in range(60)][-1]
+    sampled = snapshot.gpus[0]._replace(rank_waits=(7, 0, 960, 288, 0, 960, 290))
+    snapshot = type(snapshot)(snapshot.time_seconds, (sampled, *snapshot.gpus[1:]))
     counters = new_counters()
     counters.inc("episodes_total", "busy_spin", "critical")
     counters.inc("component_errors_total", "sample")
@@ -76,13 +78,16 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
                                 Severity.WARNING, "GPU 63 (rank 63, pid 4063)"),
                        AlertRow(AlertIdentity(Signature.THROTTLE, "node-1", gpu=5), Severity.WARNING, "")),
                       {"sample": True, "act": False},
-                      1.9e9, 0.012, 123456)
+                      1.9e9, 0.012, 123456, waits=((0, 0.31), (5, 0.06)), uneven=((2, "from_start", 0.12),))
     collector = WatchdogCollector(lambda: state, counters)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ours, theirs = collector.exposition(), generate_latest(registry)
     assert ours == theirs
     assert ours.count(b"\n") > 1500 and b'training_job="job \\"a\\\\b\\"\\nx"' in ours
+    assert b'stall_watchdog_rank_wait_ratio{gpu="5"} 0.06' in ours
+    assert b'stall_watchdog_rank_stack_waits_total{gpu="0",uuid="' in ours
+    assert b'stall_watchdog_uneven_work_ratio{gpu="2",why="from_start"} 0.12' in ours
 
 
 def test_promtool_lints_the_exposition(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -23,15 +24,27 @@ from watchdog.detect.frames import Frames, Ticks
 from watchdog.detect.gpu_health import COUNTERS_OF, NO_COUNTERS, HealthLedger
 from watchdog.detect.levels import Levels, LevelsConfig
 from watchdog.detect.node import GpuView, job_findings, underuse_finding
+from watchdog.detect.rank_waits import WaitLedger
 from watchdog.detect.recovery import recovered
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
-from watchdog.model import HEALTH_COUNTERS, EpisodeEvent, Finding, GpuSample, NodeSnapshot, Signature, SnapshotBlock
+from watchdog.model import (
+    HEALTH_COUNTERS,
+    EpisodeEvent,
+    Finding,
+    GpuSample,
+    NodeSnapshot,
+    Severity,
+    Signature,
+    SnapshotBlock,
+)
 
 _ROW_GRACE_STEPS, _ROW_GRACE_SECONDS = 3, 3.0  # a GPU missing from a sample stays in the picture this long
 _RECOVERY_BATCH = 256  # evaluated ticks whose recovery evidence is worked out at once, when first asked
 _HEALTH_SLOTS = [GpuSample._fields.index(name) for name in ("xids", *HEALTH_COUNTERS)]
+_WAITS_SLOT = GpuSample._fields.index("rank_waits")
 HealthReading = tuple[int, int, tuple[int, ...], tuple, float | None]  # (new row, GPU, xids, counters, util)
+WaitReading = tuple[int, int, tuple[int, ...]]  # (new row, GPU, rank_waits)
 
 
 def _ignore(component: str, error: Exception) -> None:
@@ -51,6 +64,7 @@ class DetectorEngine:
         self._configure(config)
         self.frames = Frames(self._keep_seconds, Levels(self._levels_config()))
         self.health = HealthLedger(config.detectors.gpu_health)
+        self.waits = WaitLedger(config.detectors.straggler)
 
     def _configure(self, config: Config) -> None:
         self.config = config
@@ -73,6 +87,7 @@ class DetectorEngine:
         self.frames.keep_seconds = self._keep_seconds
         self.frames.levels.config = self._levels_config()
         self.health.cfg = config.detectors.gpu_health
+        self.waits.cfg = config.detectors.straggler
         self.detector_up = {}
         self.tracker.retime({sig: getattr(config.detectors, sig.value) for sig in Signature}, config)
 
@@ -94,18 +109,23 @@ class DetectorEngine:
         arrays = Ticks.of_block(ticks) if isinstance(ticks, SnapshotBlock) else Ticks.of_snapshots(ticks)
         stretch, base = self.frames.add(arrays)
         health = deque(_health_readings(ticks))
+        waits = deque(_wait_readings(ticks))
         restarts = self._restarts(stretch, base)
         due = self._due(stretch.times[base:].tolist())
         if not due:
-            self._feed_health(stretch, base, health, len(stretch))
+            self._feed(stretch, base, health, waits, len(stretch))
             return [event for _, later in restarts for event in later()]
-        return self._judge(stretch, [base + row for row in due], restarts, base, health)
+        return self._judge(stretch, [base + row for row in due], restarts, base, health, waits)
 
-    def _feed_health(self, stretch: Stretch, base: int, health: deque[HealthReading], upto: int) -> None:
-        """Hand the health ledger the readings of the new rows before `upto`, in order (consumed from `health`)."""
+    def _feed(self, stretch: Stretch, base: int, health: deque[HealthReading], waits: deque[WaitReading],
+              upto: int) -> None:
+        """Hand the health and wait ledgers the readings of the new rows before `upto`, in order (consumed)."""
         while health and base + health[0][0] < upto:
             row, gpu, xids, counters, util = health.popleft()
             self.health.observe(float(stretch.times[base + row]), gpu, xids, counters, util)
+        while waits and base + waits[0][0] < upto:
+            row, gpu, counts = waits.popleft()
+            self.waits.observe(float(stretch.times[base + row]), gpu, counts)
 
     def _due(self, times: list[float]) -> list[int]:
         """The new ticks due for judgement: each at least evaluate_interval_seconds after the one before."""
@@ -154,7 +174,7 @@ class DetectorEngine:
         return Cells(stretch, at[tick], cols, newest[tick, cols]), tick
 
     def _judge(self, stretch: Stretch, rows: list[int], restarts: list[tuple[int, _Later]], base: int,
-               health: deque[HealthReading]) -> list[EpisodeEvent]:
+               health: deque[HealthReading], waits: deque[WaitReading]) -> list[EpisodeEvent]:
         cells, tick = self._cells(stretch, rows)
         found: dict[str, dict[int, Evidence]] = {}
         failed: set[str] = set()
@@ -185,12 +205,15 @@ class DetectorEngine:
         tracker = self.tracker
         findings: list[Finding] = []
         health_on = self.config.detectors.gpu_health.enabled
+        waits_on = self.config.detectors.straggler.enabled
         for n, row in enumerate(rows):
             while pending and pending[0][0] <= row:
                 events += pending.pop(0)[1]()
-            self._feed_health(stretch, base, health, row + 1)
+            self._feed(stretch, base, health, waits, row + 1)
             findings = self._findings(sorted(per_tick[n], key=lambda item: (item[2].gpu, order[item[0]])), views, n)
             t = float(stretch.times[row])
+            if waits_on and self.waits.reported:
+                _join_waits(findings, self.waits.judge(t))
             if self.health.reported:
                 for finding in findings:  # what the GPUs of a stall reported before it
                     if finding.signature in STACK_SIGNATURES and (note := self.health.before(finding.gpus, t)):
@@ -201,7 +224,7 @@ class DetectorEngine:
                 events += tracker.update(t, findings, partial(recovery.all, n))
         while pending:
             events += pending.pop(0)[1]()
-        self._feed_health(stretch, base, health, len(stretch))
+        self._feed(stretch, base, health, waits, len(stretch))
         self.last_findings = findings
         return events
 
@@ -259,6 +282,28 @@ def _health_readings(ticks: Sequence[NodeSnapshot] | SnapshotBlock) -> list[Heal
         out += [(row, s.index, s.xids, counters, s.utilization_ratio) for s in snapshot.gpus
                 if (counters := COUNTERS_OF(s)) != NO_COUNTERS or s.xids]
     return out
+
+
+def _wait_readings(ticks: Sequence[NodeSnapshot] | SnapshotBlock) -> list[WaitReading]:
+    """The samples of these ticks that carry stack sample counts, by row: none for a trace without them."""
+    if isinstance(ticks, SnapshotBlock):
+        if ticks.columns[_WAITS_SLOT] is None:
+            return []
+        ticks = ticks.snapshots()
+    return [(row, s.index, s.rank_waits) for row, snapshot in enumerate(ticks) for s in snapshot.gpus if s.rank_waits]
+
+
+def _join_waits(findings: list[Finding], evidence: list[Evidence]) -> None:
+    """The ranks the stacks name as stragglers, joined to the clock's straggler finding of the same GPU (one
+    episode, both legs; the slowdown measured from the waits) or added as their own."""
+    clocks = {f.gpus[0]: n for n, f in enumerate(findings) if f.signature is Signature.STRAGGLER}
+    for e in evidence:
+        if e.gpu in clocks:
+            known = findings[clocks[e.gpu]]
+            findings[clocks[e.gpu]] = replace(known, legs=(*known.legs, *e.legs), facts={**known.facts, **e.facts})
+            continue
+        findings.append(Finding(Signature.STRAGGLER, Severity.WARNING, (e.gpu,), since=e.since, legs=e.legs,
+                                facts=e.facts, key=f"straggler:{e.gpu}"))
 
 
 class _Later:

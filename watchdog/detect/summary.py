@@ -64,6 +64,8 @@ def headline(finding: Finding, elapsed_seconds: float, severity: Severity, stack
         what = f"{gpus}: {f.get('problems', 'a fault')}"
     elif sig is Signature.STRAGGLER:
         one = len(finding.gpus) == 1
+        if one and "rank" in f:
+            gpus = f"rank {int(f['rank'])} ({gpus})"
         what = (f"{gpus} {'is the straggler' if one else 'are the stragglers'}{lasting}: the job runs about "
                 f"{float(f.get('slowdown', 1)):.2f}x slower than without {'it' if one else 'them'}")
     else:
@@ -112,17 +114,31 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
     if sig is Signature.GPU_HEALTH:
         return summary_of(finding.gpus, f)
     if sig is Signature.STRAGGLER:
-        reasons = f" (held down: {f['reasons']})" if f.get("reasons") else ""
-        mine, theirs = float(f.get("clock_hertz", 0)) / 1e6, float(f.get("peers_clock_hertz", 0)) / 1e6
-        one = len(finding.gpus) == 1
-        return (f"{gpus} {'computes' if one else 'compute'} at an SM clock of {mine:,.0f} MHz{reasons} while "
-                f"{'its' if one else 'their'} working peers run at {theirs:,.0f} MHz: they wait for "
-                f"{'it' if one else 'them'} in every step's collective")
+        return _straggler_evidence(finding)
     if sig is Signature.GPU_LOST:
         errors = f.get("errors") or "no answer"
         return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "
                 f"{plural(len(finding.gpus), 'the GPU', 'the GPUs')}")
     return f"{sig.value} on {gpus}{lasting}"
+
+
+def _straggler_evidence(finding: Finding) -> str:
+    """What names a straggler: its rank's stack samples against its peers', its clock against theirs, or both."""
+    f, gpus, one = finding.facts, gpu_list(finding.gpus), len(finding.gpus) == 1
+    said = []
+    if "peers_wait_ratio" in f:
+        mine, theirs = float(f["wait_ratio"]), float(f["peers_wait_ratio"])
+        said.append(f"Rank {int(f.get('rank', -1))}'s peers wait {theirs - mine:.0%} of each step for it: in "
+                    f"{int(f.get('wait_samples', 0)):,} "
+                    f"stack samples it waited in collectives {mine:.0%} of the time, the other ranks of its job "
+                    f"{theirs:.0%}")
+    if "clock_hertz" in f:
+        reasons = f" (held down: {f['reasons']})" if f.get("reasons") else ""
+        mine_hz, theirs_hz = float(f["clock_hertz"]) / 1e6, float(f.get("peers_clock_hertz", 0)) / 1e6
+        said.append(f"{gpus} {'computes' if one else 'compute'} at an SM clock of {mine_hz:,.0f} MHz{reasons} while "
+                    f"{'its' if one else 'their'} working peers run at {theirs_hz:,.0f} MHz: they wait for "
+                    f"{'it' if one else 'them'} in every step's collective")
+    return "; ".join(said) or f"{gpus} {'is' if one else 'are'} slower than {'its' if one else 'their'} peers"
 
 
 def summarize(finding: Finding, elapsed_seconds: float, severity: Severity, reason: str = "",

@@ -20,6 +20,7 @@ from watchdog import __version__
 from watchdog.config import ACTION_NAMES
 from watchdog.counters import Counters
 from watchdog.model import (
+    RANK_WAITS,
     WORKLOAD_LABELS,
     AlertIdentity,
     GpuHealth,
@@ -99,6 +100,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_pcie_link_width", "gauge", "PCIe link width (lanes) now.", GPU),
     MetricSpec("gpu_pcie_link_width_max", "gauge", "PCIe link width (lanes) at most.", GPU),
     MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
+    MetricSpec("rank_stack_samples_total", "counter", "Stack samples taken of the main thread of the GPU's rank "
+               "(stacks.sample_rate_hz) since the daemon first sampled that process.", GPU),
+    MetricSpec("rank_stack_waits_total", "counter", "Of rank_stack_samples_total, those inside a collective or a "
+               "sync: their ratio over a window is the rank's wait share, comparable across nodes (the job-wide "
+               "straggler rule).", GPU),
     MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
                "slowdown.", GPU),
     MetricSpec("gpu_health", "gauge", "1 for the GPU's current NVML health: ok, lost (fell off the bus) or hung "
@@ -114,7 +120,18 @@ METRICS: tuple[MetricSpec, ...] = (
                "are those of the daemon's own Alertmanager alert for it (culprit aside), so the shipped rules "
                "raise the same alert and Alertmanager keeps one per incident.", ALERT_LABELS),
     MetricSpec("straggler_slowdown_ratio", "gauge", "While a straggler warning is open on a GPU: how much slower "
-               "the job runs for it, estimated (its peers' SM clock over its own; 1.18 is 18% slower).", ("gpu",)),
+               "the job runs for it, estimated (1.18 is 18% slower): from its rank's stack samples, 1 / (1 - the "
+               "share of each step its peers wait for it); from the clocks alone, its peers' SM clock over its own.",
+               ("gpu",)),
+    MetricSpec("rank_wait_ratio", "gauge", "Share of the stack samples of the GPU's rank, over the straggler's "
+               "wait window, spent waiting in a collective or a sync (stacks.sample_rate_hz): the rank its peers "
+               "wait for waits least.", ("gpu",)),
+    MetricSpec("rank_first_wait_ratio", "gauge", "The wait share of the GPU's rank in its first look "
+               "(stacks.sample_learn_seconds): how it was before, for the job-wide straggler rule to tell a rank "
+               "that became slow from uneven work.", ("gpu",)),
+    MetricSpec("uneven_work_ratio", "gauge", "Share of each step the other ranks of its job on the node wait for "
+               "the GPU's rank where that is a standing difference, not a straggler (`why`: from_start, as since "
+               "it was first sampled; planned, while it saves a checkpoint or evaluates).", ("gpu", "why")),
     MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
                ("signature", "severity")),
     MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
@@ -185,6 +202,8 @@ class Published:
     bundle_disk_bytes: int | None = None
     action: tuple[str, str] = ("observe", "observe")  # the actions policy's (mode, state)
     ledger: tuple[tuple[str, float], ...] = ()  # (ledger key, its last action) of the actions ledger
+    waits: tuple[tuple[int, float], ...] = ()  # (GPU, its rank's wait share) from the stack samples
+    uneven: tuple[tuple[int, str, float], ...] = ()  # (GPU, why, gap) of uneven work
 
 
 COUNTER_NAMES = tuple(spec.name for spec in METRICS if spec.kind == "counter")
@@ -230,6 +249,8 @@ class WatchdogCollector(Collector):
         for gpu, pid, rank, job, workload in state.ranks:
             out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job,
                                       *workload.labels()), 1))
+        out["rank_wait_ratio"] += [((str(gpu),), share) for gpu, share in state.waits]
+        out["uneven_work_ratio"] += [((str(gpu), why), gap) for gpu, why, gap in state.uneven]
         for identity, severity, culprit in state.alerts:
             named = identity.labels(severity)
             out["episode_alert_info"].append((tuple(named.get(name, "") for name in ALERT_LABELS[:-1]) + (culprit,), 1))
@@ -293,6 +314,12 @@ class WatchdogCollector(Collector):
                 out[metric].append((labels, value))  # type: ignore[arg-type]  # READINGS are numbers
         if gpu.energy_joules is not None:
             out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
+        if gpu.rank_waits:
+            counts = gpu.rank_waits
+            out["rank_stack_samples_total"].append((labels, counts[_SAMPLES]))
+            out["rank_stack_waits_total"].append((labels, counts[_WAITS]))
+            if counts[_FIRST_SAMPLES]:
+                out["rank_first_wait_ratio"].append(((labels[0],), counts[_FIRST_WAITS] / counts[_FIRST_SAMPLES]))
         if gpu.clock_event_reasons is not None:
             out["gpu_throttle"].append((labels, 1 if gpu.throttle_reasons else 0))
         health = out["gpu_health"]
@@ -322,6 +349,8 @@ class WatchdogCollector(Collector):
                 rows.append(((label, value), state.get((gpu, signature), 0)))
 
 
+_SAMPLES, _WAITS, _FIRST_SAMPLES, _FIRST_WAITS = (RANK_WAITS.index(name) for name in
+                                                  ("samples", "waits", "first_samples", "first_waits"))
 _REMEMBERED = 1 << 15
 # Iterated for every GPU at every scrape: each member with its label value, and each reading's slot.
 _HEALTHS = tuple((health, health.value) for health in GpuHealth)

@@ -9,6 +9,7 @@ hold tokens and data. Failures are classified so that the message says what to d
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -201,7 +202,56 @@ class StackCapturer:
         return Capture(target, OK, "ok", seconds, blocking, dump, raw)
 
 
+    def record(self, pid: int, rate_hz: float, seconds: float) -> tuple[str, str, bytes]:
+        """`py-spy record --nonblocking --idle --threads --nolineno --format raw` of one process for `seconds` at
+        `rate_hz` (the process is never paused): (result, message, its collapsed stacks, at most MAX_RECORD_BYTES). The
+        data comes through a pipe of its own (py-spy talks on stdout); the record is killed past half as long
+        again plus this capturer's timeout (a loaded node starts many at once)."""
+        if not self.command:
+            return NO_PY_SPY, _ADVICE[NO_PY_SPY], b""
+        limit = 1.5 * seconds + self.timeout
+        read_end, write_end = os.pipe()
+        with os.fdopen(read_end, "rb") as data:
+            args = [*self.command, "record", "--pid", str(pid), "--rate", f"{rate_hz:g}", "--duration",
+                    str(max(1, round(seconds))), "--nonblocking", "--idle", "--threads", "--nolineno",
+                    "--format", "raw", "--output", f"/dev/fd/{write_end}"]
+            try:
+                with self._lock:
+                    if self._aborted:
+                        return TIMEOUT, "stopping: not sampled", b""
+                    try:
+                        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                   start_new_session=True, env=children.environment(),
+                                                   pass_fds=(write_end,))
+                    except OSError as exc:
+                        return NO_PY_SPY, f"cannot start py-spy: {exc}", b""
+                    self._running.add(process)
+            finally:
+                os.close(write_end)  # py-spy holds its own copy: the pipe closes when py-spy is done
+            try:
+                out, err, over = children.read_bounded(process, limit, MAX_RECORD_BYTES, MAX_ERROR_BYTES, out=data)
+            finally:
+                with self._lock:
+                    self._running.discard(process)
+        if over is not None:
+            children.kill_group(process)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=2)
+            if over == "timeout":
+                return TIMEOUT, f"py-spy record did not finish within {limit:g} s; killed", b""
+            return FAILED, f"py-spy record wrote over {MAX_RECORD_BYTES // 2**20} MiB of stacks; killed", b""
+        if self._aborted:
+            return TIMEOUT, "stopping: record killed", b""
+        if process.returncode != 0:
+            stderr = err.decode("utf-8", "replace")
+            kind = classify_failure(stderr)
+            detail = _first_line(stderr)
+            return kind, f"{_ADVICE[kind]} ({detail})" if kind in _ADVICE else detail, b""
+        return OK, "ok", out
+
+
 MAX_OUTPUT_BYTES = 16 * 2**20  # py-spy's JSON for hundreds of threads is a few MiB at most
+MAX_RECORD_BYTES = 2**20  # one line per distinct stack of a record: a few KiB for a training loop
 MAX_ERROR_BYTES = 64 * 1024
 
 

@@ -1,0 +1,166 @@
+"""Stragglers from the ranks' stack samples (detect/rank_waits.py): the rank that waits least while its peers wait
+is named with the slowdown it costs; a difference it had from its first look, or one spent saving a checkpoint,
+is uneven work and never a warning; ranks of other jobs are not compared; counts that are not the sampler's
+are ignored."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+
+import pytest
+
+from watchdog.config import Config, parse_config
+from watchdog.detect.engine import DetectorEngine
+from watchdog.detect.rank_waits import Spread, gap
+from watchdog.detect.summary import summarize
+from watchdog.model import CLOCK_EVENT_HW_SLOWDOWN, EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
+from watchdog.sample import sim
+
+RECORD = 15  # seconds of one py-spy record: the counts move once per record
+RATE = 8  # samples a second (stacks.sample_rate_hz)
+
+
+def stream(wait: dict[int, float], seconds: int = 900, onset: int = 300, after: dict[int, float] | None = None,
+           planned: dict[int, float] | None = None, jobs: dict[int, int] | None = None, seed: int = 1,
+           gpus: int = 8, learn: int = 120) -> list[NodeSnapshot]:
+    """8xH100 training, each GPU's rank waiting wait[g] of its samples (0.3 where not given), after[g] from
+    `onset`; planned[g] of its samples in a checkpoint; counts as the sampler writes them (each record's)."""
+    rng = random.Random(seed)
+    counts = {g: [jobs.get(g, 7) if jobs else 7, g, 0, 0, 0, 0, 0] for g in range(gpus)}
+    scenario = dataclasses.replace(sim.SCENARIOS["healthy"], gpus=gpus, duration_seconds=seconds)
+    out = []
+    for t, snapshot in enumerate(sim.run(scenario)):
+        if t and t % RECORD == 0:
+            for g, c in counts.items():
+                share = (after or {}).get(g, wait.get(g, 0.3)) if t > onset else wait.get(g, 0.3)
+                n = RECORD * RATE
+                waits = sum(rng.random() < share for _ in range(n))
+                plan = sum(rng.random() < (planned or {}).get(g, 0.0) for _ in range(n - waits))
+                c[2:5] = [c[2] + n, c[3] + waits, c[4] + plan]
+                if t <= learn:
+                    c[5:7] = [c[5] + n, c[6] + waits]
+        out.append(NodeSnapshot(snapshot.time_seconds,
+                                tuple(g._replace(rank_waits=tuple(counts[g.index])) for g in snapshot.gpus)))
+    return out
+
+
+def run(snapshots: list[NodeSnapshot], config: Config | None = None) -> tuple[list[EpisodeEvent], DetectorEngine]:
+    engine = DetectorEngine(config or Config())
+    events = [e for s in snapshots for e in engine.observe(s) if e.signature is Signature.STRAGGLER]
+    return events, engine
+
+
+def slowed(gpu: int, extra: float, gpus: int = 8, comm: float = 0.3) -> dict[int, float]:
+    """The wait shares once `gpu`'s rank computes `extra` more (0.2: 20%) in a job whose ranks all waited `comm`
+    of each step (the communication): it waits the communication only, its peers that and its extra work."""
+    step = 1 + (1 - comm) * extra
+    return {g: comm / step if g == gpu else (comm + (1 - comm) * extra) / step for g in range(gpus)}
+
+
+def test_a_rank_that_comes_to_wait_least_is_named_with_the_slowdown_it_costs() -> None:
+    # A rank 25% slower: the job's step is 1 + 0.7 x 0.25 = 1.175 times as long.
+    events, engine = run(stream({}, after=slowed(5, 0.25)))
+    fired = [e for e in events if e.event is EventKind.FIRED]
+    assert [(e.gpus, e.severity) for e in fired] == [((5,), Severity.WARNING)]
+    assert fired[0].at_seconds - fired[0].onset_seconds >= 60  # its for_seconds
+    delay = fired[0].at_seconds - sim.run(sim.SCENARIOS["healthy"]).__next__().time_seconds - 300
+    assert delay <= 180
+    facts = next(f for f in engine.last_findings if f.signature is Signature.STRAGGLER).facts
+    assert facts["rank"] == 5 and facts["slowdown"] == pytest.approx(1.175, rel=0.05)
+    assert "rank 5 (GPU 5) is the straggler" in fired[0].headline
+    assert re.search(r"Rank 5's peers wait 1\d% of each step for it: in \d+ stack samples", fired[0].summary)
+    assert engine.waits.uneven == {}
+
+
+def test_a_rank_slow_since_its_first_look_is_uneven_work_not_a_straggler() -> None:
+    events, engine = run(stream({0: 0.15}))
+    assert events == []
+    assert list(engine.waits.uneven) == [0] and engine.waits.uneven[0].why == "from_start"
+    assert "uneven work: rank 0 (GPU 0)" in engine.waits.uneven[0].sentence()
+    # ... until it becomes slower still: a gap twice the one it had is a straggler again.
+    events, _ = run(stream({0: 0.25}, after={0: 0.0}))
+    assert [e.gpus for e in events if e.event is EventKind.FIRED] == [(0,)]
+
+
+def test_a_rank_saving_a_checkpoint_is_uneven_work() -> None:
+    events, engine = run(stream({}, after={0: 0.05}, planned={0: 0.8}))
+    assert events == []
+    assert engine.waits.uneven[0].why == "planned"
+
+
+def test_ranks_of_another_job_are_not_its_peers() -> None:
+    # GPUs 0-3 run a job that waits little by nature, 4-7 one that waits much: nobody is anyone's straggler.
+    waits = {g: 0.1 if g < 4 else 0.5 for g in range(8)}
+    events, engine = run(stream(waits, after={g: 0.1 if g < 4 else 0.5 for g in range(8)},
+                                jobs={g: 1 if g < 4 else 2 for g in range(8)}))
+    assert events == [] and engine.waits.uneven == {}
+    # The same shares as one job: GPUs 0-3 are uneven work (from the first look), not stragglers.
+    events, engine = run(stream(waits))
+    assert events == [] and sorted(engine.waits.uneven) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ranks_that_wait_alike_are_not_named(seed: int) -> None:
+    events, engine = run(stream({}, seconds=1800, seed=seed))
+    assert events == [] and engine.waits.uneven == {}
+
+
+def test_its_settings_move_it() -> None:
+    snapshots = stream({}, after={5: 0.2})
+    off = parse_config({"detectors": {"straggler": {"enabled": False}}})
+    assert run(snapshots, off)[0] == []
+    strict = parse_config({"detectors": {"straggler": {"wait_gap_ratio": 0.25}}})
+    assert run(snapshots, strict)[0] == []
+    assert run(snapshots)[0]
+
+
+def test_both_legs_make_one_episode() -> None:
+    """A GPU the clocks and the stacks both name is one straggler episode carrying both."""
+    snapshots = stream({}, after=slowed(5, 0.25))
+    held = [NodeSnapshot(s.time_seconds, tuple(
+        g._replace(sm_clock_hertz=g.sm_clock_max_hertz * 0.8, clock_event_reasons=CLOCK_EVENT_HW_SLOWDOWN)
+        if g.index == 5 and n >= 300 and g.sm_clock_max_hertz and g.utilization_ratio else g for g in s.gpus))
+        for n, s in enumerate(snapshots)]
+    events, engine = run(held)
+    assert [e.gpus for e in events if e.event is EventKind.FIRED] == [(5,)]
+    finding = next(f for f in engine.last_findings if f.signature is Signature.STRAGGLER)
+    assert {"clock_below_peers", "waits_least"} <= set(finding.legs)
+    _, text = summarize(finding, 300, Severity.WARNING)
+    assert "Rank 5's peers wait" in text and "SM clock" in text
+
+
+@pytest.mark.parametrize("bad", [(1, 2, 3), (7, 5, 10, 11, 0, 0, 0), (7, 5, 10, 5, 6, 0, 0)])
+def test_counts_the_sampler_does_not_write_are_ignored(bad: tuple[int, ...]) -> None:
+    snapshots = [NodeSnapshot(s.time_seconds, tuple(g._replace(rank_waits=bad) if g.index == 5 else g for g in s.gpus))
+                 for s in stream({}, seconds=400)]
+    events, engine = run(snapshots)
+    assert events == [] and 5 not in engine.waits.shares and len(engine.waits.shares) == 7
+
+
+def test_a_new_process_on_the_gpu_starts_its_counts_afresh() -> None:
+    snapshots = stream({}, after=slowed(5, 0.25), seconds=600)
+    # At 450 s the rank on GPU 5 is replaced: its counts start from 0 again (the job restarted on it).
+    restarted = [NodeSnapshot(s.time_seconds, tuple(
+        g._replace(rank_waits=(7, 5, *(v - w for v, w in zip(g.rank_waits[2:], snapshots[450].gpus[5].rank_waits[2:]))))
+        if g.index == 5 and n > 450 else g for g in s.gpus)) for n, s in enumerate(snapshots)]
+    events, engine = run(restarted)
+    assert engine.waits.history[5][0][1][2] < snapshots[450].gpus[5].rank_waits[2]
+
+
+def test_shares_that_move_more_than_coin_flips_need_a_larger_gap() -> None:
+    """The peers' records: each rank's share moving +-0.1 from one record to the next (a slow batch, a pause)
+    makes a gap of 0.15 over 360 samples chance, which coin flips alone would not; a job that slows at a
+    moment (every share steps up once) is not noise."""
+    steady = [[(120, 36), (120, 36), (120, 36)] for _ in range(7)]
+    moving = [[(120, 24), (120, 48), (120, 24)] for _ in range(7)]
+    stepping = [[(120, 2), (120, 2), (120, 2), (120, 20), (120, 20), (120, 20)] for _ in range(7)]
+    peers = [(108, 360)] * 7
+    assert Spread.of(steady) == Spread(0.0, 120)
+    spread = Spread.of(moving)
+    assert spread is not None and spread.variance == pytest.approx((0.2 / 0.6745) ** 2 / 2)
+    assert gap(54, 360, peers, 0.05, 5, Spread.of(steady)).beyond_chance
+    assert not gap(54, 360, peers, 0.05, 5, spread).beyond_chance
+    assert Spread.of(stepping) == Spread(0.0, 120)
+    assert Spread.of([[(120, 36)], [(120, 30), (120, 40)]]) is None  # too few records to go on

@@ -1,0 +1,137 @@
+"""The stack sampler (stacks/sampling.py) with real py-spy against a real gloo job: the rank its peers wait for
+waits least in its samples; a process py-spy cannot read is told once; what a record prints is parsed as the
+rank's own text (bounded, the main thread only); the daemon samples only proven ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.conftest import TARGETS, wait_for
+from watchdog.config import StacksConfig, parse_config
+from watchdog.daemon import build
+from watchdog.model import RANK_WAITS, GpuSample, NodeSnapshot
+from watchdog.sample import sim
+from watchdog.stacks.capture import StackCapturer
+from watchdog.stacks.sampling import PLANNED, WAITING, WORKING, RankSampler, SampleTarget, main_thread_samples
+
+
+@contextmanager
+def steady_job(tmp: Path, plan: dict, ranks: int = 3) -> Iterator[list[subprocess.Popen[str]]]:
+    """tests/targets/straggler_job.py as `ranks` processes of this test (their launcher), stepping steadily."""
+    (tmp / "control.json").write_text(json.dumps(plan))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    processes = []
+    try:
+        for rank in range(ranks):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": f"steady-{port}"}
+            processes.append(subprocess.Popen([sys.executable, str(TARGETS / "straggler_job.py"),
+                                               str(tmp / "control.json"), str(tmp)], env=env, text=True,
+                                              stderr=subprocess.DEVNULL))
+        wait_for([tmp / f"steps.{r}" for r in range(ranks)], processes=processes)
+        time.sleep(1)
+        yield processes
+    finally:
+        for p in processes:
+            p.kill()
+        for p in processes:
+            p.wait()
+
+
+def sampler(targets: list[SampleTarget], problems: list[tuple[int, str]] | None = None) -> RankSampler:
+    cfg = StacksConfig(sample_rate_hz=20, sample_seconds=6, sample_learn_seconds=60)
+    told = problems if problems is not None else []
+    return RankSampler(StackCapturer(), cfg, lambda: targets,
+                       on_problem=lambda pid, message: told.append((pid, message)))
+
+
+def test_the_rank_its_peers_wait_for_waits_least(tmp_path: Path) -> None:
+    with steady_job(tmp_path, {"slow": {"1": 1.6}}) as ranks:
+        targets = [SampleTarget(p.pid, 1.0, (n,), n, "steady") for n, p in enumerate(ranks)]
+        s = sampler(targets)
+        s.sample_once()
+    counts = {key[0]: c for key, c in s.counts.items()}
+    share = {n: counts[p.pid].waits / counts[p.pid].samples for n, p in enumerate(ranks)}
+    assert all(c.samples >= 80 for c in counts.values())  # 20 a second for 6 s, less py-spy's start
+    assert share[1] + 0.15 < min(share[0], share[2]), share
+    snapshot = s.annotate(NodeSnapshot(0.0, tuple(GpuSample(g) for g in range(4))))
+    reading = dict(zip(RANK_WAITS, snapshot.gpus[1].rank_waits))
+    assert reading["rank"] == 1 and reading["samples"] == counts[ranks[1].pid].samples
+    assert reading["first_samples"] == reading["samples"]  # within its first look
+    assert snapshot.gpus[3].rank_waits == ()  # no rank on it
+
+
+def test_a_process_py_spy_cannot_read_is_told_once(tmp_path: Path) -> None:
+    process = subprocess.Popen(["sleep", "60"])
+    problems: list[tuple[int, str]] = []
+    try:
+        s = sampler([SampleTarget(process.pid, 1.0, (0,), 0, "j")], problems)
+        s.cfg = StacksConfig(sample_rate_hz=20, sample_seconds=2)
+        s.sample_once()
+        s.sample_once()
+    finally:
+        process.kill()
+        process.wait()
+    assert [pid for pid, _ in problems] == [process.pid]
+    assert "not a Python process" in problems[0][1] or "py-spy" in problems[0][1]
+    assert s.annotate(NodeSnapshot(0.0, (GpuSample(0),))).gpus[0].rank_waits == ()
+
+
+def test_only_the_main_thread_counts_and_odd_lines_count_for_nothing() -> None:
+    raw = "\n".join([
+        "thread (42): MainThread;<module> (train.py:9);all_reduce (torch/distributed/distributed_c10d.py:3252) 30",
+        "thread (42): MainThread;<module> (train.py:9);save (torch/serialization.py:600) 5",
+        "thread (42): MainThread;<module> (train.py:9);forward (model.py:10) 65",
+        "thread (43): pin_memory;all_reduce (torch/distributed/distributed_c10d.py:1) 1000",  # another thread
+        "thread (4242): MainThread;forward (model.py:10) 1000",  # another process's id
+        "thread (42): a;b (c:1) many",  # not a count
+        "thread (42): x;y (z:1) 99999999999999999999",  # a count past any record: capped
+        "garbage without a count",
+    ]).encode()
+    found = main_thread_samples(raw, 42)
+    assert found[WAITING] == 30 and found[PLANNED] == 5 and found[WORKING] == 65 + 10**8
+
+
+def test_the_daemon_samples_the_proven_ranks_on_its_gpus(tmp_path: Path) -> None:
+    with steady_job(tmp_path, {}) as ranks:
+        scenario = sim.Scenario("t", "", "h100", 4, 600, ((0, None, "train"),))
+        config = parse_config({"bundles": {"directory": str(tmp_path / "b"), "capture_stacks": False}})
+        daemon = build(config, sim.SimSource(scenario, pids={n: [p.pid] for n, p in enumerate(ranks)}))
+        daemon.tick()
+        targets = daemon.sample_targets()
+        daemon.shutdown(2)
+    assert sorted((t.pid, t.gpus, t.rank) for t in targets) == [(p.pid, (n,), n) for n, p in enumerate(ranks)]
+    assert len({t.job for t in targets}) == 1 and targets[0].job.startswith("run:steady-")
+
+
+def _stand_in(tmp: Path, body: str) -> str:
+    """A program in py-spy's place (the prefix stacks.py_spy_command allows): `body` runs with its arguments."""
+    script = tmp / "py-spy"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_record_that_writes_without_end_is_cut_at_its_bound(tmp_path: Path) -> None:
+    # What a record prints is the rank's to choose (its names): an endless one is killed past 1 MiB.
+    endless = _stand_in(tmp_path, 'for last; do :; done\nexec yes "thread (1): MainThread;f (x) 1" > "$last"')
+    started = time.monotonic()
+    result, message, data = StackCapturer([endless], timeout_seconds=5).record(os.getpid(), 8, 2)
+    assert (result, data) == ("failed", b"") and "over 1 MiB" in message and time.monotonic() - started < 10
+
+
+def test_a_record_that_never_ends_is_killed(tmp_path: Path) -> None:
+    hung = _stand_in(tmp_path, "sleep 300")
+    started = time.monotonic()
+    result, message, _ = StackCapturer([hung], timeout_seconds=0.5).record(os.getpid(), 8, 1)
+    assert result == "timeout" and "killed" in message and time.monotonic() - started < 5

@@ -1,0 +1,250 @@
+"""The straggler from the ranks' own stacks: the rank its peers wait for waits least.
+
+In a synchronous job every rank waits inside the step's collectives (or a sync) until the slowest arrives; the
+slowest waits only for the communication itself. So each rank's share of stack samples spent waiting
+(GpuSample.rank_waits, counted by stacks/sampling.py) is compared with the median share of its job's other
+ranks on the node over wait_window_seconds, and over five times that (a smaller gap needs more samples to
+stand out of chance). A rank that waits at least wait_gap_ratio less, by wait_sigmas
+standard errors of the two shares (each a proportion of its samples), is the one they wait for; once named it
+stays named while the gap holds by half as many (so that a gap near the line does not come and go). The gap g is
+the share of each step the others spend waiting for it: without it the step would take (1 - g) of the time,
+so the job runs about 1 / (1 - g) slower than without it (or less: see WaitLedger._slowdown).
+
+Two differences are not a rank that became slow, and are said as "uneven work" (never an episode):
+- one it already had when first sampled (its first look, RANK_WAITS first_*): pipeline stages of different
+  size, rank 0's extra logging, experts that always get more tokens. Found with the same test on the first
+  look's counts, looser: a gap there of at least half today's and two standard errors;
+- one spent mostly in planned extra work (checkpoint I/O, an evaluation): the others wait for it, by design.
+A rank slow since the watchdog first saw the job cannot be told from uneven work: it is said as uneven work.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from watchdog.config import StragglerConfig
+from watchdog.detect.evidence import Evidence
+from watchdog.model import RANK_WAITS, Signature
+
+_JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))
+LONG_WINDOWS = 5  # the longer window, in short ones: a 10% slower rank stands out of chance there
+_STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is not compared (its rank left)
+MIN_SPREAD_DEGREES = 4  # differences between records, across the job, for their spread to count
+_BEFORE_SIGMAS = 2.0
+_PLANNED_SHARE = 0.5  # a rank whose working samples are mostly planned work is uneven work, not a straggler
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One rank against its peers: their median wait share, its own, and whether the gap is beyond chance."""
+
+    share: float
+    peers: float
+    samples: int
+    beyond_chance: bool
+
+    @property
+    def size(self) -> float:
+        return self.peers - self.share
+
+
+def gap(waits: int, samples: int, peer_waits: list[tuple[int, int]], least: float, sigmas: float,
+        spread: Spread | None = None) -> Gap:
+    """A rank's wait share against the median of its peers' ((waits, samples) each): beyond chance when at least
+    `least` and `sigmas` standard errors apart. The shares are smoothed (one wait and one not added) so that 0 of
+    n does not claim certainty. A share's error is the larger of two: as if each sample were a coin flip of its
+    own, and from how much the job's ranks' shares moved from one record to the next (`spread`: a slow batch,
+    a pause, the steps' own rhythm move a share more than coin flips do). The error of the peers' median is that
+    of a median of k shares of a typical peer (pi/2 times the variance of their mean)."""
+    share = waits / samples
+    shares = [w / n for w, n in peer_waits]
+    peers = statistics.median(shares)
+    typical = statistics.median(n for _, n in peer_waits)
+    p, q = (waits + 1) / (samples + 2), (peers * typical + 1) / (typical + 2)
+    mine, theirs = p * (1 - p) / (samples + 2), q * (1 - q) / (typical + 2)
+    if spread is not None:
+        mine = max(mine, spread.variance * spread.per_sample / samples)
+        theirs = max(theirs, spread.variance * spread.per_sample / typical)
+    median_of = 1.0 if len(peer_waits) < 3 else math.pi / 2 / len(peer_waits)  # one or two peers: as one
+    error = math.sqrt(mine + median_of * theirs)
+    size = peers - share
+    return Gap(share, peers, samples, size >= least and size >= sigmas * error)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How much a job's ranks' wait shares move from one record to the next: the variance of one record's share
+    and the samples of a typical record (a share over n samples then varies by variance * per_sample / n)."""
+
+    variance: float
+    per_sample: float
+
+    @staticmethod
+    def of(records: list[list[tuple[int, int]]]) -> Spread | None:
+        """From each rank's records in order ((samples, waits) each), by the differences between a record's share
+        and the next's, pooled: half their mean square is one record's variance while the share stands still,
+        and their median (not their mean) keeps a change of level (the job slowing at a moment) from reading
+        as noise. None with fewer than MIN_SPREAD_DEGREES differences to go on."""
+        steps, sizes = [], []
+        for mine in records:
+            shares = [w / n for n, w in mine if n > 0]
+            steps += [abs(b - a) for a, b in zip(shares, shares[1:])]
+            sizes += [n for n, _ in mine if n > 0]
+        if len(steps) < MIN_SPREAD_DEGREES:
+            return None
+        typical = statistics.median(steps) / 0.6745  # the spread of a difference, were it normal
+        return Spread(typical * typical / 2, statistics.median(sizes))
+
+
+@dataclass(frozen=True)
+class Uneven:
+    """A standing difference: one rank its peers wait for by design or since it was first seen."""
+
+    gpu: int
+    rank: int
+    gap: float  # the share of each step the others wait for it
+    why: str  # "planned" (checkpoint I/O, evaluation) or "from_start"
+
+    def sentence(self) -> str:
+        where = ("while it saves a checkpoint or evaluates" if self.why == "planned"
+                 else "as it has since it was first sampled")
+        return (f"uneven work: rank {self.rank} (GPU {self.gpu}) is waited for {self.gap:.0%} of each step {where}; "
+                "a standing difference in the work, not a rank that became slow")
+
+
+class WaitLedger:
+    """Each GPU's rank_waits counts over the recent past; judge(t) names the ranks the others wait for."""
+
+    def __init__(self, cfg: StragglerConfig):
+        self.cfg = cfg
+        self.history: dict[int, deque[tuple[float, tuple[int, ...]]]] = {}
+        self.uneven: dict[int, Uneven] = {}  # as the latest judge() found it
+        self.shares: dict[int, float] = {}  # each compared rank's wait share, as the latest judge() found it
+        self.named: set[int] = set()  # GPUs judge() last named: they stay named on half the sigmas
+
+    @property
+    def reported(self) -> bool:
+        return bool(self.history)
+
+    def observe(self, t: float, gpu: int, counts: tuple[int, ...]) -> None:
+        """One sample's counts of a GPU's rank. Counts that did not move are not kept; counts that went back or
+        name another rank or job start the GPU's history afresh (a new process)."""
+        if len(counts) != len(RANK_WAITS) or counts[_WAITS] + counts[_PLANNED] > counts[_SAMPLES]:
+            return  # not counts the sampler writes: nothing to learn from them
+        kept = self.history.setdefault(gpu, deque())
+        if kept:
+            last = kept[-1][1]
+            if last == counts:
+                return
+            if counts[_SAMPLES] < last[_SAMPLES] or counts[:_SAMPLES] != last[:_SAMPLES]:
+                kept.clear()
+        kept.append((t, counts))
+        horizon = t - (LONG_WINDOWS + 1) * self.cfg.wait_window_seconds
+        while len(kept) > 2 and kept[1][0] <= horizon:
+            kept.popleft()
+
+    def judge(self, t: float) -> list[Evidence]:
+        """The stragglers at t, as straggler evidence (facts: rank, wait shares, slowdown); the standing
+        differences go to self.uneven. Judged over wait_window_seconds and over LONG_WINDOWS times it, where a
+        smaller gap stands out of chance: named in either is named (with the shorter window's numbers)."""
+        window = self.cfg.wait_window_seconds
+        long_recent, noise = self._recent(t, LONG_WINDOWS * window)
+        found, uneven, _ = self._judge_over(t, LONG_WINDOWS * window, long_recent, noise)
+        short, short_uneven, self.shares = self._judge_over(t, window, self._recent(t, window)[0], noise)
+        found.update(short)
+        uneven.update(short_uneven)
+        for gpu in found:
+            uneven.pop(gpu, None)
+        self.uneven = uneven
+        self.named = set(found)
+        return list(found.values())
+
+    def _recent(self, t: float, window: float) -> tuple[dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]],
+                                                           dict[int, list[tuple[int, int]]]]:
+        """Each GPU with enough samples in the trailing `window`: (its window's start, the counts there, the newest
+        counts), and its records in the window ((samples, waits) of each)."""
+        cfg = self.cfg
+        recent: dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]] = {}
+        records: dict[int, list[tuple[int, int]]] = {}
+        for gpu, kept in self.history.items():
+            newest = next((item for item in reversed(kept) if item[0] <= t), None)
+            if newest is None or t - newest[0] > _STALE_WINDOWS * cfg.wait_window_seconds:
+                continue
+            start = next((item for item in reversed(kept) if item[0] <= t - window), kept[0])
+            if newest[1][_SAMPLES] - start[1][_SAMPLES] >= cfg.wait_min_samples:
+                recent[gpu] = (start[0], start[1], newest[1])
+                inside = [c for when, c in kept if start[0] <= when <= newest[0]]
+                records[gpu] = [(b[_SAMPLES] - a[_SAMPLES], b[_WAITS] - a[_WAITS]) for a, b in zip(inside, inside[1:])]
+        return recent, records
+
+    def _judge_over(self, t: float, window: float, recent: dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]],
+                    noise: dict[int, list[tuple[int, int]]]
+                    ) -> tuple[dict[int, Evidence], dict[int, Uneven], dict[int, float]]:
+        """(stragglers, uneven work, every compared rank's wait share) over the trailing `window`; `noise`: the
+        records of the longer window, whose spread (the peers' of each rank) is the chance a gap must beat."""
+        cfg = self.cfg
+        jobs: dict[int, list[int]] = {}
+        for gpu, (_, _, newest_counts) in recent.items():
+            jobs.setdefault(newest_counts[_JOB], []).append(gpu)
+        found: dict[int, Evidence] = {}
+        uneven: dict[int, Uneven] = {}
+        shares: dict[int, float] = {}
+        for gpus in jobs.values():
+            if len(gpus) < 2:
+                continue
+            deltas = {g: _delta(recent[g][1], recent[g][2]) for g in gpus}
+            for g in gpus:
+                spread = Spread.of([noise[o] for o in gpus if o != g and o in noise])
+                samples, waits, planned = deltas[g]
+                shares[g] = round(waits / samples, 4)
+                sigmas = cfg.wait_sigmas / 2 if g in self.named else cfg.wait_sigmas  # named: hysteresis
+                now = gap(waits, samples, [(deltas[o][1], deltas[o][0]) for o in gpus if o != g], cfg.wait_gap_ratio,
+                          sigmas, spread)
+                if not now.beyond_chance:
+                    continue
+                counts = recent[g][2]
+                working = samples - waits
+                if working and planned / working >= _PLANNED_SHARE:
+                    uneven[g] = Uneven(g, counts[_RANK], now.size, "planned")
+                    continue
+                if self._from_start(g, gpus, now):
+                    uneven[g] = Uneven(g, counts[_RANK], now.size, "from_start")
+                    continue
+                facts: dict[str, float | str] = {
+                    "rank": counts[_RANK], "wait_ratio": round(now.share, 3), "peers_wait_ratio": round(now.peers, 3),
+                    "wait_samples": samples, "slowdown": self._slowdown(g, gpus, now)}
+                found[g] = Evidence(g, Signature.STRAGGLER, since=max(recent[g][0], t - window),
+                                    legs=("waits_least",), facts=facts)
+        return found, uneven, shares
+
+    def _slowdown(self, gpu: int, gpus: list[int], now: Gap) -> float:
+        """How much slower the job runs for the rank, the smaller of two estimates. By the gap: without it each
+        step would lose the share its peers wait for it, 1 / (1 - gap). By the peers' own time: what they do
+        besides waiting is what it was at their first look, so the step is (1 - their share then) / (1 - their
+        share now) as long as it was; this one holds where ranks also wait for one another's jitter (many
+        ranks), which the gap counts as waiting for the straggler."""
+        by_gap = 1 / (1 - min(now.size, 0.95))
+        firsts = [c[_FIRST_WAITS] / c[_FIRST_SAMPLES] for o in gpus if o != gpu
+                  for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] >= self.cfg.wait_min_samples]
+        if not firsts:
+            return by_gap
+        by_peers = (1 - statistics.median(firsts)) / (1 - min(now.peers, 0.95))
+        return min(by_gap, by_peers) if by_peers > 1 else by_gap  # peers that wait no more than before: by the gap
+
+    def _from_start(self, gpu: int, gpus: list[int], now: Gap) -> bool:
+        """Whether the rank already waited less than its peers at its first look, by at least half today's gap and
+        two standard errors (a looser test than today's: a standing difference is not to be named a straggler)."""
+        first = self.history[gpu][-1][1]
+        peers = [(c[_FIRST_WAITS], c[_FIRST_SAMPLES]) for o in gpus if o != gpu
+                 for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] > 0]
+        if first[_FIRST_SAMPLES] < self.cfg.wait_min_samples or not peers:
+            return True  # no look before this one: it cannot be told from the way the job is
+        return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS).beyond_chance
+
+
+def _delta(start: tuple[int, ...], end: tuple[int, ...]) -> tuple[int, int, int]:
+    """(samples, waits, planned) between two counts of one rank."""
+    return end[_SAMPLES] - start[_SAMPLES], end[_WAITS] - start[_WAITS], end[_PLANNED] - start[_PLANNED]

@@ -1,0 +1,177 @@
+"""Stack samples of every proven rank, all the time and cheaply: how much of its time each rank spends waiting
+for its peers (detect/rank_waits.py names the one they wait for).
+
+Every `stacks.sample_seconds`, one `py-spy record --nonblocking` per rank (stacks/capture.py) takes
+`stacks.sample_rate_hz` samples a second of it without pausing it. Each sample of the rank's main thread (the
+thread whose id is the process's: not a name the rank chooses) is classified (stacks/classify.py): inside a
+collective or a sync (waiting), in planned extra work (checkpoint I/O, evaluation), or anything else. The
+counts add up per process (its pid and start time); the samples of its first `stacks.sample_learn_seconds`
+are also kept apart, as how it was before. annotate() puts them on the GPU samples (GpuSample.rank_waits), so
+that they are recorded and replayed like any other reading.
+
+The ranks are those the caller proves (act/membership.py: the launcher's tree, slurmstepd's cgroup, the
+kubelet), with the job each belongs to: a rank is only compared with its own job's. What a record prints is
+the rank's to choose (its function and file names): it is read through a bounded pipe, at most
+MAX_RECORD_BYTES, and a line that does not parse counts for nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from watchdog.config import StacksConfig
+from watchdog.model import RANK_WAITS, Frame, NodeSnapshot, ThreadStack
+from watchdog.stacks.capture import OK, StackCapturer
+from watchdog.stacks.classify import CHECKPOINT_IO, COLLECTIVE, EVALUATION, classify
+
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")  # "f (file[:line])"
+_PLANNED = {CHECKPOINT_IO, EVALUATION}
+WAITING, PLANNED, WORKING = "waiting", "planned", "working"
+
+
+@dataclass(frozen=True)
+class SampleTarget:
+    """A proven rank: its process (pid and start time), GPUs, rank and job."""
+
+    pid: int
+    start: float
+    gpus: tuple[int, ...]
+    rank: int
+    job: str
+
+
+class _Counts:
+    __slots__ = ("target", "samples", "waits", "planned", "first_samples", "first_waits", "learn_until", "at")
+
+    def __init__(self, target: SampleTarget, learn_until: float):
+        self.target, self.learn_until = target, learn_until
+        self.samples = self.waits = self.planned = self.first_samples = self.first_waits = 0
+        self.at = 0.0  # when its counts last moved
+
+    def add(self, kinds: dict[str, int], now: float) -> None:
+        total = sum(kinds.values())
+        self.samples += total
+        self.waits += kinds.get(WAITING, 0)
+        self.planned += kinds.get(PLANNED, 0)
+        if now <= self.learn_until:
+            self.first_samples += total
+            self.first_waits += kinds.get(WAITING, 0)
+        self.at = now
+
+    def reading(self) -> tuple[int, ...]:
+        """Its counts as GpuSample.rank_waits holds them (model.RANK_WAITS, in that order)."""
+        values = {"job": zlib.crc32(self.target.job.encode()) & 0x7FFFFFFF, "rank": self.target.rank,
+                  "samples": self.samples, "waits": self.waits, "planned": self.planned,
+                  "first_samples": self.first_samples, "first_waits": self.first_waits}
+        return tuple(values[name] for name in RANK_WAITS)
+
+
+def main_thread_samples(data: bytes, pid: int) -> dict[str, int]:
+    """The samples of a raw record (`<thread>;<frame>;...;<frame> <count>` lines, outermost frame first) of
+    the thread whose id is `pid`, by what they show: waiting, planned or working."""
+    out: dict[str, int] = {}
+    head = f"thread ({pid})"
+    for line in data.decode("utf-8", "replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack.startswith(head) or not count.isdigit():
+            continue
+        frames = tuple(Frame(m["function"], m["file"], int(m["line"]) if m["line"] else None)
+                       for part in reversed(stack.split(";")) if (m := _FRAME.match(part)))
+        kind = what_it_shows(ThreadStack(pid, None, None, frames, pid))
+        out[kind] = out.get(kind, 0) + min(int(count[:9]), 10**8)
+    return out
+
+
+def what_it_shows(thread: ThreadStack) -> str:
+    activity = classify(thread).name
+    return WAITING if activity == COLLECTIVE else PLANNED if activity in _PLANNED else WORKING
+
+
+class RankSampler:
+    """Records each target of `targets()` for stacks.sample_seconds, over and over, on a thread of its own;
+    `annotate` hands the counts to the detectors. `on_problem(pid, message)` hears of a rank that could not be
+    sampled (once per process)."""
+
+    def __init__(self, capturer: StackCapturer, cfg: StacksConfig, targets: Callable[[], Sequence[SampleTarget]],
+                 on_problem: Callable[[int, str], None] = lambda pid, message: None,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.capturer, self.cfg, self.targets = capturer, cfg, targets
+        self.on_problem, self.monotonic = on_problem, monotonic
+        self.counts: dict[tuple[int, float], _Counts] = {}
+        self._told: set[tuple[int, float]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rank-sampler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.cfg.sample_rate_hz <= 0:
+                self._stop.wait(self.cfg.sample_seconds)
+                continue
+            started = self.monotonic()
+            try:
+                self.sample_once()
+            except Exception as exc:  # the sampler's boundary: one bad window never ends the sampling
+                self.on_problem(0, f"{type(exc).__name__}: {exc}")
+            self._stop.wait(max(1.0, self.cfg.sample_seconds - (self.monotonic() - started)))
+
+    def sample_once(self) -> None:
+        """One record of every target, at most stacks.max_parallel at once; their counts added."""
+        cfg = self.cfg
+        targets = list(self.targets())
+        live = {(t.pid, t.start) for t in targets}
+        with self._lock:
+            for gone in self.counts.keys() - live:
+                del self.counts[gone]
+        if not targets or cfg.sample_rate_hz <= 0:
+            return
+        with ThreadPoolExecutor(max_workers=min(cfg.max_parallel, len(targets)),
+                                thread_name_prefix="py-spy-record") as pool:
+            results = list(pool.map(lambda t: self.capturer.record(t.pid, cfg.sample_rate_hz, cfg.sample_seconds),
+                                    targets))
+        now = self.monotonic()
+        for target, (result, message, data) in zip(targets, results):
+            key = (target.pid, target.start)
+            if result != OK:
+                if key not in self._told and not self._stop.is_set():
+                    self._told.add(key)
+                    self.on_problem(target.pid, message)
+                continue
+            kinds = main_thread_samples(data, target.pid)
+            with self._lock:
+                counts = self.counts.get(key)
+                if counts is None or counts.target != target:
+                    counts = self.counts[key] = _Counts(target, now + cfg.sample_learn_seconds)
+                counts.add(kinds, now)
+
+    def annotate(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """The snapshot with each GPU's rank_waits: the counts of the one sampled rank on it (a GPU shared by
+        several ranks, or by none, gets none)."""
+        with self._lock:
+            per_gpu: dict[int, list[_Counts]] = {}
+            for counts in self.counts.values():
+                if counts.samples:
+                    for gpu in counts.target.gpus:
+                        per_gpu.setdefault(gpu, []).append(counts)
+            readings = {gpu: found[0].reading() for gpu, found in per_gpu.items() if len(found) == 1}
+        if not readings:
+            return snapshot
+        gpus = tuple(g._replace(rank_waits=readings[g.index]) if g.index in readings else g for g in snapshot.gpus)
+        return NodeSnapshot(snapshot.time_seconds, gpus)
+
