@@ -13,7 +13,8 @@ daemon sampling them with py-spy as it does on a node, one rank made slower whil
    half the ranks doing 10% more from the start (an uneven pipeline), rank 0 saving a checkpoint of 5 s every
    30 s, and a random rank doing 30% more each step (experts that get more tokens): straggler warnings
    (false, goal 0) and uneven-work notes per class.
-3. Cost: the job's mean step time with the sampler off and on (8 ranks), and py-spy's CPU per rank.
+3. Cost: the job's mean step time with the daemon's sampler off and on in turns (8 ranks, three turns of each),
+   and py-spy's CPU per rank.
 
 Goals (issue 42): a rank 20% slower named within 60 s, 10% within 5 minutes, the estimated slowdown within
 25% of the true one, for 4, 8 and 16 ranks; no false straggler; the sampling under 0.1% of a rank's time.
@@ -167,27 +168,34 @@ def not_named(name: str, plan: dict, ranks: int, learn: float, seconds: float, f
     return {"class": name, "false": sorted(warned), "uneven": sorted(uneven), "gpu_hours": ranks * seconds / 3600}
 
 
-def cost(ranks: int, seconds: float, folder: Path) -> dict:
+def cost(ranks: int, seconds: float, folder: Path, rounds: int = 3) -> dict:
+    """The job's mean step time with the daemon's sampler off and on, in turns (`rounds` of each, `seconds`
+    long, so that the machine's own drift falls on both), and the CPU py-spy used per rank while on."""
     job = Job(ranks, folder, {})
+    watchdog = Watchdog(job, folder, 60)
+    sampler = watchdog.daemon.sampler
+    assert sampler is not None
+    on_cfg = sampler.cfg
+    off_cfg = on_cfg.model_copy(update={"sample_rate_hz": 0.0})
+    steps: dict[str, list[float]] = {"off": [], "on": []}
+    spy = 0.0
     try:
-        time.sleep(10)
-        start = time.time()
-        time.sleep(seconds)
-        off = job.step_seconds(start, time.time())
-        used = resource.getrusage(resource.RUSAGE_CHILDREN)
-        watchdog = Watchdog(job, folder, 60)
-        try:
-            time.sleep(5)
-            start = time.time()
-            time.sleep(seconds)
-            on = job.step_seconds(start, time.time())
-        finally:
-            watchdog.stop()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        for _ in range(rounds):
+            for state, cfg in (("off", off_cfg), ("on", on_cfg)):
+                sampler.cfg = cfg
+                time.sleep(cfg.sample_seconds + 5)  # the record under way ends; the next starts as set
+                used = resource.getrusage(resource.RUSAGE_CHILDREN)
+                start = time.time()
+                time.sleep(seconds)
+                steps[state].append(job.step_seconds(start, time.time()))
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if state == "on":
+                    spy += after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     finally:
+        watchdog.stop()
         job.stop()
-    spy = (after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime) / (seconds + 5) / ranks
-    return {"off": off, "on": on, "spy_core_per_rank": spy}
+    return {"off": statistics.fmean(steps["off"]), "on": statistics.fmean(steps["on"]), "each": steps,
+            "spy_core_per_rank": spy / (rounds * seconds) / ranks}
 
 
 def _estimate(estimate: float | None, true: float) -> str:
@@ -244,9 +252,11 @@ def main() -> None:
     if args.only not in (None, "cost"):
         return
     with tempfile.TemporaryDirectory() as folder:
-        c = cost(8, 30 if args.quick else 60, Path(folder))
-    print(f"\n3. Cost (8 ranks): mean step {c['off'] * 1000:.2f} ms with the sampler off, {c['on'] * 1000:.2f} ms on "
-          f"({(c['on'] / c['off'] - 1):+.2%}); py-spy used {c['spy_core_per_rank']:.3%} of a core per rank")
+        c = cost(8, 30 if args.quick else 45, Path(folder))
+    each = ", ".join(f"{off * 1000:.1f}/{on * 1000:.1f}" for off, on in zip(c["each"]["off"], c["each"]["on"]))
+    print(f"\n3. Cost (8 ranks, the sampler off and on in turns): mean step {c['off'] * 1000:.2f} ms off, "
+          f"{c['on'] * 1000:.2f} ms on ({(c['on'] / c['off'] - 1):+.2%}; each turn off/on ms: {each}); py-spy used "
+          f"{c['spy_core_per_rank']:.3%} of a core per rank")
 
 
 if __name__ == "__main__":
