@@ -139,6 +139,7 @@ class RankSampler:
         with self._lock:
             for gone in self.counts.keys() - live:
                 del self.counts[gone]
+        self._told &= live  # a process is told of once while it is a target, and forgotten when it is not
         if not targets or cfg.sample_rate_hz <= 0:
             return
         with ThreadPoolExecutor(max_workers=min(cfg.max_parallel, len(targets)),
