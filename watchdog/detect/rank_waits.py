@@ -31,6 +31,7 @@ from watchdog.model import RANK_WAITS, Signature
 
 _JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))
 LONG_WINDOWS = 5  # the longer window, in short ones: a 10% slower rank stands out of chance there
+REJUDGE_SECONDS = 5.0  # with no new counts, judged again this long after the last time
 _STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is not compared (its rank left)
 MIN_SPREAD_DEGREES = 4  # differences between records, across the job, for their spread to count
 _BEFORE_SIGMAS = 2.0
@@ -124,6 +125,8 @@ class WaitLedger:
         self.uneven: dict[int, Uneven] = {}  # as the latest judge() found it
         self.shares: dict[int, float] = {}  # each compared rank's wait share, as the latest judge() found it
         self.named: set[int] = set()  # GPUs judge() last named: they stay named on half the sigmas
+        self._moved = False  # counts came since the last judgement
+        self._judged: tuple[float, list[Evidence]] | None = None  # (when, what) the last judgement found
 
     @property
     def reported(self) -> bool:
@@ -142,6 +145,7 @@ class WaitLedger:
             if counts[_SAMPLES] < last[_SAMPLES] or counts[:_SAMPLES] != last[:_SAMPLES]:
                 kept.clear()
         kept.append((t, counts))
+        self._moved = True
         horizon = t - (LONG_WINDOWS + 1) * self.cfg.wait_window_seconds
         while len(kept) > 2 and kept[1][0] <= horizon:
             kept.popleft()
@@ -149,7 +153,17 @@ class WaitLedger:
     def judge(self, t: float) -> list[Evidence]:
         """The stragglers at t, as straggler evidence (facts: rank, wait shares, slowdown); the standing
         differences go to self.uneven. Judged over wait_window_seconds and over LONG_WINDOWS times it, where a
-        smaller gap stands out of chance: named in either is named (with the shorter window's numbers)."""
+        smaller gap stands out of chance: named in either is named (with the shorter window's numbers). Counts
+        move once a record (15 s): judged again when one came, or REJUDGE_SECONDS on (a rank that left), the
+        answer standing in between (64 GPUs: tens of milliseconds a judgement)."""
+        if not self._moved and self._judged is not None and 0 <= t - self._judged[0] < REJUDGE_SECONDS:
+            return list(self._judged[1])
+        self._moved = False
+        found = self._judge(t)
+        self._judged = (t, found)
+        return list(found)
+
+    def _judge(self, t: float) -> list[Evidence]:
         window = self.cfg.wait_window_seconds
         long_recent, noise = self._recent(t, LONG_WINDOWS * window)
         found, uneven, _ = self._judge_over(t, LONG_WINDOWS * window, long_recent, noise)
@@ -196,8 +210,8 @@ class WaitLedger:
             if len(gpus) < 2:
                 continue
             deltas = {g: _delta(recent[g][1], recent[g][2]) for g in gpus}
+            spread = Spread.of([noise[o] for o in gpus if o in noise])  # a median: one rank's change moves it little
             for g in gpus:
-                spread = Spread.of([noise[o] for o in gpus if o != g and o in noise])
                 samples, waits, planned = deltas[g]
                 shares[g] = round(waits / samples, 4)
                 sigmas = cfg.wait_sigmas / 2 if g in self.named else cfg.wait_sigmas  # named: hysteresis
