@@ -45,6 +45,7 @@ from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
 from watchdog.schedule import Ticker
+from watchdog.stacks import nccl_inspector
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.sampling import RankSampler, SampleTarget
 
@@ -207,7 +208,7 @@ class Daemon:
             return []
         proven, _, _ = membership.sorted_out(self.discovery.from_snapshot(snapshot),
                                              self.incidents.actions.slurm_job_runs_as)
-        return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key)
+        return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key, nccl_inspector.log_folder(r.env))
                 for job in proven for r in job.ranks if r.rank is not None]
 
     def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
@@ -224,7 +225,7 @@ class Daemon:
 
     def _say_uneven(self) -> None:
         """Log uneven work once when it appears on a GPU (it is a standing difference, never an episode)."""
-        uneven = self.engine.waits.uneven
+        uneven = self.engine.uneven
         for gpu in uneven.keys() - self._uneven:
             u = uneven[gpu]
             logfmt.event("uneven_work", gpu=gpu, rank=u.rank, gap=round(u.gap, 3), why=u.why,
@@ -287,10 +288,9 @@ class Daemon:
         alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
         action = (self.config.actions.mode, self.incidents.action_state)
         ledger = tuple((key, at) for key, at, _ in self.incidents.ledger.summary())
-        waits = self.engine.waits
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last,
-                                   tick_seconds, disk, action, ledger, tuple(sorted(waits.shares.items())),
-                                   tuple((u.gpu, u.why, u.gap) for u in waits.uneven.values()))
+                                   tick_seconds, disk, action, ledger, tuple(sorted(self.engine.waits.shares.items())),
+                                   tuple((u.gpu, u.why, u.gap) for u in self.engine.uneven.values()))
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:
         """gpu, pid, rank, job and workload for rank_info. A process is described once (psutil and /proc),

@@ -106,6 +106,9 @@ class GpuSample(NamedTuple):
     # The stack samples of this GPU's rank (stacks/sampling.py), as whole numbers named by RANK_WAITS: its job
     # (a number for the job key) and rank, then counts since the daemon first sampled it. () where none.
     rank_waits: tuple[int, ...] = ()
+    # The same counts from the rank's NCCL Inspector log (stacks/nccl_inspector.py), where it writes one:
+    # "samples" are wall milliseconds and "waits" milliseconds inside collectives, timed by NCCL.
+    nccl_waits: tuple[int, ...] = ()
 
     @property
     def throttle_reasons(self) -> list[str]:

@@ -152,6 +152,82 @@ def write_fifo(pid: int, path: str, data: bytes, proc_root: str | Path = "/proc"
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class Tail:
+    """What a growing log gained since `offset`: whole lines only. `file` is the log's (name, device, inode):
+    another file (rotated, recreated) starts again at its beginning; `skipped` bytes were passed over unread
+    because more was new than the cap allows."""
+
+    data: bytes
+    offset: int  # where the next read starts
+    file: tuple[str, int, int]
+    skipped: int
+
+
+def read_tail(pid: int, folder: str, suffix: str, since: Tail | None, max_bytes: int, timeout_seconds: float = 2.0,
+              max_entries: int = 4096, proc_root: str | Path = "/proc") -> Tail:
+    """The new whole lines of the one log in a folder the rank names whose name ends with `suffix` (a log
+    named by its writer's host and pid: `<host>-pid<N>.log`). The folder is resolved like any path a rank
+    names, at most `max_entries` of its names are looked at, and the log must be a regular file of the rank's
+    user, opened without following a link. With no `since`, nothing is read: the tail starts at the log's
+    end. At most `max_bytes` are read, the newest; a line not yet ended waits for the next read."""
+    owner = _owner(pid, proc_root)
+    directory = _open(pid, folder, os.O_RDONLY | os.O_DIRECTORY, proc_root)
+    try:
+        names = []
+        with os.scandir(directory) as entries:
+            for n, entry in enumerate(entries):
+                if n >= max_entries:
+                    break
+                if entry.name.endswith(suffix):
+                    names.append(entry.name)
+        if len(names) != 1:
+            raise RankFileError(f"{folder}: {'no' if not names else len(names)} logs named *{suffix}",
+                                missing=not names)
+        try:
+            fd = os.open(names[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        except OSError as exc:
+            raise _error(f"{folder}/{names[0]}", exc) from None
+    finally:
+        os.close(directory)
+    path = f"{folder}/{names[0]}"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RankFileError(f"{path}: not a regular file ({_kind(info.st_mode)}); not read")
+        _check_owner(path, info, owner)
+        file = (names[0], info.st_dev, info.st_ino)
+        if since is None:
+            return Tail(b"", info.st_size, file, 0)
+        start = since.offset if since.file == file and since.offset <= info.st_size else 0
+        skipped = max(0, info.st_size - start - max_bytes)
+        data = _read_at(fd, path, start + skipped, min(max_bytes, info.st_size - start), timeout_seconds)
+        if skipped:  # begun mid-line: the first line is partial
+            cut = data.find(b"\n") + 1 or len(data)
+            skipped, data = skipped + cut, data[cut:]
+        end = data.rfind(b"\n") + 1
+        return Tail(data[:end], start + skipped + end, file, skipped)
+    except OSError as exc:
+        raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_at(fd: int, path: str, offset: int, size: int, timeout_seconds: float) -> bytes:
+    deadline = time.monotonic() + timeout_seconds
+    chunks: list[bytes] = []
+    got = 0
+    while got < size:
+        if time.monotonic() > deadline:
+            raise RankFileError(f"{path}: not read within {timeout_seconds:g} s")
+        chunk = os.pread(fd, min(_CHUNK, size - got), offset + got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 class NoReader(RankFileError):
     """A pipe with nobody reading it."""
 

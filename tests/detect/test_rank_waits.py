@@ -164,3 +164,58 @@ def test_shares_that_move_more_than_coin_flips_need_a_larger_gap() -> None:
     assert not gap(54, 360, peers, 0.05, 5, spread).beyond_chance
     assert Spread.of(stepping) == Spread(0.0, 120)
     assert Spread.of([[(120, 36)], [(120, 30), (120, 40)]]) is None  # too few records to go on
+
+
+def timed(share: dict[int, float], seconds: int = 900, onset: int = 300, after: dict[int, float] | None = None,
+          jitter: float = 0.03, seed: int = 3, learn: int = 120) -> list[NodeSnapshot]:
+    """The same job as NCCL Inspector logs tell it (GpuSample.nccl_waits): each record adds 15,000 wall
+    milliseconds and the rank's milliseconds inside collectives, share[g] of them (0.3 where not given) moved
+    by `jitter` from one record to the next."""
+    rng = random.Random(seed)
+    counts = {g: [7, g, 0, 0, 0, 0, 0] for g in range(8)}
+    out = []
+    for t, snapshot in enumerate(sim.run(dataclasses.replace(sim.SCENARIOS["healthy"], duration_seconds=seconds))):
+        if t and t % RECORD == 0:
+            for g, c in counts.items():
+                mean = (after or {}).get(g, share.get(g, 0.3)) if t > onset else share.get(g, 0.3)
+                busy = round(min(max(rng.gauss(mean, jitter), 0.0), 1.0) * RECORD * 1000)
+                c[2:4] = [c[2] + RECORD * 1000, c[3] + busy]
+                if t <= learn:
+                    c[5:7] = [c[5] + RECORD * 1000, c[6] + busy]
+        out.append(NodeSnapshot(snapshot.time_seconds,
+                                tuple(g._replace(nccl_waits=tuple(counts[g.index])) for g in snapshot.gpus)))
+    return out
+
+
+def test_nccls_own_timings_name_the_rank_whose_collectives_take_least() -> None:
+    events, engine = run(timed({}, after=slowed(2, 0.2)))
+    fired = [e for e in events if e.event is EventKind.FIRED]
+    assert [e.gpus for e in fired] == [(2,)]
+    finding = next(f for f in engine.last_findings if f.signature is Signature.STRAGGLER)
+    assert finding.legs == ("nccl_least",) and finding.facts["slowdown"] == pytest.approx(1.14, rel=0.1)
+    assert re.search(r"NCCL says so \(its Inspector log\): over [\d,]+ s, rank 2's collectives ran \d+% of the "
+                     r"time, its peers' \d+%", fired[0].summary)
+    assert engine.waits.history == {}  # the stack ledger heard nothing
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_timed_ranks_alike_or_uneven_from_the_start_are_not_named(seed: int) -> None:
+    assert run(timed({}, jitter=0.08, seed=seed))[0] == []  # milliseconds moving a lot: the spread, not chance
+    events, engine = run(timed({4: 0.1}, seed=seed))
+    assert events == [] and engine.uneven[4].why == "from_start"
+
+
+def test_timed_counts_need_the_records_spread_before_anything_is_named() -> None:
+    assert not gap(1000, 15_000, [(4500, 15_000)] * 7, 0.05, 5, None, counted=False).beyond_chance
+    assert gap(1000, 15_000, [(4500, 15_000)] * 7, 0.05, 5, None).beyond_chance  # as coin flips it would be
+
+
+def test_the_stacks_and_nccl_name_one_episode_together() -> None:
+    both = [NodeSnapshot(a.time_seconds, tuple(g._replace(nccl_waits=h.nccl_waits) for g, h in zip(a.gpus, b.gpus)))
+            for a, b in zip(stream({}, after=slowed(5, 0.25)), timed({}, after=slowed(5, 0.25)))]
+    events, engine = run(both)
+    assert [e.gpus for e in events if e.event is EventKind.FIRED] == [(5,)]
+    finding = next(f for f in engine.last_findings if f.signature is Signature.STRAGGLER)
+    assert set(finding.legs) == {"waits_least", "nccl_least"}
+    summary = summarize(finding, 120, Severity.WARNING)[1]
+    assert "stack samples" in summary and "NCCL agrees" in summary

@@ -102,7 +102,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
                 f"source:\n  kind: sim\n  scenario: {scenario}\n  start_offset_seconds: 292\n{extra}"
                 f"export: {{listen_address: '127.0.0.1:{ports[node]}'}}\n"
                 f"bundles: {{directory: '{tmp / ('incidents-' + node)}'}}\n"
-                f"stacks: {{observe_seconds: 0.2}}\n"
+                f"stacks: {{observe_seconds: 0.2, sample_seconds: 4, sample_rate_hz: 40}}\n"
                 f"alerts:\n  instance: node-{node}\n  receivers:\n"
                 f"    - {{type: alertmanager, name: am, url: '{am_url}'}}\n")
             start([sys.executable, "-m", "watchdog", "run", "--config", str(tmp / f"{node}.yaml")], f"{node}.log")
@@ -273,6 +273,7 @@ def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> Non
     prom = str(stack["prom"])
     until(lambda: query(prom, "stall_watchdog_episode_culprit == 1"), 120, "node B's culprit series")
     until(lambda: query(prom, "stall_watchdog_stack_captures_total"), 60, "node B's stack captures")
+    until(lambda: query(prom, "stall_watchdog_rank_wait_ratio"), 120, "node B's ranks' wait shares")
     dashboard = json.loads((REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())
     empty = []
     for panel in dashboard["panels"]:

@@ -40,6 +40,7 @@ gpu_samples = st.builds(
                     max_size=2, unique_by=lambda e: e[0]).map(tuple),
     xids=st.lists(st.integers(1, 200), max_size=3).map(tuple),
     rank_waits=st.just(()) | st.lists(st.integers(0, 2**40), min_size=7, max_size=7).map(tuple),
+    nccl_waits=st.just(()) | st.lists(st.integers(0, 2**40), min_size=7, max_size=7).map(tuple),
     **{name: st.none() | st.integers(0, 2**40) for name in HEALTH_COUNTERS},
 )
 
@@ -77,6 +78,8 @@ def test_simulated_trace_roundtrips() -> None:
     ('{"t": 2, "gpus": {"index": [0], "rank_waits": [[7, 1, -5, 0, 0, 0, 0]]}}',
      "Expected `int` >= 0 - at `$.gpus.rank_waits[0][2]`"),
     ('{"t": 2, "gpus": {"index": [0], "rank_waits": [["7"]]}}', "got `str` - at `$.gpus.rank_waits[0][0]`"),
+    ('{"t": 2, "gpus": {"index": [0], "nccl_waits": [[7, 1, 1.5, 0, 0, 0, 0]]}}',
+     "Expected `int`, got `float` - at `$.gpus.nccl_waits[0][2]`"),
     ('{"t": 2, "gpus": {"index": [0], "ecc_uncorrected": [1e16]}}', "at `$.gpus.ecc_uncorrected[0]`"),
     ('{"t": 2, "gpus": {"index": [0], "pcie_link_gen": ["4"]}}', "got `str` - at `$.gpus.pcie_link_gen[0]`"),
     ('{"t": 2, "gpus": {"index": [0], "power_watts": ["150"]}}',

@@ -24,7 +24,7 @@ from watchdog.detect.frames import Frames, Ticks
 from watchdog.detect.gpu_health import COUNTERS_OF, NO_COUNTERS, HealthLedger
 from watchdog.detect.levels import Levels, LevelsConfig
 from watchdog.detect.node import GpuView, job_findings, underuse_finding
-from watchdog.detect.rank_waits import WaitLedger
+from watchdog.detect.rank_waits import Uneven, WaitLedger
 from watchdog.detect.recovery import recovered
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
@@ -42,9 +42,9 @@ from watchdog.model import (
 _ROW_GRACE_STEPS, _ROW_GRACE_SECONDS = 3, 3.0  # a GPU missing from a sample stays in the picture this long
 _RECOVERY_BATCH = 256  # evaluated ticks whose recovery evidence is worked out at once, when first asked
 _HEALTH_SLOTS = [GpuSample._fields.index(name) for name in ("xids", *HEALTH_COUNTERS)]
-_WAITS_SLOT = GpuSample._fields.index("rank_waits")
+_WAITS_SLOTS = (GpuSample._fields.index("rank_waits"), GpuSample._fields.index("nccl_waits"))
 HealthReading = tuple[int, int, tuple[int, ...], tuple, float | None]  # (new row, GPU, xids, counters, util)
-WaitReading = tuple[int, int, tuple[int, ...]]  # (new row, GPU, rank_waits)
+WaitReading = tuple[int, int, tuple[int, ...], bool]  # (new row, GPU, rank_waits or nccl_waits, the latter)
 
 
 def _ignore(component: str, error: Exception) -> None:
@@ -65,6 +65,7 @@ class DetectorEngine:
         self.frames = Frames(self._keep_seconds, Levels(self._levels_config()))
         self.health = HealthLedger(config.detectors.gpu_health)
         self.waits = WaitLedger(config.detectors.straggler)
+        self.nccl_waits = WaitLedger(config.detectors.straggler, timed=True)
 
     def _configure(self, config: Config) -> None:
         self.config = config
@@ -87,9 +88,14 @@ class DetectorEngine:
         self.frames.keep_seconds = self._keep_seconds
         self.frames.levels.config = self._levels_config()
         self.health.cfg = config.detectors.gpu_health
-        self.waits.cfg = config.detectors.straggler
+        self.waits.cfg = self.nccl_waits.cfg = config.detectors.straggler
         self.detector_up = {}
         self.tracker.retime({sig: getattr(config.detectors, sig.value) for sig in Signature}, config)
+
+    @property
+    def uneven(self) -> dict[int, Uneven]:
+        """Standing differences in the work, by GPU, as the stacks or NCCL's timings (the stacks' word first) saw."""
+        return {**self.nccl_waits.uneven, **self.waits.uneven}
 
     @property
     def clock_steps(self) -> int:
@@ -124,8 +130,8 @@ class DetectorEngine:
             row, gpu, xids, counters, util = health.popleft()
             self.health.observe(float(stretch.times[base + row]), gpu, xids, counters, util)
         while waits and base + waits[0][0] < upto:
-            row, gpu, counts = waits.popleft()
-            self.waits.observe(float(stretch.times[base + row]), gpu, counts)
+            row, gpu, counts, timed = waits.popleft()
+            (self.nccl_waits if timed else self.waits).observe(float(stretch.times[base + row]), gpu, counts)
 
     def _due(self, times: list[float]) -> list[int]:
         """The new ticks due for judgement: each at least evaluate_interval_seconds after the one before."""
@@ -212,8 +218,8 @@ class DetectorEngine:
             self._feed(stretch, base, health, waits, row + 1)
             findings = self._findings(sorted(per_tick[n], key=lambda item: (item[2].gpu, order[item[0]])), views, n)
             t = float(stretch.times[row])
-            if waits_on and self.waits.reported:
-                _join_waits(findings, self.waits.judge(t))
+            if waits_on and (self.waits.reported or self.nccl_waits.reported):
+                _join_waits(findings, [*self.waits.judge(t), *self.nccl_waits.judge(t)])
             if self.health.reported:
                 for finding in findings:  # what the GPUs of a stall reported before it
                     if finding.signature in STACK_SIGNATURES and (note := self.health.before(finding.gpus, t)):
@@ -285,23 +291,26 @@ def _health_readings(ticks: Sequence[NodeSnapshot] | SnapshotBlock) -> list[Heal
 
 
 def _wait_readings(ticks: Sequence[NodeSnapshot] | SnapshotBlock) -> list[WaitReading]:
-    """The samples of these ticks that carry stack sample counts, by row: none for a trace without them."""
+    """The samples of these ticks that carry stack sample (or NCCL Inspector) counts, by row: none for a trace
+    without them."""
     if isinstance(ticks, SnapshotBlock):
-        if ticks.columns[_WAITS_SLOT] is None:
+        if all(ticks.columns[slot] is None for slot in _WAITS_SLOTS):
             return []
         ticks = ticks.snapshots()
-    return [(row, s.index, s.rank_waits) for row, snapshot in enumerate(ticks) for s in snapshot.gpus if s.rank_waits]
+    return [(row, s.index, counts, timed) for row, snapshot in enumerate(ticks) for s in snapshot.gpus
+            for counts, timed in ((s.rank_waits, False), (s.nccl_waits, True)) if counts]
 
 
 def _join_waits(findings: list[Finding], evidence: list[Evidence]) -> None:
-    """The ranks the stacks name as stragglers, joined to the clock's straggler finding of the same GPU (one
-    episode, both legs; the slowdown measured from the waits) or added as their own."""
-    clocks = {f.gpus[0]: n for n, f in enumerate(findings) if f.signature is Signature.STRAGGLER}
+    """The ranks the stacks (or NCCL's timings) name as stragglers, joined to the straggler finding of the same GPU
+    (one episode, every leg; the slowdown measured from the waits, NCCL's where both) or added as their own."""
+    known = {f.gpus[0]: n for n, f in enumerate(findings) if f.signature is Signature.STRAGGLER}
     for e in evidence:
-        if e.gpu in clocks:
-            known = findings[clocks[e.gpu]]
-            findings[clocks[e.gpu]] = replace(known, legs=(*known.legs, *e.legs), facts={**known.facts, **e.facts})
+        if e.gpu in known:
+            same = findings[known[e.gpu]]
+            findings[known[e.gpu]] = replace(same, legs=(*same.legs, *e.legs), facts={**same.facts, **e.facts})
             continue
+        known[e.gpu] = len(findings)
         findings.append(Finding(Signature.STRAGGLER, Severity.WARNING, (e.gpu,), since=e.since, legs=e.legs,
                                 facts=e.facts, key=f"straggler:{e.gpu}"))
 

@@ -16,6 +16,11 @@ Two differences are not a rank that became slow, and are said as "uneven work" (
   look's counts, looser: a gap there of at least half today's and two standard errors;
 - one spent mostly in planned extra work (checkpoint I/O, an evaluation): the others wait for it, by design.
 A rank slow since the watchdog first saw the job cannot be told from uneven work: it is said as uneven work.
+
+Where a job's ranks write NCCL Inspector logs, a second ledger (timed=True) judges GpuSample.nccl_waits by the
+same rule: wall milliseconds for samples, milliseconds inside collectives (NCCL's own timing) for waits.
+Milliseconds are not coin flips: there the chance a gap must beat is the record-to-record spread alone, and
+nothing is judged before the spread is known.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ LONG_WINDOWS = 5  # the longer window, in short ones: a 10% slower rank stands o
 REJUDGE_SECONDS = 5.0  # with no new counts, judged again this long after the last time
 _STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is not compared (its rank left)
 MIN_SPREAD_DEGREES = 4  # differences between records, across the job, for their spread to count
+MIN_TIMED_MS = 10_000  # of a rank's timed collectives (nccl_waits) in a window, for it to be compared
 _BEFORE_SIGMAS = 2.0
 _PLANNED_SHARE = 0.5  # a rank whose working samples are mostly planned work is uneven work, not a straggler
 
@@ -53,19 +59,22 @@ class Gap:
 
 
 def gap(waits: int, samples: int, peer_waits: list[tuple[int, int]], least: float, sigmas: float,
-        spread: Spread | None = None) -> Gap:
+        spread: Spread | None = None, counted: bool = True) -> Gap:
     """A rank's wait share against the median of its peers' ((waits, samples) each): beyond chance when at least
     `least` and `sigmas` standard errors apart. The shares are smoothed (one wait and one not added) so that 0 of
     n does not claim certainty. A share's error is the larger of two: as if each sample were a coin flip of its
     own, and from how much the job's ranks' shares moved from one record to the next (`spread`: a slow batch,
     a pause, the steps' own rhythm move a share more than coin flips do). The error of the peers' median is that
-    of a median of k shares of a typical peer (pi/2 times the variance of their mean)."""
+    of a median of k shares of a typical peer (pi/2 times the variance of their mean). Not `counted` (timed
+    milliseconds, not samples): the spread alone, and no gap is beyond chance without one."""
     share = waits / samples
     shares = [w / n for w, n in peer_waits]
     peers = statistics.median(shares)
     typical = statistics.median(n for _, n in peer_waits)
     p, q = (waits + 1) / (samples + 2), (peers * typical + 1) / (typical + 2)
-    mine, theirs = p * (1 - p) / (samples + 2), q * (1 - q) / (typical + 2)
+    mine, theirs = (p * (1 - p) / (samples + 2), q * (1 - q) / (typical + 2)) if counted else (0.0, 0.0)
+    if spread is None and not counted:
+        return Gap(share, peers, samples, False)
     if spread is not None:
         mine = max(mine, spread.variance * spread.per_sample / samples)
         theirs = max(theirs, spread.variance * spread.per_sample / typical)
@@ -117,10 +126,11 @@ class Uneven:
 
 
 class WaitLedger:
-    """Each GPU's rank_waits counts over the recent past; judge(t) names the ranks the others wait for."""
+    """Each GPU's rank_waits counts over the recent past; judge(t) names the ranks the others wait for.
+    timed: the counts are milliseconds from NCCL Inspector logs (nccl_waits), not stack samples."""
 
-    def __init__(self, cfg: StragglerConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: StragglerConfig, timed: bool = False):
+        self.cfg, self.timed = cfg, timed
         self.history: dict[int, deque[tuple[float, tuple[int, ...]]]] = {}
         self.uneven: dict[int, Uneven] = {}  # as the latest judge() found it
         self.shares: dict[int, float] = {}  # each compared rank's wait share, as the latest judge() found it
@@ -188,11 +198,15 @@ class WaitLedger:
             if newest is None or t - newest[0] > _STALE_WINDOWS * cfg.wait_window_seconds:
                 continue
             start = next((item for item in reversed(kept) if item[0] <= t - window), kept[0])
-            if newest[1][_SAMPLES] - start[1][_SAMPLES] >= cfg.wait_min_samples:
+            if newest[1][_SAMPLES] - start[1][_SAMPLES] >= self._min_samples:
                 recent[gpu] = (start[0], start[1], newest[1])
                 inside = [c for when, c in kept if start[0] <= when <= newest[0]]
                 records[gpu] = [(b[_SAMPLES] - a[_SAMPLES], b[_WAITS] - a[_WAITS]) for a, b in zip(inside, inside[1:])]
         return recent, records
+
+    @property
+    def _min_samples(self) -> int:
+        return MIN_TIMED_MS if self.timed else self.cfg.wait_min_samples
 
     def _judge_over(self, t: float, window: float, recent: dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]],
                     noise: dict[int, list[tuple[int, int]]]
@@ -216,7 +230,7 @@ class WaitLedger:
                 shares[g] = round(waits / samples, 4)
                 sigmas = cfg.wait_sigmas / 2 if g in self.named else cfg.wait_sigmas  # named: hysteresis
                 now = gap(waits, samples, [(deltas[o][1], deltas[o][0]) for o in gpus if o != g], cfg.wait_gap_ratio,
-                          sigmas, spread)
+                          sigmas, spread, counted=not self.timed)
                 if not now.beyond_chance:
                     continue
                 counts = recent[g][2]
@@ -224,14 +238,18 @@ class WaitLedger:
                 if working and planned / working >= _PLANNED_SHARE:
                     uneven[g] = Uneven(g, counts[_RANK], now.size, "planned")
                     continue
-                if self._from_start(g, gpus, now):
+                if self._from_start(g, gpus, now, spread):
                     uneven[g] = Uneven(g, counts[_RANK], now.size, "from_start")
                     continue
-                facts: dict[str, float | str] = {
-                    "rank": counts[_RANK], "wait_ratio": round(now.share, 3), "peers_wait_ratio": round(now.peers, 3),
-                    "wait_samples": samples, "slowdown": self._slowdown(g, gpus, now)}
+                facts: dict[str, float | str] = {"rank": counts[_RANK], "slowdown": self._slowdown(g, gpus, now)}
+                if self.timed:
+                    facts.update(nccl_ratio=round(now.share, 3), peers_nccl_ratio=round(now.peers, 3),
+                                 nccl_seconds=round(samples / 1000))
+                else:
+                    facts.update(wait_ratio=round(now.share, 3), peers_wait_ratio=round(now.peers, 3),
+                                 wait_samples=samples)
                 found[g] = Evidence(g, Signature.STRAGGLER, since=max(recent[g][0], t - window),
-                                    legs=("waits_least",), facts=facts)
+                                    legs=("nccl_least" if self.timed else "waits_least",), facts=facts)
         return found, uneven, shares
 
     def _slowdown(self, gpu: int, gpus: list[int], now: Gap) -> float:
@@ -242,21 +260,24 @@ class WaitLedger:
         ranks), which the gap counts as waiting for the straggler."""
         by_gap = 1 / (1 - min(now.size, 0.95))
         firsts = [c[_FIRST_WAITS] / c[_FIRST_SAMPLES] for o in gpus if o != gpu
-                  for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] >= self.cfg.wait_min_samples]
+                  for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] >= self._min_samples]
         if not firsts:
             return by_gap
         by_peers = (1 - statistics.median(firsts)) / (1 - min(now.peers, 0.95))
         return min(by_gap, by_peers) if by_peers > 1 else by_gap  # peers that wait no more than before: by the gap
 
-    def _from_start(self, gpu: int, gpus: list[int], now: Gap) -> bool:
+    def _from_start(self, gpu: int, gpus: list[int], now: Gap, spread: Spread | None) -> bool:
         """Whether the rank already waited less than its peers at its first look, by at least half today's gap and
         two standard errors (a looser test than today's: a standing difference is not to be named a straggler)."""
         first = self.history[gpu][-1][1]
         peers = [(c[_FIRST_WAITS], c[_FIRST_SAMPLES]) for o in gpus if o != gpu
                  for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] > 0]
-        if first[_FIRST_SAMPLES] < self.cfg.wait_min_samples or not peers:
+        if first[_FIRST_SAMPLES] < self._min_samples or not peers:
             return True  # no look before this one: it cannot be told from the way the job is
-        return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS).beyond_chance
+        if not self.timed:
+            return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS).beyond_chance
+        return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS, spread,
+                   counted=False).beyond_chance
 
 
 def _delta(start: tuple[int, ...], end: tuple[int, ...]) -> tuple[int, int, int]:

@@ -132,6 +132,11 @@ def _straggler_evidence(finding: Finding) -> str:
                     f"{int(f.get('wait_samples', 0)):,} "
                     f"stack samples it waited in collectives {mine:.0%} of the time, the other ranks of its job "
                     f"{theirs:.0%}")
+    if "peers_nccl_ratio" in f:
+        mine, theirs = float(f["nccl_ratio"]), float(f["peers_nccl_ratio"])
+        said.append(f"{'NCCL agrees' if said else 'NCCL says so'} (its Inspector log): over "
+                    f"{int(f.get('nccl_seconds', 0)):,} s, rank {int(f.get('rank', -1))}'s collectives ran "
+                    f"{mine:.0%} of the time, its peers' {theirs:.0%}")
     if "clock_hertz" in f:
         reasons = f" (held down: {f['reasons']})" if f.get("reasons") else ""
         mine_hz, theirs_hz = float(f["clock_hertz"]) / 1e6, float(f.get("peers_clock_hertz", 0)) / 1e6

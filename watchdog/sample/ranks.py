@@ -30,7 +30,7 @@ from watchdog.secrets import redact_arguments, redact_variable
 # Launch variables read from each rank's environment, and those that say which pod or Slurm job it is.
 RANK_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
-    "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "CUDA_VISIBLE_DEVICES", *WORKLOAD_VARIABLES,
+    "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOBID", "CUDA_VISIBLE_DEVICES", *WORKLOAD_VARIABLES,
 )
 KEPT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")

@@ -10,7 +10,8 @@ does not support the reading). A column is left out when no GPU has it. "health"
 "errors" per GPU a map of field -> why it could not be read, "pids" the compute processes,
 "host_cpu_ratio" and "host_io_bytes_per_second" the host progress of those processes, "xids" the Xid events
 of each GPU since the sample before, the health counters (model.HEALTH_COUNTERS) as whole numbers, and
-"rank_waits" the stack sample counts of each GPU's rank (model.RANK_WAITS).
+"rank_waits" the stack sample counts of each GPU's rank (model.RANK_WAITS), "nccl_waits" the same counts timed
+from the rank's NCCL Inspector log.
 Columns, rather than one object per GPU, make a day-long trace several times faster to read.
 """
 
@@ -34,7 +35,7 @@ FORMAT_VERSION = 1
 _FIELDS = GpuSample._fields
 _DEFAULTS = GpuSample._field_defaults
 _INTS = {"index", *INTEGER_FIELDS}
-_TUPLES = ("pids", "xids", "rank_waits")  # a tuple of whole numbers per GPU
+_TUPLES = ("pids", "xids", "rank_waits", "nccl_waits")  # a tuple of whole numbers per GPU
 _HEALTH = {h.value: h for h in GpuHealth}
 _LARGEST = 1e15  # no reading or Unix time is this large
 MAX_GPUS = 1024
@@ -82,6 +83,7 @@ _COLUMN_TYPES: dict[str, Any] = {
     "pids": list[tuple[int, ...] | None] | None,  # decoded straight into GpuSample's tuples
     "xids": list[tuple[_Count, ...] | None] | None,
     "rank_waits": list[tuple[_Count, ...] | None] | None,
+    "nccl_waits": list[tuple[_Count, ...] | None] | None,
     "errors": list[dict[str, str] | None] | None,
     **{name: list[_Count | None] | None for name in _INTS - {"index"}},
 }
@@ -98,6 +100,7 @@ _CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
     "pids": lambda column: [p or () for p in column] if None in column else column,
     "xids": lambda column: [x or () for x in column] if None in column else column,
     "rank_waits": lambda column: [x or () for x in column] if None in column else column,
+    "nccl_waits": lambda column: [x or () for x in column] if None in column else column,
     "errors": lambda column: [tuple(e.items()) if e else () for e in column],
 }
 _CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]

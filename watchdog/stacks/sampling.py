@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 from watchdog.config import StacksConfig
 from watchdog.model import RANK_WAITS, Frame, NodeSnapshot, ThreadStack
+from watchdog.rank_files import RankFileError
 from watchdog.stacks.capture import OK, StackCapturer
 from watchdog.stacks.classify import CHECKPOINT_IO, COLLECTIVE, EVALUATION, classify
+from watchdog.stacks.nccl_inspector import InspectorTail
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")  # "f (file[:line])"
 _PLANNED = {CHECKPOINT_IO, EVALUATION}
@@ -44,6 +46,7 @@ class SampleTarget:
     gpus: tuple[int, ...]
     rank: int
     job: str
+    inspector: str | None = None  # the folder of its NCCL Inspector log, where it enables one
 
 
 class _Counts:
@@ -100,11 +103,14 @@ class RankSampler:
 
     def __init__(self, capturer: StackCapturer, cfg: StacksConfig, targets: Callable[[], Sequence[SampleTarget]],
                  on_problem: Callable[[int, str], None] = lambda pid, message: None,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, proc_root: str = "/proc"):
         self.capturer, self.cfg, self.targets = capturer, cfg, targets
-        self.on_problem, self.monotonic = on_problem, monotonic
+        self.on_problem, self.monotonic, self.proc_root = on_problem, monotonic, proc_root
         self.counts: dict[tuple[int, float], _Counts] = {}
+        self.timed: dict[tuple[int, float], _Counts] = {}  # milliseconds from NCCL Inspector logs, where kept
+        self._tails: dict[tuple[int, float], InspectorTail] = {}
         self._told: set[tuple[int, float]] = set()
+        self._told_logs: set[tuple[int, float]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,9 +143,11 @@ class RankSampler:
         targets = list(self.targets())
         live = {(t.pid, t.start) for t in targets}
         with self._lock:
-            for gone in self.counts.keys() - live:
-                del self.counts[gone]
-        self._told &= live  # a process is told of once while it is a target, and forgotten when it is not
+            for kept in (self.counts, self.timed, self._tails):
+                for gone in kept.keys() - live:
+                    del kept[gone]
+        self._told &= live
+        self._told_logs &= live  # a process is told of once while it is a target, and forgotten when it is not
         if not targets or cfg.sample_rate_hz <= 0:
             return
         with ThreadPoolExecutor(max_workers=min(cfg.max_parallel, len(targets)),
@@ -154,25 +162,55 @@ class RankSampler:
                     self._told.add(key)
                     self.on_problem(target.pid, message)
                 continue
-            kinds = main_thread_samples(data, target.pid)
-            with self._lock:
-                counts = self.counts.get(key)
-                if counts is None or counts.target != target:
-                    counts = self.counts[key] = _Counts(target, now + cfg.sample_learn_seconds)
-                counts.add(kinds, now)
+            self._add(self.counts, target, main_thread_samples(data, target.pid), now)
+        for target in targets:
+            if target.inspector:
+                self._time(target, now)
+
+    def _add(self, kept: dict[tuple[int, float], _Counts], target: SampleTarget, kinds: dict[str, int],
+             now: float) -> None:
+        key = (target.pid, target.start)
+        with self._lock:
+            counts = kept.get(key)
+            if counts is None or counts.target != target:
+                counts = kept[key] = _Counts(target, now + self.cfg.sample_learn_seconds)
+            counts.add(kinds, now)
+
+    def _time(self, target: SampleTarget, now: float) -> None:
+        """What the rank's NCCL Inspector log gained since the last record, as milliseconds waiting (inside
+        collectives) and working. A stretch with no collective counts for nothing (a rank between jobs' phases,
+        a log written only now and then)."""
+        key, folder = (target.pid, target.start), target.inspector or ""
+        tail = self._tails.get(key)
+        if tail is None or tail.folder != folder:
+            tail = self._tails[key] = InspectorTail(target.pid, folder, self.proc_root)
+        try:
+            timed = tail.read(now)
+        except RankFileError as exc:
+            if key not in self._told_logs:
+                self._told_logs.add(key)
+                self.on_problem(target.pid, f"its NCCL Inspector log was not read: {exc}")
+            return
+        if timed is not None and timed.collectives and timed.span_ms > 0:
+            self._add(self.timed, target, {WAITING: timed.busy_ms, WORKING: timed.span_ms - timed.busy_ms}, now)
 
     def annotate(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """The snapshot with each GPU's rank_waits: the counts of the one sampled rank on it (a GPU shared by
-        several ranks, or by none, gets none)."""
+        """The snapshot with each GPU's rank_waits (and nccl_waits, from its Inspector log): the counts of the one
+        sampled rank on it (a GPU shared by several ranks, or by none, gets none)."""
         with self._lock:
-            per_gpu: dict[int, list[_Counts]] = {}
-            for counts in self.counts.values():
-                if counts.samples:
-                    for gpu in counts.target.gpus:
-                        per_gpu.setdefault(gpu, []).append(counts)
-            readings = {gpu: found[0].reading() for gpu, found in per_gpu.items() if len(found) == 1}
-        if not readings:
+            waits, timed = _per_gpu(self.counts), _per_gpu(self.timed)
+        if not waits and not timed:
             return snapshot
-        gpus = tuple(g._replace(rank_waits=readings[g.index]) if g.index in readings else g for g in snapshot.gpus)
+        gpus = tuple(g._replace(rank_waits=waits.get(g.index, g.rank_waits),
+                                nccl_waits=timed.get(g.index, g.nccl_waits)) for g in snapshot.gpus)
         return NodeSnapshot(snapshot.time_seconds, gpus)
+
+
+def _per_gpu(kept: dict[tuple[int, float], _Counts]) -> dict[int, tuple[int, ...]]:
+    per_gpu: dict[int, list[_Counts]] = {}
+    for counts in kept.values():
+        if counts.samples:
+            for gpu in counts.target.gpus:
+                per_gpu.setdefault(gpu, []).append(counts)
+    return {gpu: found[0].reading() for gpu, found in per_gpu.items() if len(found) == 1}
 
