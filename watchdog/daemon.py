@@ -98,10 +98,10 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
         logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
     for short in privileges.shortfalls(stacks=True, terminate=False):
         logfmt.event("privileges_short", level=logfmt.WARNING, problem=short.text())
-    # The incidents' capturer serves the dumps too: py-spy is found once, and one abort stops every capture.
-    daemon.dumps = DumpService(config, counters, incidents.capturer, discovery, bundles,
-                               lambda: daemon.published.snapshot, incidents.node, monotonic,
-                               last_look=incidents.last_look, slurm_check=incidents.actions.slurm_job_runs_as)
+    daemon.dumps = DumpService(config, counters, incidents.capturer,  # one py-spy found, one abort stops all
+                               discovery, bundles, lambda: daemon.published.snapshot, incidents.node, monotonic,
+                               last_look=incidents.last_look, slurm_check=incidents.actions.slurm_job_runs_as,
+                               pace=lambda: daemon.published.slow_gpus())
     return daemon
 
 
@@ -288,8 +288,8 @@ class Daemon:
         alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
         action = (self.config.actions.mode, self.incidents.action_state)
         ledger = tuple((key, at) for key, at, _ in self.incidents.ledger.summary())
-        self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last,
-                                   tick_seconds, disk, action, ledger, tuple(sorted(self.engine.waits.shares.items())),
+        self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last, tick_seconds,
+                                   disk, action, ledger, tuple(sorted(self.engine.waits.shares.items())),
                                    tuple((u.gpu, u.why, u.gap) for u in self.engine.uneven.values()))
 
     def _ranks(self, snapshot: NodeSnapshot | None) -> tuple[RankRow, ...]:

@@ -4,6 +4,7 @@ requests, rate limits, reads Alertmanager payloads, and is never open off loopba
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,7 +23,9 @@ from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.integration.test_prometheus import free_port
 from watchdog.daemon import build
+from watchdog.export.metrics import EpisodeView
 from watchdog.export.server import Endpoint
+from watchdog.model import Severity, Signature
 from watchdog.sample.ranks import RankDiscovery
 
 
@@ -108,6 +111,26 @@ def test_dump_names_the_odd_rank_with_flight_recorder_and_ras(job: dict[str, Any
     assert again.returncode == 0, again.stderr
     picture = json.loads(again.stdout)
     assert picture["outliers"] == ["rank 2"] and picture["flight_recorder_analysis"]["culprits"] == [2]
+
+
+def test_the_answer_says_each_ranks_pace_as_the_node_measured_it(job: dict[str, Any], tmp_path: Path) -> None:
+    """A rank's wait share (where compared) and a straggler's slowdown (an episode past suspicion) ride on its
+    row, for the coordinator to put beside a hang's verdict; a suspected straggler is not said."""
+    daemon, endpoint = start(tmp_path, job["processes"], stacks={"nccl_ras": False})
+    daemon.published = dataclasses.replace(
+        daemon.published, waits=((0, 0.31), (1, 0.3), (2, 0.06)),
+        episodes=(EpisodeView(Signature.STRAGGLER, Severity.WARNING, (2,), (), 0.0, 1.2134),
+                  EpisodeView(Signature.STRAGGLER, None, (3,), (), 0.0, 1.5)))
+    try:
+        status, answer, _ = post(endpoint.base_url + "/v1/dump", {"training_job": job["key"]})
+    finally:
+        endpoint.stop()
+        daemon.shutdown()
+    assert status == 200, answer
+    ranks = {r["rank"]: r for r in answer["jobs"][0]["ranks"]}
+    assert ranks[2]["wait_ratio"] == 0.06 and ranks[2]["straggler_slowdown"] == 1.213
+    assert ranks[0]["wait_ratio"] == 0.31 and "straggler_slowdown" not in ranks[0]
+    assert "wait_ratio" not in ranks[3] and "straggler_slowdown" not in ranks[3]
 
 
 def test_concurrent_requests_share_one_capture_then_cooldown(job: dict[str, Any], tmp_path: Path) -> None:

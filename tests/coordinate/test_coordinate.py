@@ -193,3 +193,35 @@ def test_nodes_asked_at_once_stay_within_the_descriptor_limit(monkeypatch: pytes
     assert nodes.parallel() == 1
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     assert nodes.parallel() == nodes.MAX_PARALLEL
+
+
+def _with_pace(answer: NodeAnswer, pace: dict[int, dict[str, object]]) -> NodeAnswer:
+    """The answer with what its node said of its ranks' pace (by rank: wait_ratio, straggler_slowdown)."""
+    body = json.loads(json.dumps(answer.body))
+    for row in body["jobs"][0]["ranks"]:
+        row.update(pace.get(row["rank"], {}))
+    raw = json.dumps(body).encode()
+    return NodeAnswer(answer.instance, 200, body, None, 0.5, raw, len(raw))
+
+
+def test_a_straggler_a_node_named_before_the_hang_is_in_the_job_verdict() -> None:
+    answers = [_with_pace(_answer(0, odd=9), {1: {"wait_ratio": 0.31}}),
+               _with_pace(_answer(1, odd=9), {5: {"wait_ratio": 0.06, "straggler_slowdown": 1.21}}),
+               _with_pace(_answer(2, odd=9), {9: {"wait_ratio": 0.12, "straggler_slowdown": 1.05}}),
+               _answer(3, odd=9)]
+    result = merge("run:x", answers)
+    assert result.verdict.sentence.endswith("a straggler before it, as its node measured (the job ran this much "
+                                            "slower for it): rank 5 on node-1 (1.21x), rank 9 on node-2 (1.05x)")
+    rows = {r["rank"]: r for r in result.ranks}
+    assert rows[1]["wait_ratio"] == 0.31 and "straggler_slowdown" not in rows[1]
+    assert rows[5]["straggler_slowdown"] == 1.21
+    assert "straggler" not in merge("run:x", [_answer(n, odd=9) for n in range(4)]).verdict.sentence
+
+
+@pytest.mark.parametrize("bad", [{"wait_ratio": 1.5}, {"wait_ratio": "0.1"}, {"straggler_slowdown": 0.5},
+                                 {"straggler_slowdown": True}, {"straggler_slowdown": 1e9}])
+def test_a_pace_out_of_bounds_makes_the_answer_malformed(bad: dict[str, object]) -> None:
+    result = merge("run:x", [_with_pace(_answer(0, odd=1), {2: bad}), _answer(1, odd=1)])
+    (problem,) = [a.error for a in result.answers if a.error]
+    assert "malformed" in str(problem) and ".ranks[2]." in str(problem)
+    assert "straggler before it" not in result.verdict.sentence

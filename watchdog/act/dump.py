@@ -27,7 +27,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -63,10 +63,12 @@ class DumpService:
                  bundles: BundleStore, snapshot: Callable[[], NodeSnapshot | None], node: str,
                  monotonic: Callable[[], float] = time.monotonic,
                  last_look: Callable[[str], list[tuple[StackPicture, tuple[RankInfo, ...]]]] | None = None,
-                 slurm_check: membership.SlurmCheck = _no_slurm):
+                 slurm_check: membership.SlurmCheck = _no_slurm,
+                 pace: Callable[[], Mapping[int, Mapping[str, float]]] = dict):
         """`last_look(slurm_job_id)`: the pictures (and their ranks) of open or lately resolved episodes that
         concerned that Slurm job, for a job that ended before it could be dumped. `slurm_check`: Slurm's word
-        on a job and its user (act/actions.py), which proves a Slurm job's ranks."""
+        on a job and its user (act/actions.py), which proves a Slurm job's ranks. `pace()`: per GPU, its rank's
+        wait share and a straggler's slowdown (Published.slow_gpus), said of each rank in the answer."""
         self.config = config
         self.counters = counters
         self.capturer = capturer
@@ -77,6 +79,7 @@ class DumpService:
         self.monotonic = monotonic
         self.last_look = last_look
         self.slurm_check = slurm_check
+        self.pace = pace
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dump")
         self._lock = threading.Lock()
         self._running: dict[tuple[str, ...], Future[Answer]] = {}
@@ -205,7 +208,7 @@ class DumpService:
                     self.counters.inc("stack_captures_total", capture.result)
         body: dict[str, object] = {"node": self.node, "captured_at": iso_time(started), "shared": False,
                                    "seconds": round(time.time() - started, 3),
-                                   "jobs": [_job_json(p, r) for p, r in zip(pictures, members)],
+                                   "jobs": [_job_json(p, r, self.pace()) for p, r in zip(pictures, members)],
                                    "claimants": _claimants(ranks, claims, unseen)}
         if slurm_job is not None:
             body["slurm_job_id"] = slurm_job
@@ -236,7 +239,8 @@ def _claimants(ranks: list[RankInfo], claims: dict[int, str], unseen: int) -> di
                       for r in shown]}
 
 
-def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...]) -> dict[str, object]:
+def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...], pace: Mapping[int, Mapping[str, float]]
+              ) -> dict[str, object]:
     analysis = picture.analysis
     group_of = analysis.group_by_member()
     captured = {c.target.pid: c for c in picture.captures}
@@ -250,7 +254,8 @@ def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...]) -> dict[str, o
                      "activity": activity.name if activity else None,
                      "where": group_of[member].where if member in group_of else None,
                      "capture": capture.result if capture is not None else "not_captured",
-                     "threads": capture.raw if capture is not None else None})
+                     "threads": capture.raw if capture is not None else None,
+                     **next((dict(pace[g]) for g in rank.gpus if g in pace), {})})
     out: dict[str, object] = {"training_job": picture.job, "world_size": picture.world_size,
                               "verdict": picture.verdict.to_json(), "summary": analysis.summary,
                               "outliers": list(analysis.outliers), "ranks": rows}

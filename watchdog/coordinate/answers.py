@@ -19,6 +19,7 @@ MAX_NODE_NAME = 253  # a host name's length
 MAX_TEXT = 300
 MAX_PATH = 4096  # the node's bundle path (Linux's PATH_MAX)
 MAX_RAS_SUMMARY = 16 * 1024  # RasFinding.summary: a few sentences of at most 4 ranks each, and 60 rank numbers
+MAX_SLOWDOWN = 100.0  # a straggler's slowdown a node may say (the rule caps its own at 20x)
 MAX_RAS_CULPRITS = 4096  # the culprits kept of a RAS finding (in rank order); RAS's own summary counts the rest
 
 
@@ -87,6 +88,14 @@ def _number(value: object, path: str, limit: int) -> int | None:
     return value
 
 
+def _ratio(value: object, path: str, low: float, high: float) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        raise _expected(path, f"a number from {low:g} to {high:g}", value)
+    return float(value)
+
+
 def _text(value: object, path: str, limit: int = MAX_TEXT) -> str | None:
     text = _optional(value, str, path, "text")
     if text is not None and (len(text) > limit or not text.isprintable()):
@@ -131,7 +140,12 @@ def _rank(rank: object, path: str, instance: str, found: NodeEvidence) -> None:
     kept = tuple(g for g in gpus if g is not None)
     for dump in parse_pyspy_json(threads or [], instance, number, kept):
         found.dumps.append(dump)
-    found.ranks.append({"rank": number, "instance": instance, "pid": pid, "gpus": list(kept), "capture": capture})
+    row: dict[str, object] = {"rank": number, "instance": instance, "pid": pid, "gpus": list(kept), "capture": capture}
+    for name, high in (("wait_ratio", 1.0), ("straggler_slowdown", MAX_SLOWDOWN)):  # the node's word on its pace
+        value = _ratio(rank.get(name), f"{path}.{name}", 0.0 if name == "wait_ratio" else 1.0, high)
+        if value is not None:
+            row[name] = value
+    found.ranks.append(row)
 
 
 def _ras(ras: object, path: str) -> dict[str, Any] | None:

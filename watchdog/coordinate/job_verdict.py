@@ -246,7 +246,7 @@ def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidenc
         why = problem or ("no node answered" if answered else "no node exports ranks of this job")
         decided = Verdict("unknown", None, f"Unknown: no evidence was gathered ({why})", "unknown: no evidence")
     found = corroborations(fr, ras_culprits, str(ras.get("summary")) if ras is not None and conclusive else None)
-    decided = with_notes(corroborated(decided, found), _silent_note(silent) + notes)
+    decided = with_notes(corroborated(decided, found), _silent_note(silent) + notes + _slow_note(ranks))
     where = analysis.group_by_member()
     by_member = {d.member: d for d in dumps}
     odd: list[dict[str, object]] = []
@@ -262,6 +262,20 @@ def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidenc
         row["activity"] = group.activity.name if group else None
         row["where"] = group.where if group else None
     return JobVerdict(job, list(answered), analysis, decided, odd, ranks, fr, ras, placement, problem)
+
+
+def _slow_note(ranks: Sequence[dict[str, object]]) -> list[str]:
+    """The ranks their own nodes named stragglers (a warning before any hang), slowest first: the job ran
+    slower for them, which a hang's verdict is worth reading beside."""
+    slow = sorted((r for r in ranks if isinstance(r.get("straggler_slowdown"), float)),
+                  key=lambda r: -float(r["straggler_slowdown"]))  # type: ignore[arg-type]
+    if not slow:
+        return []
+    said = [f"{answers.member(r['rank'], r['pid'])} on {r.get('node') or r['instance']} "
+            f"({float(r['straggler_slowdown']):.2f}x)" for r in slow[:4]]  # type: ignore[arg-type]
+    more = f" and {len(slow) - 4} more" if len(slow) > 4 else ""
+    return [f"a straggler before it, as its node measured (the job ran this much slower for it): "
+            f"{', '.join(said)}{more}"]
 
 
 def _silent_note(silent: Sequence[NodeAnswer]) -> list[str]:

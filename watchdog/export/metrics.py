@@ -205,6 +205,16 @@ class Published:
     waits: tuple[tuple[int, float], ...] = ()  # (GPU, its rank's wait share) from the stack samples
     uneven: tuple[tuple[int, str, float], ...] = ()  # (GPU, why, gap) of uneven work
 
+    def slow_gpus(self) -> dict[int, dict[str, float]]:
+        """Per GPU, what the node knows of its rank's pace: its wait share where compared (`wait_ratio`), and the
+        slowdown of a straggler episode on it past suspicion (`straggler_slowdown`), for the dump answer."""
+        out: dict[int, dict[str, float]] = {gpu: {"wait_ratio": share} for gpu, share in self.waits}
+        for episode in self.episodes:
+            if episode.signature is Signature.STRAGGLER and episode.slowdown is not None and episode.severity:
+                for gpu in episode.gpus:
+                    out.setdefault(gpu, {})["straggler_slowdown"] = round(episode.slowdown, 3)
+        return out
+
 
 COUNTER_NAMES = tuple(spec.name for spec in METRICS if spec.kind == "counter")
 
