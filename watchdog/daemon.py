@@ -17,18 +17,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from prometheus_client.registry import CollectorRegistry
 
 from watchdog import logfmt, privileges
 from watchdog.act import membership
+from watchdog.act.actions import Actions
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import AlertDispatcher, Receiver
 from watchdog.act.bundles import BundleStore
 from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
+from watchdog.act.responder import Responder
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.counters import Counters
 from watchdog.detect import busy_spin
@@ -40,7 +41,7 @@ from watchdog.export.systemd import SystemdNotifier
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature, Verdict, Workload, gpu_list
 from watchdog.sample import sim
 from watchdog.sample.host_progress import HostProgress
-from watchdog.sample.kubelet import PodDirectory, PodResourcesClient
+from watchdog.sample.kubelet import pod_directory
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
@@ -81,43 +82,31 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     caller); the keyword arguments are the seams tests and the demo use."""
     source = source if source is not None else source_for(config)
     counters = new_counters()
-    discovery = discovery or RankDiscovery(pods=pod_directory(config))
+    discovery = discovery or RankDiscovery(pods=pod_directory(config.kubernetes))
     verdicts: queue.SimpleQueue[tuple[str, Verdict]] = queue.SimpleQueue()
     dispatcher = AlertDispatcher(config.alerts, counters, receivers)
     bundles = BundleStore(config.bundles, counters, render_report=write_for_bundle)
+    actions = Actions(config.actions)
     incidents = IncidentHandler(config, counters, dispatcher, bundles, StackCapturer.from_config(config.stacks),
                                 discovery, inventory=getattr(source, "inventory", None),
-                                on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic)
-    daemon = Daemon(config, source, incidents, counters, discovery, config_path, notifier or SystemdNotifier(),
-                    monotonic, wall, HostProgress(monotonic), verdicts)
+                                on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic,
+                                slurm_check=actions.slurm_job_runs_as)
+    responder = Responder(incidents, counters, actions, monotonic)
+    daemon = Daemon(config, source, incidents, responder, counters, discovery, config_path,
+                    notifier or SystemdNotifier(), monotonic, wall, HostProgress(monotonic), verdicts)
     daemon.sampler = RankSampler(incidents.capturer, config.stacks, daemon.sample_targets,
                                  on_problem=lambda pid, problem: logfmt.event(
                                      "rank_not_sampled", level=logfmt.WARNING, pid=pid or None, problem=problem))
-    incidents.unready = action_problems(config.actions)  # the action would fail when due: said now, at start
-    for problem in incidents.unready:
+    responder.unready = action_problems(config.actions)  # the action would fail when due: said now, at start
+    for problem in responder.unready:
         logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
     for short in privileges.shortfalls(stacks=True, terminate=False):
         logfmt.event("privileges_short", level=logfmt.WARNING, problem=short.text())
     daemon.dumps = DumpService(config, counters, incidents.capturer,  # one py-spy found, one abort stops all
                                discovery, bundles, lambda: daemon.published.snapshot, incidents.node, monotonic,
-                               last_look=incidents.last_look, slurm_check=incidents.actions.slurm_job_runs_as,
+                               last_look=incidents.last_look, slurm_check=actions.slurm_job_runs_as,
                                pace=lambda: daemon.published.slow_gpus())
     return daemon
-
-
-def pod_directory(config: Config) -> PodDirectory | None:
-    """The kubelet's answers on which pod holds each GPU, where this node has a kubelet (its pod-resources
-    socket is there); None elsewhere. Refreshed by its own thread, started here."""
-    k = config.kubernetes
-    if not k.pod_resources_socket or not Path(k.pod_resources_socket).exists():
-        return None
-    directory = PodDirectory(
-        PodResourcesClient(k.pod_resources_socket, k.timeout_seconds), k.refresh_seconds,
-        on_error=lambda problem: logfmt.event("pod_resources_failed", level=logfmt.WARNING, problem=problem,
-                                              action="pods are named from each rank's cgroup and HOSTNAME"),
-        on_ok=lambda devices: logfmt.event("pod_resources_ok", socket=k.pod_resources_socket, devices=devices))
-    directory.start()
-    return directory
 
 
 # Which configuration section each component reads, and whether a SIGHUP applies it ("reload") or only a
@@ -140,8 +129,8 @@ def _slowdown(facts: dict[str, float | str]) -> float | None:
 
 
 class Daemon:
-    def __init__(self, config: Config, source: Source, incidents: IncidentHandler, counters: Counters,
-                 discovery: RankDiscovery, config_path: str | None, notifier: SystemdNotifier,
+    def __init__(self, config: Config, source: Source, incidents: IncidentHandler, responder: Responder,
+                 counters: Counters, discovery: RankDiscovery, config_path: str | None, notifier: SystemdNotifier,
                  monotonic: Callable[[], float], wall: Callable[[], float], host: HostProgress,
                  verdicts: queue.SimpleQueue[tuple[str, Verdict]]):
         self.config = config
@@ -151,7 +140,7 @@ class Daemon:
         self.monotonic, self.wall = monotonic, wall
         self.counters = counters
         self.engine = DetectorEngine(config, on_error=self._failed)
-        self.incidents = incidents
+        self.incidents, self.responder = incidents, responder  # the looks, bundles and alerts; the actions
         self.bundles = incidents.bundles
         collector = WatchdogCollector(lambda: self.published, self.counters)
         self.registry = CollectorRegistry()
@@ -191,7 +180,7 @@ class Daemon:
                 self._guarded("act", self._act, event, snapshot)
             self._guarded("act", self.incidents.forget, self.engine.tracker.identities())
             self._guarded("act", self.incidents.recheck, self._unsettled(), snapshot)
-            self._guarded("act", self.incidents.consider, snapshot)
+            self._guarded("act", self.responder.consider, snapshot)
         self._guarded("export", self._publish, snapshot, self.monotonic() - started)
         self.ticks += 1
         self.notifier.watchdog()
@@ -207,7 +196,7 @@ class Daemon:
         if snapshot is None:
             return []
         proven, _, _ = membership.sorted_out(self.discovery.from_snapshot(snapshot),
-                                             self.incidents.actions.slurm_job_runs_as)
+                                             self.responder.actions.slurm_job_runs_as)
         return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key, nccl_inspector.log_folder(r.env))
                 for job in proven for r in job.ranks if r.rank is not None]
 
@@ -286,8 +275,8 @@ class Daemon:
         if self.ticks % 30 == 0 or disk is None:
             disk = self.bundles.disk_bytes()
         alerts = tuple(AlertRow(*row) for row in self.incidents.alerting())
-        action = (self.config.actions.mode, self.incidents.action_state)
-        ledger = tuple((key, at) for key, at, _ in self.incidents.ledger.summary())
+        action = (self.config.actions.mode, self.responder.state)
+        ledger = tuple((key, at) for key, at, _ in self.responder.ledger.summary())
         self.published = Published(snapshot or self.published.snapshot, episodes, ranks, alerts, up, last, tick_seconds,
                                    disk, action, ledger, tuple(sorted(self.engine.waits.shares.items())),
                                    tuple((u.gpu, u.why, u.gap) for u in self.engine.uneven.values()))
@@ -373,8 +362,8 @@ class Daemon:
         self.config = new
         self.engine.reconfigure(new)
         self.incidents.config = new
-        self.incidents.unready = action_problems(new.actions)
-        for problem in self.incidents.unready:
+        self.responder.unready = action_problems(new.actions)
+        for problem in self.responder.unready:
             logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
         self.incidents.capturer.reconfigure(new.stacks)
         if self.sampler is not None:
@@ -390,6 +379,7 @@ class Daemon:
         self.notifier.stopping()
         if self.sampler is not None:
             self.sampler.stop(0)  # its records are killed with the capturer's, by incidents.close
+        self.responder.close()
         self.incidents.close(timeout)
         if self.dumps is not None:
             self.dumps.close()

@@ -322,7 +322,7 @@ def test_sighup_applies_a_new_policy(tmp_path: Path) -> None:
     assert daemon.reload()
     daemon.tick()
     assert 'mode="dry_run",state="armed"' in action_state(daemon)
-    assert daemon.incidents.actions.cfg.mode == "dry_run"
+    assert daemon.responder.actions.cfg.mode == "dry_run"
     config.write_text(base + "actions: {mode: act, do: [command]}\n")  # no command given: rejected, kept
     assert not daemon.reload()
     daemon.tick()

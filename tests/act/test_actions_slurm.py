@@ -85,11 +85,11 @@ def _requeued_and_drained(slurm: Slurm, tmp_path: Path, job: str, pid: int) -> N
         time.sleep(0.3)
 
     # Our drain is ours to undo; a person's drain is not.
-    assert daemon.incidents.actions.resume_drained() == [slurm.node]
+    assert daemon.responder.actions.resume_drained() == [slurm.node]
     assert "DRAIN" not in slurm.node_state()["State"]
     slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=maintenance by a person")
-    daemon.incidents.actions.drained.add(slurm.node)
-    assert daemon.incidents.actions.resume_drained() == []
+    daemon.responder.actions.drained.add(slurm.node)
+    assert daemon.responder.actions.resume_drained() == []
     assert slurm.node_state()["Reason"].startswith("maintenance by a person")
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import python_target
 from watchdog.act import policy
 from watchdog.act.actions import DONE, FAILED, SKIPPED, STOPPED, Actions, Step, Target
-from watchdog.act.incidents import action_text
+from watchdog.act.responder import action_text
 from watchdog.config import ActionsConfig
 from watchdog.model import Workload
 from watchdog.sample.ranks import RankDiscovery, RankInfo
@@ -124,17 +124,17 @@ def test_no_evidence_is_kept_for_a_bundle_that_is_gone(tmp_path: Path) -> None:
 
 
 def test_an_action_under_way_stops_on_a_pause_a_reload_or_its_evidence_gone(tmp_path: Path) -> None:
-    """What the daemon asks between two steps and during a grace period (IncidentHandler._stop_reason)."""
+    """What the daemon asks between two steps and during a grace period (Responder._stop_reason)."""
     from tests.fakes.daemon import daemon_config
-    from watchdog.act.incidents import _Open
+    from watchdog.act.open_incident import OpenIncident
     from watchdog.daemon import build
     config = daemon_config(tmp_path, bundles={"capture_stacks": True},
                            actions={"mode": "act", "pause_file": str(tmp_path / "pause")})
     daemon = build(config)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    state = _Open(gpus=(0,), bundle=str(bundle))
-    stop = daemon.incidents._stop_reason
+    state = OpenIncident(gpus=(0,), bundle=str(bundle))
+    stop = daemon.responder._stop_reason
     assert stop(state) is None
     (tmp_path / "pause").touch()
     assert stop(state) == f"paused by {tmp_path / 'pause'}"

@@ -47,10 +47,6 @@ MAX_RANKS = 128  # processes one dump describes and captures
 MAX_CLAIMANTS_SHOWN = 8
 
 
-def _no_slurm(job: str, uid: int) -> str:
-    return "no Slurm check is wired here"
-
-
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -63,7 +59,7 @@ class DumpService:
                  bundles: BundleStore, snapshot: Callable[[], NodeSnapshot | None], node: str,
                  monotonic: Callable[[], float] = time.monotonic,
                  last_look: Callable[[str], list[tuple[StackPicture, tuple[RankInfo, ...]]]] | None = None,
-                 slurm_check: membership.SlurmCheck = _no_slurm,
+                 slurm_check: membership.SlurmCheck = membership.no_slurm,
                  pace: Callable[[], Mapping[int, Mapping[str, float]]] = dict):
         """`last_look(slurm_job_id)`: the pictures (and their ranks) of open or lately resolved episodes that
         concerned that Slurm job, for a job that ended before it could be dumped. `slurm_check`: Slurm's word

@@ -35,6 +35,11 @@ _LAUNCHED = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
 SlurmCheck = Callable[[str, int], "str | None"]
 
 
+def no_slurm(job: str, uid: int) -> str:
+    """The Slurm check where none is wired: no Slurm job's ranks are proven."""
+    return "no Slurm check is wired here"
+
+
 @dataclass(frozen=True)
 class ProvenJob:
     """Ranks of one job on this node, with what proves it."""

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from watchdog import logfmt
+from watchdog.config import KubernetesConfig
+
 _METHOD = "/v1.PodResourcesLister/List"
 _MAX_ANSWER_BYTES = 16 * 2**20  # a node of a few hundred pods answers in tens of KiB
 
@@ -246,3 +249,18 @@ class PodDirectory:
         if self._thread is not None:
             self._thread.join(timeout=self.client.timeout_seconds + 2)
         self.client.close()
+
+
+def pod_directory(config: KubernetesConfig) -> PodDirectory | None:
+    """The kubelet's answers on which pod holds each GPU, where this node has a kubelet (its pod-resources
+    socket is there); None elsewhere. Refreshed by its own thread, started here."""
+    k = config
+    if not k.pod_resources_socket or not Path(k.pod_resources_socket).exists():
+        return None
+    directory = PodDirectory(
+        PodResourcesClient(k.pod_resources_socket, k.timeout_seconds), k.refresh_seconds,
+        on_error=lambda problem: logfmt.event("pod_resources_failed", level=logfmt.WARNING, problem=problem,
+                                              action="pods are named from each rank's cgroup and HOSTNAME"),
+        on_ok=lambda devices: logfmt.event("pod_resources_ok", socket=k.pod_resources_socket, devices=devices))
+    directory.start()
+    return directory
