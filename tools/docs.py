@@ -1,6 +1,6 @@
 """Regenerates every file (and README table) made from a fact kept elsewhere, so each fact has one home:
 
-    config.example.yaml                   the configuration model (watchdog/config.py)
+    config.example.yaml                   the configuration model (watchdog/config/)
     README.md, configuration reference    the same model
     README.md, metric list                the metric table (watchdog/export/metrics.py)
     deploy/kubernetes/*                   config.example.yaml, the rules and the dashboard (render.py)

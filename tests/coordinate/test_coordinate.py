@@ -225,3 +225,27 @@ def test_a_pace_out_of_bounds_makes_the_answer_malformed(bad: dict[str, object])
     (problem,) = [a.error for a in result.answers if a.error]
     assert "malformed" in str(problem) and ".ranks[2]." in str(problem)
     assert "straggler before it" not in result.verdict.sentence
+
+
+def test_the_coordinators_settings_come_from_its_section_and_its_flags(tmp_path: Path) -> None:
+    """--config reads the `coordinator:` section; a flag overrides its key; both are held to the section's
+    bounds, and a wrong value names its key and its flag."""
+    from watchdog.cli.coordinate import settings
+    from watchdog.cli.parser import build_parser
+    from watchdog.config import ConfigError
+    config = tmp_path / "c.yaml"
+    config.write_text("coordinator:\n  prometheus_url: http://prom:9090\n  max_per_minute: 7\n"
+                      "  allow_nodes: [10.0.0.0/8]\n")
+    parse = build_parser().parse_args
+    cfg = settings(parse(["coordinate", "--config", str(config), "--max-per-minute", "9"]))
+    assert (cfg.prometheus_url, cfg.max_per_minute, cfg.allow_nodes, cfg.timeout_seconds) == (
+        "http://prom:9090", 9, ["10.0.0.0/8"], 60.0)
+    with pytest.raises(ConfigError, match=r"coordinator.cooldown_seconds: .* \(--cooldown-seconds\)"):
+        settings(parse(["coordinate", "--config", str(config), "--cooldown-seconds", "1e9"]))
+    config.write_text("coordinator:\n  scrape_job: ''\n")
+    with pytest.raises(ConfigError, match="coordinator.scrape_job"):
+        settings(parse(["coordinate", "--config", str(config)]))
+    done = cli("coordinate", "--config", str(config), "--job", "run:x")
+    assert done.returncode == 2 and "coordinator.scrape_job" in done.stderr and "Traceback" not in done.stderr
+    done = cli("coordinate", "--job", "run:x")
+    assert done.returncode == 2 and "no Prometheus to ask" in done.stderr

@@ -9,51 +9,75 @@ import threading
 
 from watchdog import http_client, logfmt, secrets
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
-from watchdog.coordinate.nodes import DAEMON_SCRAPE_JOB, NodeAllowList, NodeClient, raise_fd_limit
+from watchdog.config import ConfigError, CoordinatorConfig, load_config, parse_config
+from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.http_server import Auth, parse_address
+
+# Each flag and the key of the `coordinator:` section it overrides.
+_FLAGS = {"prometheus": "prometheus_url", "listen": "listen_address", "out": "out_directory",
+          "node_scheme": "node_scheme", "node_token_file": "node_token_file", "node_ca_file": "node_ca_file",
+          "scrape_job": "scrape_job", "allow_node": "allow_nodes", "token_file": "token_file",
+          "basic_auth_user": "basic_auth_user", "basic_auth_password_file": "basic_auth_password_file",
+          "max_per_minute": "max_per_minute", "timeout_seconds": "timeout_seconds",
+          "cooldown_seconds": "cooldown_seconds"}
+
+
+def settings(args: argparse.Namespace) -> CoordinatorConfig:
+    """The coordinator's settings: the `coordinator:` section of --config (else its defaults), each flag given
+    in its place, all checked by the section's own bounds (ConfigError names the key and the flag)."""
+    base = load_config(args.config).coordinator if args.config else CoordinatorConfig()
+    given = {key: getattr(args, flag) for flag, key in _FLAGS.items() if getattr(args, flag) is not None}
+    try:
+        return parse_config({"coordinator": {**base.model_dump(), **given}}, "the flags").coordinator
+    except ConfigError as exc:
+        flags = {key: flag for flag, key in _FLAGS.items() if key in given}
+        raise ConfigError(exc.source, [_with_flag(line, flags) for line in exc.problems]) from None
+
+
+def _with_flag(problem: str, flags: dict[str, str]) -> str:
+    for key, flag in flags.items():
+        if f"coordinator.{key}:" in problem:
+            return problem + f" (--{flag.replace('_', '-')})"
+    return problem
 
 
 def cmd_coordinate(args: argparse.Namespace) -> int:
     logfmt.setup()
     raise_fd_limit()
     try:
-        token = secrets.read(args.node_token_file, None, "--node-token")
+        cfg = settings(args)
+    except ConfigError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    if cfg.prometheus_url is None:
+        error("no Prometheus to ask: give --prometheus URL (or coordinator.prometheus_url in --config)")
+        return EXIT_USAGE
+    try:
+        token = secrets.read(cfg.node_token_file, None, "--node-token")
         if token:
             secrets.one_line_token(token, "--node-token-file")
-        callers = secrets.read(args.token_file, None, "--token")
+        callers = secrets.read(cfg.token_file, None, "--token")
         if callers:
             secrets.one_line_token(callers, "--token-file")
-        password = secrets.read(args.basic_auth_password_file, None, "--basic-auth-password")
+        password = secrets.read(cfg.basic_auth_password_file, None, "--basic-auth-password")
     except secrets.SecretError as exc:
         error(str(exc))
         return EXIT_USAGE
-    if bool(args.basic_auth_user) != bool(password):
-        error("--basic-auth-user and --basic-auth-password-file go together")
-        return EXIT_USAGE
-    if not 0 < args.timeout_seconds <= 3600 or not 0 <= args.cooldown_seconds <= 86400 \
-            or not 0 < args.max_per_minute <= 10000:
-        error("--timeout-seconds must be in (0, 3600], --cooldown-seconds in [0, 86400] and --max-per-minute "
-              "in [1, 10000]")
-        return EXIT_USAGE
     try:
-        http_client.split(args.prometheus)
+        http_client.split(cfg.prometheus_url)
     except ValueError as exc:
         error(f"--prometheus: {exc}")
         return EXIT_USAGE
-    scrape_job = DAEMON_SCRAPE_JOB if args.scrape_job is None else args.scrape_job
-    if not 0 < len(scrape_job) <= 200 or not scrape_job.isprintable():
-        error("--scrape-job: a Prometheus job name of 1 to 200 printable characters")
-        return EXIT_USAGE
     try:
-        allowed = NodeAllowList(args.allow_node or ())
+        allowed = NodeAllowList(cfg.allow_nodes)
     except ValueError as exc:
         error(f"--allow-node: {exc}")
         return EXIT_USAGE
-    client = NodeClient(args.node_scheme, token, args.node_ca_file, args.timeout_seconds, allowed)
-    coordinator = Coordinator(args.prometheus, args.out, client, args.cooldown_seconds,
-                              auth=Auth(args.basic_auth_user, password, callers), max_per_minute=args.max_per_minute,
-                              scrape_job=scrape_job)
+    client = NodeClient(cfg.node_scheme, token, cfg.node_ca_file, cfg.timeout_seconds, allowed)
+    coordinator = Coordinator(cfg.prometheus_url, cfg.out_directory, client, cfg.cooldown_seconds,
+                              auth=Auth(cfg.basic_auth_user, password, callers), max_per_minute=cfg.max_per_minute,
+                              scrape_job=cfg.scrape_job)
     if args.job:
         result = coordinator.investigate(args.job)
         if result.problem is not None:
@@ -70,21 +94,21 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
             print("\n".join(shown(line, one_line=True) for line in lines))
         return EXIT_OK if result.problem is None else EXIT_FAILURE
     try:
-        host, port = parse_address(args.listen)
+        host, port = parse_address(cfg.listen_address)
         server = coordinator.serve(host, port)
     except CoordinatorError as exc:
-        error(f"--listen {args.listen}: {exc}")
+        error(f"--listen {cfg.listen_address}: {exc}")
         return EXIT_USAGE
     except (OSError, ValueError) as exc:
-        error(f"--listen {args.listen}: cannot listen: {getattr(exc, 'strerror', None) or exc}")
+        error(f"--listen {cfg.listen_address}: cannot listen: {getattr(exc, 'strerror', None) or exc}")
         return EXIT_USAGE
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     thread = threading.Thread(target=server.serve_forever, name="coordinate-http", daemon=True)
     thread.start()
-    logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=args.prometheus,
-                 out=args.out)
+    logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,
+                 out=cfg.out_directory)
     stop.wait()
     server.shutdown()
     server.server_close()

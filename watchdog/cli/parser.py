@@ -219,12 +219,15 @@ def _add_coordinate(verbs: Verbs) -> None:
                "--token-file /etc/stall-watchdog/coordinator-token --node-token-file /etc/stall-watchdog/dump-token "
                "--out /var/lib/stall-watchdog/jobs\n"
                "  stall-watchdog coordinate --prometheus http://127.0.0.1:9090 --job run:llm-42 --json\n")
-    coord.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (its HTTP API)")
-    coord.add_argument("--listen", default="127.0.0.1:9945", metavar="HOST:PORT",
-                       help="where to serve (default 127.0.0.1:9945)")
-    coord.add_argument("--out", default="/var/lib/stall-watchdog/jobs", metavar="DIR", help="job bundles go here")
-    coord.add_argument("--node-scheme", choices=("http", "https"), default="http",
-                       help="how to reach the daemons' endpoints (their export.listen_address)")
+    coord.add_argument("--config", metavar="FILE",
+                       help="read the `coordinator:` section of this configuration file (the flags below override "
+                            "its keys; `stall-watchdog check-config FILE` checks it)")
+    coord.add_argument("--prometheus", metavar="URL",
+                       help="Prometheus base URL (its HTTP API); required here or as coordinator.prometheus_url")
+    coord.add_argument("--listen", metavar="HOST:PORT", help="where to serve (default 127.0.0.1:9945)")
+    coord.add_argument("--out", metavar="DIR", help="job bundles go here (default /var/lib/stall-watchdog/jobs)")
+    coord.add_argument("--node-scheme", choices=("http", "https"),
+                       help="how to reach the daemons' endpoints (their export.listen_address; default http)")
     coord.add_argument("--node-token-file", metavar="FILE", help="bearer token for POST /v1/dump (dump.token_file)")
     coord.add_argument("--node-ca-file", metavar="FILE", help="CA bundle to trust for --node-scheme https")
     coord.add_argument("--scrape-job", metavar="NAME",
@@ -238,12 +241,14 @@ def _add_coordinate(verbs: Verbs) -> None:
                             "this or --basic-auth-user is required with --node-token-file, and off loopback")
     coord.add_argument("--basic-auth-user", metavar="USER", help="basic auth for callers (with the next option)")
     coord.add_argument("--basic-auth-password-file", metavar="FILE", help="the basic auth password")
-    coord.add_argument("--max-per-minute", type=int, default=30, metavar="N",
-                       help="investigations started a minute at most (default 30); more are answered 429")
-    coord.add_argument("--timeout-seconds", type=float, default=60.0, metavar="S",
-                       help="how long one node may take to answer, the whole exchange (default 60)")
-    coord.add_argument("--cooldown-seconds", type=float, default=120.0, metavar="S",
-                       help="a job investigated this recently is not investigated again (default 120)")
+    coord.add_argument("--max-per-minute", type=int, metavar="N",
+                       help="investigations started a minute at most (default 30, at most 10000); more are "
+                            "answered 429")
+    coord.add_argument("--timeout-seconds", type=float, metavar="S",
+                       help="how long one node may take to answer, the whole exchange (default 60, at most 3600)")
+    coord.add_argument("--cooldown-seconds", type=float, metavar="S",
+                       help="a job investigated this recently is not investigated again (default 120, at most "
+                            "86400)")
     coord.add_argument("--job", metavar="TRAINING_JOB", help="investigate this job once, print, and exit")
     coord.add_argument("--json", action="store_true", help="with --job: the job verdict as JSON")
     coord.set_defaults(func=_command("coordinate", "cmd_coordinate"))

@@ -31,7 +31,6 @@ MAX_PROMETHEUS_BYTES = 8 * 2**20
 # so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
 BUILT_BYTES = 128 * 2**20
 MAX_NODES = 4096
-DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
 MAX_PARALLEL = 1024  # nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds
 
 

@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from watchdog import logfmt
+from watchdog.config import DAEMON_SCRAPE_JOB
 from watchdog.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
 from watchdog.webhook import PayloadError, training_jobs
 
 from . import job_bundle
 from .job_verdict import JobEvidence, JobVerdict
-from .nodes import DAEMON_SCRAPE_JOB, NodeClient, Placement, PrometheusError, placement_of
+from .nodes import NodeClient, Placement, PrometheusError, placement_of
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_JOBS_PER_REQUEST = 16

@@ -1,0 +1,32 @@
+"""The units every section shares (seconds, ratios), the one URL rule, and the base of every section."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Every duration is finite and at most a week: `.inf` or `1e10` would be accepted and then overflow a timer.
+Seconds = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
+SecondsOrZero = Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)]
+Interval = Annotated[float, Field(ge=0.05, le=3600, allow_inf_nan=False)]  # a loop period: 50 ms to an hour
+Ratio = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# The built-in scenarios of sample/sim.py (a test keeps the two lists equal; config imports nothing else).
+SCENARIO_NAMES = ("healthy", "checkpoint", "spin_hang", "startup_spin", "zero_util_hang", "odd_rank", "underuse",
+                  "throttle", "straggler", "xid_then_spin", "gpu_lost", "tp_small_batch", "t4_spin")
+MAX_DOCUMENT_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake or an attack
+MAX_NODES = 20_000  # values in the document, aliases counted each time they are used
+MAX_DEPTH = 32
+_EXCERPT = 60  # characters of an offending value quoted in an error
+_SECRET_KEYS = {"url", "token", "password"}
+
+
+def _http_url(value: str | None) -> str | None:
+    """A URL given inline: http or https (the one rule for every URL key)."""
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)

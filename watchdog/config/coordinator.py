@@ -1,0 +1,60 @@
+"""`stall-watchdog coordinate`'s section: the job-wide service's Prometheus, listener, node credentials and
+limits. Its flags, where given, override these; both are checked by the same bounds."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from watchdog.config.base import _http_url, _Section
+
+DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
+
+
+class CoordinatorConfig(_Section):
+    """The job-wide coordinator (`stall-watchdog coordinate`); its command-line flags override these keys."""
+
+    prometheus_url: str | None = Field(
+        None, description="Prometheus base URL (its HTTP API), asked which daemons export a job's ranks; "
+        "required to coordinate (here or --prometheus).")
+    listen_address: str = Field("127.0.0.1:9945", description="Where POST /v1/alerts is served (HOST:PORT).")
+    out_directory: str = Field("/var/lib/stall-watchdog/jobs", min_length=1, description="Job bundles go here.")
+    node_scheme: Literal["http", "https"] = Field(
+        "http", description="How the daemons' endpoints (their export.listen_address) are reached.")
+    node_token_file: str | None = Field(None, description="Bearer token for the daemons' POST /v1/dump "
+                                        "(their dump.token_file).")
+    node_ca_file: str | None = Field(None, description="CA bundle to trust with node_scheme https.")
+    scrape_job: str = Field(DAEMON_SCRAPE_JOB, min_length=1, max_length=200,
+                            description="The daemons' Prometheus scrape job (its `job` label): only its instances "
+                            "are asked, and given the node token.")
+    allow_nodes: list[str] = Field(
+        [], max_length=1024, description="Ask only these nodes: a host, a host:port or an IP network such as "
+        "10.0.0.0/8 each (empty: every instance of scrape_job).")
+    token_file: str | None = Field(None, description="Bearer token callers (Alertmanager's "
+                                   "http_config.authorization) must present; this or basic_auth_user is "
+                                   "required with node_token_file, and off loopback.")
+    basic_auth_user: str | None = Field(None, description="Basic auth user for callers (with "
+                                        "basic_auth_password_file).")
+    basic_auth_password_file: str | None = Field(None, description="The basic auth password, from this file.")
+    max_per_minute: int = Field(30, ge=1, le=10_000, description="Investigations started a minute at most; more "
+                                "are answered 429.")
+    timeout_seconds: float = Field(60.0, gt=0, le=3600, allow_inf_nan=False,
+                                   description="How long one node may take to answer, the whole exchange.")
+    cooldown_seconds: float = Field(120.0, ge=0, le=86_400, allow_inf_nan=False,
+                                    description="A job investigated this recently is not investigated again.")
+
+    _url = field_validator("prometheus_url")(classmethod(lambda cls, value: _http_url(value)))
+
+    @field_validator("scrape_job")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("expected a Prometheus job name of printable characters")
+        return value
+
+    @model_validator(mode="after")
+    def _both_halves(self) -> CoordinatorConfig:
+        if bool(self.basic_auth_user) != bool(self.basic_auth_password_file):
+            raise ValueError("basic_auth_user and basic_auth_password_file go together")
+        return self

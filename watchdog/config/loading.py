@@ -1,0 +1,215 @@
+"""The whole configuration, and loading it: unknown keys rejected, every problem reported at once with its key
+path, e.g. `config.yaml: detectors.busy_spin.for_seconds: expected a number > 0, got '30s'`; the example
+file and the README reference generated from the model."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+
+from watchdog.config.actions import ActionsConfig
+from watchdog.config.base import _EXCERPT, _SECRET_KEYS, MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_NODES, _Section
+from watchdog.config.coordinator import CoordinatorConfig
+from watchdog.config.detectors import DetectorsConfig
+from watchdog.config.outputs import AlertsConfig, BundlesConfig, DumpConfig, ExportConfig
+from watchdog.config.sampling import JobConfig, KubernetesConfig, SampleConfig, SourceConfig, StacksConfig
+
+
+class Config(_Section):
+    sample: SampleConfig = SampleConfig()
+    source: SourceConfig = SourceConfig()
+    job: JobConfig = JobConfig()
+    detectors: DetectorsConfig = DetectorsConfig()
+    stacks: StacksConfig = StacksConfig()
+    export: ExportConfig = ExportConfig()
+    dump: DumpConfig = DumpConfig()
+    bundles: BundlesConfig = BundlesConfig()
+    alerts: AlertsConfig = AlertsConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    actions: ActionsConfig = ActionsConfig()
+    coordinator: CoordinatorConfig = CoordinatorConfig()
+
+    @model_validator(mode="after")
+    def _actions_can_see_ranks(self) -> Config:
+        if self.actions.mode != "observe" and not self.bundles.capture_stacks:
+            raise ValueError(f"actions.mode is {self.actions.mode} but bundles.capture_stacks is off: no rank would "
+                             "ever be seen, so nothing would ever be done (turn capture_stacks on, or mode observe)")
+        return self
+
+
+class ConfigError(Exception):
+    """A config that cannot be used. `problems` holds one 'key.path: what is wrong' line each."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the section at `loc`, through lists and optional sections (alerts.receivers.0 is a
+    receiver)."""
+    model: type[BaseModel] = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of the list the previous part named: `model` is already its type
+        field_info = model.model_fields.get(str(part))
+        inner = _section_type(field_info.annotation) if field_info is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _section_type(annotation: object) -> type[BaseModel] | None:
+    """The configuration section an annotation holds: itself, or the model inside list[...] or X | None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for inner in typing.get_args(annotation):
+        found = _section_type(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + f"... ({len(text)} characters)"
+
+
+def _describe(error: ErrorDetails) -> str:
+    path = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    kind = error["type"]
+    given = error.get("input")
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key; valid keys here: {', '.join(_valid_keys(error['loc'][:-1]))}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        limit = next(iter(error.get("ctx", {}).values()))
+        return f"{path}: expected a number {op} {limit:g}, got {_excerpt(given)}"
+    if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
+        whole = "a whole number" if kind.startswith("int") else "a number"
+        unit = " of seconds" if path.endswith("_seconds") else ""
+        return f"{path}: expected {whole}{unit}, got {_excerpt(given)}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"{path}: expected true or false, got {_excerpt(given)}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{path}: expected a mapping of keys, got {type(given).__name__}"
+    message = error["msg"].removeprefix("Value error, ")
+    # A whole section, or a value that may carry a secret (a URL with a key in it): the message names the
+    # problem, never the value.
+    if isinstance(given, (dict, list)) or str(error["loc"][-1] if error["loc"] else "") in _SECRET_KEYS:
+        return f"{path}: {message[0].lower()}{message[1:]}"
+    return f"{path}: {message[0].lower()}{message[1:]}, got {_excerpt(given)}"
+
+
+def parse_config(data: object, source: str = "config") -> Config:
+    _check_size(data, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping of sections, got {type(data).__name__}"])
+    try:
+        return Config.model_validate(data, strict=False)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+
+
+def load_config(path: str | Path | None) -> Config:
+    """The defaults when path is None; otherwise the YAML file, validated. Every problem, whatever the
+    file holds (bytes that are not UTF-8, a YAML alias bomb, a document 3000 levels deep), is a
+    ConfigError: `check-config` reports it and a reload rejects it, exactly as `run` would."""
+    if path is None:
+        return Config()
+    source = str(path)
+    try:
+        with Path(path).open("rb") as f:
+            raw = f.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ConfigError(source, [f"larger than {MAX_DOCUMENT_BYTES // 1024} KiB: not a configuration"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [f"byte {exc.start}: not UTF-8 text"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = str(getattr(exc, "problem", None) or "unreadable")
+        raise ConfigError(source, [f"{where}not valid YAML ({problem[:_EXCERPT]})"]) from None
+    except RecursionError:
+        raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"]) from None
+    return parse_config(data, source)  # which checks the size before anything walks the document
+
+
+def _check_size(data: object, source: str) -> None:
+    """Refuse documents whose values, with every alias expanded, exceed MAX_NODES or MAX_DEPTH, before
+    anything walks them (a 'billion laughs' document is a few lines that expand to billions of values)."""
+    count = 0
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigError(source, [f"more than {MAX_NODES} values (aliases expanded): not a configuration"])
+        if depth > MAX_DEPTH:
+            raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"])
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth + 1) for k in value)
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _keys(model: BaseModel, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], BaseModel | None,
+                                                                        str, str]]:
+    """Every key of the configuration in order, depth first: (path, section or None for a leaf,
+    the section's first doc line or the leaf's description, the leaf's default as flow YAML)."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            doc = (type(value).__doc__ or "").strip().splitlines()
+            yield (*path, name), value, doc[0] if doc else "", ""
+            yield from _keys(value, (*path, name))
+        else:
+            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            yield (*path, name), None, info.description or "", shown
+
+
+def example_yaml() -> str:
+    """config.example.yaml: every key at its default, each with its description. A test keeps the
+    checked-in file identical to this, so the documented defaults cannot drift from the code."""
+    lines = [
+        "# stall-watchdog configuration: every key at its default.",
+        "# Validate with: stall-watchdog check-config FILE",
+        "# Units are in the key names: _seconds, _ratio (0-1), _bytes, _multiple.",
+    ]
+    for path, section, doc, shown in _keys(Config()):
+        indent = "  " * (len(path) - 1)
+        if doc:
+            lines.append(f"{indent}# {doc}")
+        lines.append(f"{indent}{path[-1]}:" if section is not None else f"{indent}{path[-1]}: {shown}")
+    lines += [
+        "# Receivers, for example (secrets from files or the environment, never in this file):",
+        "#   receivers:",
+        "#     - {type: alertmanager, name: am, url: 'http://alertmanager:9093'}",
+        "#     - {type: webhook, name: slack, url_file: /etc/stall-watchdog/slack-url}",
+        "#     - {type: command, name: page, argv: [/usr/local/bin/page-oncall, --team, ml-infra]}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def reference_markdown() -> str:
+    """The README's configuration reference: every key, its default and meaning, from the model."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{'.'.join(path)}` | `{shown}` | {doc.replace('|', '/')} |"
+             for path, section, doc, shown in _keys(Config()) if section is None]
+    return "\n".join(rows)
