@@ -58,7 +58,7 @@ def one_run(scenario: str | sim.Scenario, pids: dict[int, list[int]], folder: Pa
         for tick in range(lead + limit):
             time.sleep(max(0.0, started + tick - time.monotonic()))
             daemon.tick()
-            critical = [ep for ep in daemon.engine.tracker.episodes.values()
+            critical = [ep for ep in daemon.engine.open_episodes()
                         if ep.fired_severity is Severity.CRITICAL]
             if critical:
                 return tick - lead, critical[0].reason

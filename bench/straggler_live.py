@@ -109,7 +109,7 @@ class Watchdog:
     def stragglers(self) -> dict[int, float]:
         """GPU -> estimated slowdown of each straggler warning open now."""
         return {ep.finding.gpus[0]: float(ep.finding.facts.get("slowdown", 0))
-                for ep in list(self.daemon.engine.tracker.episodes.values())
+                for ep in self.daemon.engine.open_episodes()
                 if ep.finding.signature is Signature.STRAGGLER and ep.fired_severity is not None}
 
     def uneven(self) -> set[int]:

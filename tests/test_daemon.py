@@ -334,4 +334,4 @@ def test_uneven_work_is_said_once_and_shown_never_paged(tmp_path: Path) -> None:
     assert logged.count("event=uneven_work") == 1 and "rank=0" in logged and "why=from_start" in logged
     assert metric(daemon, 'stall_watchdog_uneven_work_ratio{gpu="0",why="from_start"}') == pytest.approx(0.18, abs=0.06)
     assert metric(daemon, 'stall_watchdog_rank_wait_ratio{gpu="0"}') == pytest.approx(0.12, abs=0.05)
-    assert not daemon.engine.tracker.episodes
+    assert not daemon.engine.open_episodes()

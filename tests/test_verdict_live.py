@@ -121,7 +121,7 @@ def test_ranks_spinning_on_the_cpu_in_one_collective_are_critical_within_30_s(tm
             for tick in range(lead + 45):
                 time.sleep(max(0.0, started + tick - time.monotonic()))
                 daemon.tick()
-                fired = [ep for ep in daemon.engine.tracker.episodes.values()
+                fired = [ep for ep in daemon.engine.open_episodes()
                          if ep.fired_severity is not None and ep.fired_severity.value == "critical"]
                 if fired:
                     critical = (tick - lead, fired[0])

@@ -178,7 +178,7 @@ class Daemon:
             events = self._guarded("detect", self._detect, snapshot) or []
             for event in events:
                 self._guarded("act", self._act, event, snapshot)
-            self._guarded("act", self.incidents.forget, self.engine.tracker.identities())
+            self._guarded("act", self.incidents.forget, self.engine.episode_keys())
             self._guarded("act", self.incidents.recheck, self._unsettled(), snapshot)
             self._guarded("act", self.responder.consider, snapshot)
         self._guarded("export", self._publish, snapshot, self.monotonic() - started)
@@ -197,13 +197,15 @@ class Daemon:
             return []
         proven, _, _ = membership.sorted_out(self.discovery.from_snapshot(snapshot),
                                              self.responder.actions.slurm_job_runs_as)
-        return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key, nccl_inspector.log_folder(r.env))
-                for job in proven for r in job.ranks if r.rank is not None]
+        return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key, folder,
+                             nccl_inspector.host_of(r.pid, r.env.get("HOSTNAME")) if folder else None)
+                for job in proven for r in job.ranks if r.rank is not None
+                for folder in (nccl_inspector.log_folder(r.env),)]
 
     def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
             key, verdict = self.verdicts.get_nowait()
-            self.engine.tracker.note_stacks(key, verdict)
+            self.engine.note_stacks(key, verdict)
         steps = self.engine.clock_steps
         events = self.engine.observe(snapshot)
         self._say_uneven()
@@ -223,7 +225,7 @@ class Daemon:
 
     def _unsettled(self) -> list[str]:
         """Open stall episodes not yet critical: their stacks are worth another look now and then."""
-        return [ep.identity for ep in self.engine.tracker.episodes.values()
+        return [ep.identity for ep in self.engine.open_episodes()
                 if ep.finding.signature in STACK_SIGNATURES and ep.fired_severity is not Severity.CRITICAL]
 
     def _guarded(self, component: str, call: Callable[..., T], *args: Any) -> T | None:
@@ -267,7 +269,7 @@ class Daemon:
         episodes = tuple(
             EpisodeView(ep.finding.signature, ep.fired_severity, ep.finding.gpus, ep.finding.culprit_gpus,
                         ep.onset, _slowdown(ep.finding.facts) if ep.finding.signature is Signature.STRAGGLER else None)
-            for ep in self.engine.tracker.episodes.values())
+            for ep in self.engine.open_episodes())
         ranks = self._ranks(snapshot)
         last = snapshot.time_seconds if snapshot is not None else self.published.last_sample_wall
         up = {**self.component_up, **self.engine.detector_up, **self.incidents.dispatcher.receiver_up()}

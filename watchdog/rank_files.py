@@ -5,8 +5,9 @@ symlink to a host file, or swap one for the other between two calls. So a path a
 - resolved inside that rank's own filesystem only: from `/proc/<pid>/root` (an absolute path) or
   `/proc/<pid>/cwd` (a relative one), one component at a time with `O_NOFOLLOW`; `..` and every symlink
   are refused, and there is no fallback to the daemon's own filesystem;
-- opened non-blocking, and its type checked with `fstat` on the descriptor that was opened (never `stat`
-  by path and then `open`): a dump must be a regular file, a pipe must be a FIFO;
+- opened `O_PATH` first (which opens nothing: no device's open runs, no terminal becomes the daemon's), its
+  type checked with `fstat` on that descriptor (never `stat` by path and then `open`), and only then that very
+  inode reopened to read or write, non-blocking: a dump must be a regular file, a pipe must be a FIFO;
 - owned by the rank's own user (the owner of /proc/<pid>): root never reads or writes for a rank a file
   that rank could not reach itself (another user's dump on a shared node, a root-owned file);
 - read with a byte cap and a deadline.
@@ -95,12 +96,17 @@ def _check_owner(path: str, info: os.stat_result, owner: int) -> None:
         raise RankFileError(f"{path}: owned by uid {info.st_uid}, not by the rank's user (uid {owner}); not used")
 
 
-def _open_checked(pid: int, path: str, flags: int, proc_root: str | Path, wanted: Callable[[int], bool],
+def _open_checked(pid: int, path: str, proc_root: str | Path, wanted: Callable[[int], bool],
                   what: str, verb: str) -> tuple[int, os.stat_result]:
-    """What the rank names, opened inside its root, and the opened inode checked: its type (`wanted`, else
-    "not WHAT ...; not VERB") and that the rank's own user owns it. The caller closes the descriptor."""
+    """What the rank names, opened `O_PATH` inside its root, and that inode checked: its type (`wanted`, else
+    "not WHAT ...; not VERB") and that the rank's own user owns it. The caller reopens it (_reopen) to read or
+    write, and closes the descriptor."""
     owner = _owner(pid, proc_root)
-    fd = _open(pid, path, flags, proc_root)
+    return _checked(_open(pid, path, os.O_PATH, proc_root), path, owner, wanted, what, verb)
+
+
+def _checked(fd: int, path: str, owner: int, wanted: Callable[[int], bool], what: str,
+             verb: str) -> tuple[int, os.stat_result]:
     try:
         info = os.fstat(fd)
         if not wanted(info.st_mode):
@@ -115,10 +121,24 @@ def _open_checked(pid: int, path: str, flags: int, proc_root: str | Path, wanted
     return fd, info
 
 
+def _reopen(fd: int, path: str, flags: int) -> int:
+    """The very inode an `O_PATH` descriptor holds, opened for `flags`, non-blocking and never as a terminal."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise NoReader(f"{path} exists but no process reads it (the rank may be gone)") from None
+        raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+
+
 def read(pid: int, path: str, max_bytes: int, timeout_seconds: float = 5.0,
          proc_root: str | Path = "/proc") -> RankFile:
     """The whole of a regular file the rank names, at most `max_bytes`, read within `timeout_seconds`."""
-    fd, info = _open_checked(pid, path, os.O_RDONLY, proc_root, stat.S_ISREG, "a regular file", "read")
+    held, info = _open_checked(pid, path, proc_root, stat.S_ISREG, "a regular file", "read")
+    try:
+        fd = _reopen(held, path, os.O_RDONLY)
+    finally:
+        os.close(held)
     try:
         if info.st_size > max_bytes:
             raise RankFileError(f"{path}: {info.st_size} bytes, over the {max_bytes}-byte cap; not read")
@@ -134,14 +154,9 @@ def write_fifo(pid: int, path: str, data: bytes, proc_root: str | Path = "/proc"
     checked on that descriptor, and that very inode reopened for writing. A regular file, a device or a
     link there is refused and never opened for writing. ENXIO (no reader) raises RankFileError with
     `missing` False and the errno in the message."""
-    fd, _ = _open_checked(pid, path, os.O_PATH, proc_root, stat.S_ISFIFO, "a named pipe", "written")
+    fd, _ = _open_checked(pid, path, proc_root, stat.S_ISFIFO, "a named pipe", "written")
     try:
-        try:
-            pipe = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                raise NoReader(f"{path} exists but no process reads it (the rank may be gone)") from None
-            raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+        pipe = _reopen(fd, path, os.O_WRONLY)
         try:
             os.write(pipe, data)
         except OSError as exc:
@@ -164,44 +179,37 @@ class Tail:
     skipped: int
 
 
-def read_tail(pid: int, folder: str, suffix: str, since: Tail | None, max_bytes: int, timeout_seconds: float = 2.0,
-              max_entries: int = 4096, proc_root: str | Path = "/proc") -> Tail:
-    """The new whole lines of the one log in a folder the rank names whose name ends with `suffix` (a log
-    named by its writer's host and pid: `<host>-pid<N>.log`). The folder is resolved like any path a rank
-    names, at most `max_entries` of its names are looked at, and the log must be a regular file of the rank's
-    user, opened without following a link. With no `since`, nothing is read: the tail starts at the log's
-    end. At most `max_bytes` are read, the newest; a line not yet ended waits for the next read."""
+def read_tail(pid: int, folder: str, name: str, since: Tail | None, max_bytes: int, timeout_seconds: float = 2.0,
+              exact: bool = True, max_entries: int = 4096, proc_root: str | Path = "/proc") -> Tail:
+    """The new whole lines of a log in a folder the rank names: the one called `name`, or (not `exact`) the one
+    whose name ends with `name`, at most `max_entries` names looked at. The folder is resolved like any path a
+    rank names, and the log must be a regular file of the rank's user, opened without following a link and
+    checked before it is opened to read. With no `since`, nothing is read: the tail starts at the log's end.
+    At most `max_bytes` are read, the newest; a line not yet ended waits for the next read."""
     owner = _owner(pid, proc_root)
     directory = _open(pid, folder, os.O_RDONLY | os.O_DIRECTORY, proc_root)
     try:
-        names = []
-        with os.scandir(directory) as entries:
-            for n, entry in enumerate(entries):
-                if n >= max_entries:
-                    break
-                if entry.name.endswith(suffix):
-                    names.append(entry.name)
-        if len(names) != 1:
-            raise RankFileError(f"{folder}: {'no' if not names else len(names)} logs named *{suffix}",
-                                missing=not names)
+        found = name if exact else _one_named(directory, folder, name, max_entries)
         try:
-            fd = os.open(names[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+            held = os.open(found, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
         except OSError as exc:
-            raise _error(f"{folder}/{names[0]}", exc) from None
+            raise _error(f"{folder}/{found}", exc) from None
     finally:
         os.close(directory)
-    path = f"{folder}/{names[0]}"
+    path = f"{folder}/{found}"
+    held, info = _checked(held, path, owner, stat.S_ISREG, "a regular file", "read")
+    file = (found, info.st_dev, info.st_ino)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise RankFileError(f"{path}: not a regular file ({_kind(info.st_mode)}); not read")
-        _check_owner(path, info, owner)
-        file = (names[0], info.st_dev, info.st_ino)
         if since is None:
             return Tail(b"", info.st_size, file, 0)
-        start = since.offset if since.file == file and since.offset <= info.st_size else 0
-        skipped = max(0, info.st_size - start - max_bytes)
-        data = _read_at(fd, path, start + skipped, min(max_bytes, info.st_size - start), timeout_seconds)
+        fd = _reopen(held, path, os.O_RDONLY)
+    finally:
+        os.close(held)
+    try:
+        size = os.fstat(fd).st_size
+        start = since.offset if since.file == file and since.offset <= size else 0
+        skipped = max(0, size - start - max_bytes)
+        data = _read_at(fd, path, start + skipped, min(max_bytes, size - start), timeout_seconds)
         if skipped:  # begun mid-line: the first line is partial
             cut = data.find(b"\n") + 1 or len(data)
             skipped, data = skipped + cut, data[cut:]
@@ -211,6 +219,22 @@ def read_tail(pid: int, folder: str, suffix: str, since: Tail | None, max_bytes:
         raise RankFileError(f"{path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def _one_named(directory: int, folder: str, suffix: str, max_entries: int) -> str:
+    names, looked = [], 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            looked += 1
+            if looked > max_entries:
+                break
+            if entry.name.endswith(suffix):
+                names.append(entry.name)
+    if len(names) == 1:
+        return names[0]
+    more = f" in the first {max_entries} names (the folder holds more)" if looked > max_entries else ""
+    raise RankFileError(f"{folder}: {'no' if not names else len(names)} logs named *{suffix}{more}",
+                        missing=not names and not more)
 
 
 def _read_at(fd: int, path: str, offset: int, size: int, timeout_seconds: float) -> bytes:

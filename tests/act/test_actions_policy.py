@@ -233,7 +233,7 @@ def watch(tmp: Path, pid: int, receiver: Receiver, extra_pids: list[int] | None 
     for _ in range(900):  # host progress is measured on the real clock: still ranks turn it critical
         daemon.tick()
         time.sleep(0.1)
-        critical_for += any(ep.fired_severity is Severity.CRITICAL for ep in daemon.engine.tracker.episodes.values())
+        critical_for += any(ep.fired_severity is Severity.CRITICAL for ep in daemon.engine.open_episodes())
         if critical_for > 40 and not any(state.acting for state in daemon.incidents.open.values()):
             break
     assert critical_for > 40 or not critical, "the hang never turned critical"

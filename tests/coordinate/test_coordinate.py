@@ -249,3 +249,21 @@ def test_the_coordinators_settings_come_from_its_section_and_its_flags(tmp_path:
     assert done.returncode == 2 and "coordinator.scrape_job" in done.stderr and "Traceback" not in done.stderr
     done = cli("coordinate", "--job", "run:x")
     assert done.returncode == 2 and "no Prometheus to ask" in done.stderr
+
+
+def test_check_config_checks_what_coordinate_would_refuse(tmp_path: Path) -> None:
+    """What `coordinate --config` would refuse, `check-config` refuses first: a listen address, a node list, a
+    secret file; a Prometheus URL with a password (never sent, and shown in logs) is refused without showing it;
+    an empty --job or --json without one is a usage error, never a server started."""
+    config = tmp_path / "c.yaml"
+    for body, said in (("listen_address: '127.0.0.1:99999'", "coordinator.listen_address: expected host:port"),
+                       ("allow_nodes: ['not a host!!']", "coordinator.allow_nodes (--allow-node)"),
+                       ("node_token_file: /nonexistent/token", "coordinator.node_token_file (--node-token-file)"),
+                       ("prometheus_url: 'http://admin:s3cret@prom:9090'", "without a user or password")):
+        config.write_text(f"coordinator:\n  {body}\n")
+        done = cli("check-config", str(config))
+        assert done.returncode == 2 and said in done.stderr, (body, done.stderr)
+        assert "s3cret" not in done.stderr and "Traceback" not in done.stderr
+    for args in (["--job", ""], ["--json"]):
+        done = cli("coordinate", "--prometheus", f"http://127.0.0.1:{closed_port()}", *args)
+        assert done.returncode == 2 and ("--job" in done.stderr or "--json" in done.stderr), done.stderr

@@ -219,3 +219,35 @@ def test_the_stacks_and_nccl_name_one_episode_together() -> None:
     assert set(finding.legs) == {"waits_least", "nccl_least"}
     summary = summarize(finding, 120, Severity.WARNING)[1]
     assert "stack samples" in summary and "NCCL agrees" in summary
+
+
+def test_counts_that_go_back_or_claim_more_time_than_passed_start_afresh() -> None:
+    """Replayed counts are a file's word: waits that go back while samples grow, a time before the last, or
+    (timed) more wall milliseconds than passed restart the GPU's history; nothing is judged from them."""
+    from watchdog.config import StragglerConfig
+    from watchdog.detect.rank_waits import WaitLedger
+    ledger = WaitLedger(StragglerConfig(), timed=True)
+    ledger.observe(15.0, 0, (7, 0, 15_000, 4_000, 0, 15_000, 4_000))
+    ledger.observe(30.0, 0, (7, 0, 30_000, 8_000, 0, 15_000, 4_000))
+    assert len(ledger.history[0]) == 2
+    ledger.observe(45.0, 0, (7, 0, 45_000, 1_000, 0, 15_000, 4_000))  # waits went back
+    assert [c for _, c in ledger.history[0]] == [(7, 0, 45_000, 1_000, 0, 15_000, 4_000)]
+    ledger.observe(60.0, 0, (7, 0, 10**13, 2_000, 0, 15_000, 4_000))  # 10^13 ms in 15 s
+    assert len(ledger.history[0]) == 1
+    ledger.observe(50.0, 0, (7, 0, 10**13 + 1, 2_000, 0, 15_000, 4_000))  # before the last
+    assert [t for t, _ in ledger.history[0]] == [50.0]
+    ledger.observe(65.0, 1, (7, 1, 15_000, 4_000, 0, 16_000, 4_000))  # a first look larger than all its samples
+    assert 1 not in ledger.history
+
+
+def test_a_replay_whose_waits_go_back_names_no_straggler() -> None:
+    """Every other record of GPU 3's rank says fewer milliseconds waited than the one before (a rank that
+    would read as never waiting, were the counts believed): its history never holds two records in a row."""
+    snapshots = timed({}, seconds=600)
+    back = [NodeSnapshot(s.time_seconds, tuple(
+        g._replace(nccl_waits=(*g.nccl_waits[:3], max(0, g.nccl_waits[3] - 6_000 * (n // RECORD % 2)),
+                               *g.nccl_waits[4:]))
+        if g.index == 3 and g.nccl_waits else g for g in s.gpus)) for n, s in enumerate(snapshots)]
+    events, engine = run(back)
+    assert events == []
+    assert all(0 <= share <= 1 for share in engine.nccl_waits.shares.values())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,9 @@ def p2p(exec_us: int) -> str:
 
 
 def test_the_folder_is_the_one_the_plugin_writes_to() -> None:
+    assert log_folder({"NCCL_INSPECTOR_ENABLE": "1", "SLURM_JOBID": "9" * 5000}) == "nccl-inspector-unknown-jobid"
+    assert log_folder({"NCCL_INSPECTOR_ENABLE": "1", "SLURM_JOBID": "0042"}) == "nccl-inspector-42"  # as strtol
+    assert log_folder({"NCCL_INSPECTOR_ENABLE": "1", "NCCL_INSPECTOR_DUMP_DIR": "d" * 5000}) is None
     assert log_folder({}) is None
     assert log_folder({"NCCL_INSPECTOR_ENABLE": "0", "NCCL_INSPECTOR_DUMP_DIR": "/x"}) is None
     assert log_folder({"NCCL_INSPECTOR_ENABLE": "1", "NCCL_INSPECTOR_DUMP_DIR": "/logs/j1"}) == "/logs/j1"
@@ -90,6 +94,7 @@ def test_a_log_is_followed_from_its_end_in_whole_lines(tmp_path: Path) -> None:
         with log.open("a") as out:
             out.write(line(0, 4, 999)[40:])
         assert tail.read(13.0).collectives == 1  # type: ignore[union-attr]  # the line, once ended
+        assert tail.tail is not None and tail.tail.data == b""  # where it ended is kept, not what was read
         log.unlink()
         log.write_text(line(0, 1, 5_000_000) * 3)  # the log made anew (a restarted rank): from its start
         timed = tail.read(20.0)
@@ -172,3 +177,54 @@ def test_the_sampler_puts_timed_counts_on_the_ranks_gpu(tmp_path: Path) -> None:
     assert [m for _, m in problems if "Inspector" in m] == [
         next(m for _, m in problems if "Inspector" in m)]  # once, not at every record
     assert any("no logs named" in m for _, m in problems)
+
+
+def test_the_log_is_the_one_of_the_host_the_rank_sees(tmp_path: Path) -> None:
+    """A folder shared by two nodes' ranks of the same pid: the rank's own host names its log; with no host
+    known, two logs are said, not guessed."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    with rank_in(folder) as rank:
+        assert nccl_inspector.host_of(rank.pid, "claimed") == socket.gethostname()  # this host's namespace
+        mine, theirs = folder / f"node-a-pid{rank.pid}.log", folder / f"node-b-pid{rank.pid}.log"
+        mine.write_text("")
+        theirs.write_text("")
+        tail = InspectorTail(rank.pid, folder.name, host="node-a")
+        tail.read(0.0)
+        with theirs.open("a") as out:
+            out.write(line(0, 1, 9_000_000))
+        with mine.open("a") as out:
+            out.write(line(0, 1, 1_000_000))
+        timed = tail.read(10.0)
+        assert timed is not None and timed.busy_ms == 1000
+        with pytest.raises(RankFileError, match="2 logs"):
+            InspectorTail(rank.pid, folder.name).read(0.0)
+
+
+def test_a_log_is_checked_before_it_is_opened_to_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log is opened O_PATH (nothing of a device's or a terminal's open runs), checked, and only then
+    reopened to read: the first open of its name never reads."""
+    folder = tmp_path / "insp"
+    folder.mkdir()
+    opened: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def spy(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        opened.append((str(path), flags))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    with rank_in(folder) as rank:
+        log = folder / f"h-pid{rank.pid}.log"
+        log.write_text(line(0, 1, 10))
+        tail = InspectorTail(rank.pid, folder.name)
+        tail.read(0.0)
+        monkeypatch.setattr(os, "open", spy)
+        tail.read(1.0)
+        os.mkfifo(folder / f"g-pid{rank.pid}.log")
+        log.unlink()
+        opened.clear()
+        with pytest.raises(RankFileError, match="not a regular file"):
+            tail.read(2.0)
+    by_name = [flags for path, flags in opened if path.endswith(".log")]
+    assert by_name and all(flags & os.O_PATH for flags in by_name)
+    assert not any(path.startswith("/proc/self/fd/") for path, _ in opened)  # the FIFO never reopened

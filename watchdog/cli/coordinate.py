@@ -42,43 +42,64 @@ def _with_flag(problem: str, flags: dict[str, str]) -> str:
     return problem
 
 
+class NotReady(ValueError):
+    """What keeps the coordinator from starting, naming the key and its flag."""
+
+
+def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth]:
+    """What `coordinate` builds before it serves, every secret read and every value parsed as it will be used;
+    `check-config` runs it too. NotReady names the key (and its flag) at fault."""
+    def secret(path: str | None, key: str, flag: str) -> str | None:
+        return secrets.read_file(path, f"coordinator.{key} ({flag})") if path else None
+
+    try:
+        token = secret(cfg.node_token_file, "node_token_file", "--node-token-file")
+        if token:
+            secrets.one_line_token(token, "coordinator.node_token_file (--node-token-file)")
+        callers = secret(cfg.token_file, "token_file", "--token-file")
+        if callers:
+            secrets.one_line_token(callers, "coordinator.token_file (--token-file)")
+        password = secret(cfg.basic_auth_password_file, "basic_auth_password_file", "--basic-auth-password-file")
+    except secrets.SecretError as exc:
+        raise NotReady(str(exc)) from None
+    if cfg.prometheus_url is not None:
+        try:
+            http_client.split(cfg.prometheus_url)
+        except ValueError as exc:
+            raise NotReady(f"coordinator.prometheus_url (--prometheus): {exc}") from None
+    try:
+        allowed = NodeAllowList(cfg.allow_nodes)
+    except ValueError as exc:
+        raise NotReady(f"coordinator.allow_nodes (--allow-node): {exc}") from None
+    try:
+        parse_address(cfg.listen_address)
+    except ValueError as exc:
+        raise NotReady(f"coordinator.listen_address (--listen): {exc}") from None
+    client = NodeClient(cfg.node_scheme, token, cfg.node_ca_file, cfg.timeout_seconds, allowed)
+    return client, Auth(cfg.basic_auth_user, password, callers)
+
+
 def cmd_coordinate(args: argparse.Namespace) -> int:
     logfmt.setup()
     raise_fd_limit()
+    if args.job is not None and not args.job.strip():
+        error("--job: give the training job to investigate (it is empty)")
+        return EXIT_USAGE
+    if args.json and args.job is None:
+        error("--json goes with --job (the service logs its verdicts and serves them on GET /v1/jobs)")
+        return EXIT_USAGE
     try:
         cfg = settings(args)
-    except ConfigError as exc:
+        client, auth = ready(cfg)
+    except (ConfigError, NotReady) as exc:
         error(str(exc))
         return EXIT_USAGE
     if cfg.prometheus_url is None:
         error("no Prometheus to ask: give --prometheus URL (or coordinator.prometheus_url in --config)")
         return EXIT_USAGE
-    try:
-        token = secrets.read(cfg.node_token_file, None, "--node-token")
-        if token:
-            secrets.one_line_token(token, "--node-token-file")
-        callers = secrets.read(cfg.token_file, None, "--token")
-        if callers:
-            secrets.one_line_token(callers, "--token-file")
-        password = secrets.read(cfg.basic_auth_password_file, None, "--basic-auth-password")
-    except secrets.SecretError as exc:
-        error(str(exc))
-        return EXIT_USAGE
-    try:
-        http_client.split(cfg.prometheus_url)
-    except ValueError as exc:
-        error(f"--prometheus: {exc}")
-        return EXIT_USAGE
-    try:
-        allowed = NodeAllowList(cfg.allow_nodes)
-    except ValueError as exc:
-        error(f"--allow-node: {exc}")
-        return EXIT_USAGE
-    client = NodeClient(cfg.node_scheme, token, cfg.node_ca_file, cfg.timeout_seconds, allowed)
-    coordinator = Coordinator(cfg.prometheus_url, cfg.out_directory, client, cfg.cooldown_seconds,
-                              auth=Auth(cfg.basic_auth_user, password, callers), max_per_minute=cfg.max_per_minute,
-                              scrape_job=cfg.scrape_job)
-    if args.job:
+    coordinator = Coordinator(cfg.prometheus_url, cfg.out_directory, client, cfg.cooldown_seconds, auth=auth,
+                              max_per_minute=cfg.max_per_minute, scrape_job=cfg.scrape_job)
+    if args.job is not None:
         result = coordinator.investigate(args.job)
         if result.problem is not None:
             error(f"coordinate: {result.problem}")

@@ -11,6 +11,7 @@ from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import build_receivers
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
+from watchdog.cli.coordinate import NotReady, ready
 from watchdog.cli.stacks import describe_pids, proven_jobs
 from watchdog.config import Config, load_config
 from watchdog.doctor.checks import ERROR, WARNING, examine
@@ -97,6 +98,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except EndpointError as exc:
         problems.append(str(exc))
     problems += action_problems(config.actions)
+    try:  # the coordinator's section, as `coordinate --config` would build it
+        ready(config.coordinator)
+    except NotReady as exc:
+        problems.append(str(exc))
     for problem in problems:
         error(f"{args.file}: {problem}")
     for short in privileges.shortfalls(stacks=True, terminate=False):  # said, not refused: a same-user run is fine

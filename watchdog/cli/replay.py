@@ -188,7 +188,7 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
     if timeline is not None:
         assert first is not None and last is not None
         still_open = [f"{ep.finding.signature.value} ({ep.fired_severity.value}) on {gpu_list(ep.finding.gpus)}"
-                      for ep in engine.tracker.episodes.values() if ep.fired_severity is not None]
+                      for ep in engine.open_episodes() if ep.fired_severity is not None]
         timeline.footer(first, last, samples, gpus, still_open)
     if options.report:
         episodes = report_html.episodes_from_events(fired)

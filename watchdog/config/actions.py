@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from watchdog.config.base import Ratio, Seconds, SecondsOrZero, _http_url, _Section
+from watchdog.config.base import Ratio, Seconds, SecondsOrZero, _prometheus_url, _Section
 
 ACTION_NAMES = ("terminate_ranks", "slurm", "kubernetes", "command")
 
@@ -64,7 +64,7 @@ class FleetConfig(_Section):
                              "rules' window (10 minutes).")
     timeout_seconds: Seconds = Field(5.0, description="The query is abandoned after this long (then: no action).")
 
-    _url = field_validator("prometheus_url")(classmethod(lambda cls, value: _http_url(value)))
+    _url = field_validator("prometheus_url")(classmethod(lambda cls, value: _prometheus_url(value)))
 
 
 class ActionsConfig(_Section):

@@ -28,5 +28,34 @@ def _http_url(value: str | None) -> str | None:
     return value
 
 
+def _prometheus_url(value: str | None) -> str | None:
+    """Prometheus's base URL: http or https with a host, and nothing that would be sent nowhere or logged: no
+    user or password (they are not sent; the URL is shown in logs and bundles), no query or fragment (the API
+    path is appended to it)."""
+    if _http_url(value) is None:
+        return None
+    assert value is not None
+    rest = value.split("://", 1)[1]
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:
+        raise ValueError("expected a URL without a user or password: they would not be sent, and the URL is "
+                         "shown in logs and bundles")
+    if "?" in rest or "#" in rest:
+        raise ValueError("expected a base URL without a query or fragment (the API path is added to it)")
+    if not authority.split("?")[0] or authority.startswith(":"):
+        raise ValueError("expected an http:// or https:// URL with a host")
+    return value
+
+
+def _listen_address(value: str) -> str:
+    """host:port to listen on (the one rule for every listening key)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected host:port with a port from 1 to 65535 (0: any free port)")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError("expected [IPv6]:port")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

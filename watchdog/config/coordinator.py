@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from watchdog.config.base import _http_url, _Section
+from watchdog.config.base import _listen_address, _prometheus_url, _Section
 
 DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
 
@@ -44,7 +44,8 @@ class CoordinatorConfig(_Section):
     cooldown_seconds: float = Field(120.0, ge=0, le=86_400, allow_inf_nan=False,
                                     description="A job investigated this recently is not investigated again.")
 
-    _url = field_validator("prometheus_url")(classmethod(lambda cls, value: _http_url(value)))
+    _url = field_validator("prometheus_url")(classmethod(lambda cls, value: _prometheus_url(value)))
+    _address = field_validator("listen_address")(classmethod(lambda cls, value: _listen_address(value)))
 
     @field_validator("scrape_job")
     @classmethod

@@ -18,6 +18,7 @@ from watchdog.config.coordinator import CoordinatorConfig
 from watchdog.config.detectors import DetectorsConfig
 from watchdog.config.outputs import AlertsConfig, BundlesConfig, DumpConfig, ExportConfig
 from watchdog.config.sampling import JobConfig, KubernetesConfig, SampleConfig, SourceConfig, StacksConfig
+from watchdog.rank_files import RankFileError, read_given
 
 
 class Config(_Section):
@@ -103,7 +104,8 @@ def _describe(error: ErrorDetails) -> str:
     message = error["msg"].removeprefix("Value error, ")
     # A whole section, or a value that may carry a secret (a URL with a key in it): the message names the
     # problem, never the value.
-    if isinstance(given, (dict, list)) or str(error["loc"][-1] if error["loc"] else "") in _SECRET_KEYS:
+    key = str(error["loc"][-1] if error["loc"] else "")
+    if isinstance(given, (dict, list)) or any(key == word or key.endswith("_" + word) for word in _SECRET_KEYS):
         return f"{path}: {message[0].lower()}{message[1:]}"
     return f"{path}: {message[0].lower()}{message[1:]}, got {_excerpt(given)}"
 
@@ -127,13 +129,15 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     source = str(path)
-    try:
-        with Path(path).open("rb") as f:
-            raw = f.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(source, [f"cannot read: {exc.strerror or exc}"]) from None
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise ConfigError(source, [f"larger than {MAX_DOCUMENT_BYTES // 1024} KiB: not a configuration"])
+    try:  # non-blocking, a regular file only: a FIFO or a device named as the configuration is an error, not a wait
+        raw = read_given(path, MAX_DOCUMENT_BYTES, timeout_seconds=10.0)
+    except RankFileError as exc:
+        message = str(exc).removeprefix(f"{path}: ")
+        if "-byte cap" in message:
+            message = f"larger than {MAX_DOCUMENT_BYTES // 1024} KiB: not a configuration"
+        elif not message.startswith(("cannot read", "not a regular")):
+            message = f"cannot read: {message}"
+        raise ConfigError(source, [message]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from watchdog import logfmt
-from watchdog.config.base import Seconds, _http_url, _Section
+from watchdog.config.base import Seconds, _http_url, _listen_address, _Section
 from watchdog.model import RUNBOOK_URL
 
 
@@ -23,15 +23,7 @@ class ExportConfig(_Section):
     basic_auth_password_env: str | None = Field(None, description="Environment variable holding the password.")
     stale_after_seconds: Seconds = Field(10.0, description="/healthz fails when the last sample is older than this.")
 
-    @field_validator("listen_address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError("expected host:port with a port from 1 to 65535 (0: any free port)")
-        if host.startswith("[") != host.endswith("]"):
-            raise ValueError("expected [IPv6]:port")
-        return value
+    _address = field_validator("listen_address")(classmethod(lambda cls, value: _listen_address(value)))
 
     @model_validator(mode="after")
     def _all_or_none(self) -> ExportConfig:

@@ -18,7 +18,7 @@ import numpy as np
 
 from watchdog.config import Config
 from watchdog.detect import DETECTORS, DetectorSpec, busy_spin
-from watchdog.detect.episodes import EpisodeTracker
+from watchdog.detect.episodes import Episode, EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Frames, Ticks
 from watchdog.detect.gpu_health import COUNTERS_OF, NO_COUNTERS, HealthLedger
@@ -37,6 +37,7 @@ from watchdog.model import (
     Severity,
     Signature,
     SnapshotBlock,
+    Verdict,
 )
 
 _ROW_GRACE_STEPS, _ROW_GRACE_SECONDS = 3, 3.0  # a GPU missing from a sample stays in the picture this long
@@ -91,6 +92,18 @@ class DetectorEngine:
         self.waits.cfg = self.nccl_waits.cfg = config.detectors.straggler
         self.detector_up = {}
         self.tracker.retime({sig: getattr(config.detectors, sig.value) for sig in Signature}, config)
+
+    def open_episodes(self) -> list[Episode]:
+        """The episodes open now, suspected or past suspicion (their fired_severity says which)."""
+        return list(self.tracker.episodes.values())
+
+    def episode_keys(self) -> set[str]:
+        """The keys of every episode the engine holds, those only seen early included (what incidents keep)."""
+        return self.tracker.identities()
+
+    def note_stacks(self, key: str, verdict: Verdict) -> bool:
+        """The stacks' verdict on an episode, handed back by the incident side: its severity is decided with it."""
+        return self.tracker.note_stacks(key, verdict)
 
     @property
     def uneven(self) -> dict[int, Uneven]:

@@ -40,6 +40,7 @@ REJUDGE_SECONDS = 5.0  # with no new counts, judged again this long after the la
 _STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is not compared (its rank left)
 MIN_SPREAD_DEGREES = 4  # differences between records, across the job, for their spread to count
 MIN_TIMED_MS = 10_000  # of a rank's timed collectives (nccl_waits) in a window, for it to be compared
+MAX_READ_GAP_MS = 60_000  # timed counts may run ahead of the samples' clock by this much (a late read), no more
 _BEFORE_SIGMAS = 2.0
 _PLANNED_SHARE = 0.5  # a rank whose working samples are mostly planned work is uneven work, not a straggler
 
@@ -143,17 +144,20 @@ class WaitLedger:
         return bool(self.history)
 
     def observe(self, t: float, gpu: int, counts: tuple[int, ...]) -> None:
-        """One sample's counts of a GPU's rank. Counts that did not move are not kept; counts that went back or
-        name another rank or job start the GPU's history afresh (a new process)."""
-        if len(counts) != len(RANK_WAITS) or counts[_WAITS] + counts[_PLANNED] > counts[_SAMPLES]:
+        """One sample's counts of a GPU's rank. Counts that did not move are not kept; counts of which any went
+        back, that name another rank or job, that come at an earlier time, or (timed) that add more wall time
+        than passed start the GPU's history afresh (a new process, or counts not to be trusted)."""
+        if (len(counts) != len(RANK_WAITS) or counts[_WAITS] + counts[_PLANNED] > counts[_SAMPLES]
+                or counts[_FIRST_WAITS] > counts[_FIRST_SAMPLES] or counts[_FIRST_SAMPLES] > counts[_SAMPLES]):
             return  # not counts the sampler writes: nothing to learn from them
         kept = self.history.setdefault(gpu, deque())
         if kept:
-            last = kept[-1][1]
+            at, last = kept[-1]
             if last == counts:
                 return
-            if counts[_SAMPLES] < last[_SAMPLES] or counts[:_SAMPLES] != last[:_SAMPLES]:
-                kept.clear()
+            if (t < at or counts[:_SAMPLES] != last[:_SAMPLES] or any(c < b for c, b in zip(counts, last))
+                    or (self.timed and counts[_SAMPLES] - last[_SAMPLES] > (t - at) * 1000 + MAX_READ_GAP_MS)):
+                kept.clear()  # a new process, a clock gone back, or more wall time than passed: start afresh
         kept.append((t, counts))
         self._moved = True
         horizon = t - (LONG_WINDOWS + 1) * self.cfg.wait_window_seconds

@@ -47,6 +47,7 @@ class SampleTarget:
     rank: int
     job: str
     inspector: str | None = None  # the folder of its NCCL Inspector log, where it enables one
+    host: str | None = None  # the host name it sees (names that log: nccl_inspector.host_of)
 
 
 class _Counts:
@@ -183,7 +184,7 @@ class RankSampler:
         key, folder = (target.pid, target.start), target.inspector or ""
         tail = self._tails.get(key)
         if tail is None or tail.folder != folder:
-            tail = self._tails[key] = InspectorTail(target.pid, folder, self.proc_root)
+            tail = self._tails[key] = InspectorTail(target.pid, folder, self.proc_root, target.host)
         try:
             timed = tail.read(now)
         except RankFileError as exc:
