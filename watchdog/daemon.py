@@ -1,5 +1,6 @@
 """The daemon, and the composition root: `build(config)` wires every part once (source, detectors,
-incidents, alert dispatcher, stack capturer, bundles, metrics); `run`, `demo` and the tests all call it.
+incidents, the responder that acts, alert dispatcher, stack capturer, bundles, metrics); `run`, `demo` and
+the tests all call it.
 
     tick() = sample -> detect -> act -> export
 
