@@ -121,6 +121,7 @@ RELOAD = {
     "actions": "reload",  # the policy, its guards and the actions (what was done is remembered across reloads)
     "source": "restart", "export": "restart", "alerts": "restart", "bundles": "restart",
     "kubernetes": "restart",
+    "coordinator": "restart",  # not the daemon's: `stall-watchdog coordinate --config` reads it when it starts
 }
 
 

@@ -315,7 +315,7 @@ def test_a_held_action_is_recorded_once_over_a_simulated_week(tmp_path: Path) ->
                 bundle = Path(str(state.bundle))
                 for step in range(steps):
                     clock.now += WEEK / steps
-                    handler.consider(snapshot(onset + 600 + (step + 1) * WEEK / steps))
+                    daemon.responder.consider(snapshot(onset + 600 + (step + 1) * WEEK / steps))
                     _wait(lambda: not state.acting, 60, "the decision never came")
                     sizes.append(((bundle / "summary.json").stat().st_size, (bundle / "report.html").stat().st_size))
             finally:
