@@ -97,48 +97,31 @@ def _check_owner(path: str, info: os.stat_result, owner: int) -> None:
 
 
 def _open_checked(pid: int, path: str, proc_root: str | Path, wanted: Callable[[int], bool],
-                  what: str, verb: str) -> tuple[int, os.stat_result]:
-    """What the rank names, opened `O_PATH` inside its root, and that inode checked: its type (`wanted`, else
-    "not WHAT ...; not VERB") and that the rank's own user owns it. The caller reopens it (_reopen) to read or
-    write, and closes the descriptor."""
+                  what: str, verb: str, flags: int) -> tuple[int, os.stat_result]:
+    """What the rank names, opened `O_PATH` inside its root, that inode checked (its type `wanted`, else "not
+    WHAT ...; not VERB", and the rank's own user its owner), and only then that very inode reopened for `flags`,
+    non-blocking and never as a terminal. ENXIO there (a pipe nobody reads) is NoReader. The caller closes the
+    descriptor."""
     owner = _owner(pid, proc_root)
-    return _checked(_open(pid, path, os.O_PATH, proc_root), path, owner, wanted, what, verb)
-
-
-def _checked(fd: int, path: str, owner: int, wanted: Callable[[int], bool], what: str,
-             verb: str) -> tuple[int, os.stat_result]:
+    held = _open(pid, path, os.O_PATH, proc_root)
     try:
-        info = os.fstat(fd)
+        info = os.fstat(held)
         if not wanted(info.st_mode):
             raise RankFileError(f"{path}: not {what} ({_kind(info.st_mode)}); not {verb}")
         _check_owner(path, info, owner)
-    except OSError as exc:
-        os.close(fd)
-        raise RankFileError(f"{path}: {exc.strerror or exc}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, info
-
-
-def _reopen(fd: int, path: str, flags: int) -> int:
-    """The very inode an `O_PATH` descriptor holds, opened for `flags`, non-blocking and never as a terminal."""
-    try:
-        return os.open(f"/proc/self/fd/{fd}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return os.open(f"/proc/self/fd/{held}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC), info
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise NoReader(f"{path} exists but no process reads it (the rank may be gone)") from None
         raise RankFileError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(held)
 
 
 def read(pid: int, path: str, max_bytes: int, timeout_seconds: float = 5.0,
          proc_root: str | Path = "/proc") -> RankFile:
     """The whole of a regular file the rank names, at most `max_bytes`, read within `timeout_seconds`."""
-    held, info = _open_checked(pid, path, proc_root, stat.S_ISREG, "a regular file", "read")
-    try:
-        fd = _reopen(held, path, os.O_RDONLY)
-    finally:
-        os.close(held)
+    fd, info = _open_checked(pid, path, proc_root, stat.S_ISREG, "a regular file", "read", os.O_RDONLY)
     try:
         if info.st_size > max_bytes:
             raise RankFileError(f"{path}: {info.st_size} bytes, over the {max_bytes}-byte cap; not read")
@@ -154,17 +137,13 @@ def write_fifo(pid: int, path: str, data: bytes, proc_root: str | Path = "/proc"
     checked on that descriptor, and that very inode reopened for writing. A regular file, a device or a
     link there is refused and never opened for writing. ENXIO (no reader) raises RankFileError with
     `missing` False and the errno in the message."""
-    fd, _ = _open_checked(pid, path, proc_root, stat.S_ISFIFO, "a named pipe", "written")
+    pipe, _ = _open_checked(pid, path, proc_root, stat.S_ISFIFO, "a named pipe", "written", os.O_WRONLY)
     try:
-        pipe = _reopen(fd, path, os.O_WRONLY)
-        try:
-            os.write(pipe, data)
-        except OSError as exc:
-            raise RankFileError(f"{path}: {exc.strerror or exc}") from None
-        finally:
-            os.close(pipe)
+        os.write(pipe, data)
+    except OSError as exc:
+        raise RankFileError(f"{path}: {exc.strerror or exc}") from None
     finally:
-        os.close(fd)
+        os.close(pipe)
 
 
 @dataclass(frozen=True)
@@ -182,34 +161,26 @@ class Tail:
 def read_tail(pid: int, folder: str, name: str, since: Tail | None, max_bytes: int, timeout_seconds: float = 2.0,
               exact: bool = True, max_entries: int = 4096, proc_root: str | Path = "/proc") -> Tail:
     """The new whole lines of a log in a folder the rank names: the one called `name`, or (not `exact`) the one
-    whose name ends with `name`, at most `max_entries` names looked at. The folder is resolved like any path a
-    rank names, and the log must be a regular file of the rank's user, opened without following a link and
-    checked before it is opened to read. With no `since`, nothing is read: the tail starts at the log's end.
-    At most `max_bytes` are read, the newest; a line not yet ended waits for the next read."""
-    owner = _owner(pid, proc_root)
-    directory = _open(pid, folder, os.O_RDONLY | os.O_DIRECTORY, proc_root)
-    try:
-        found = name if exact else _one_named(directory, folder, name, max_entries)
+    whose name ends with `name`, at most `max_entries` names looked at. The log is opened like any file a rank
+    names (_open_checked: inside its root, no link, the rank's user's regular file, checked before it is
+    opened to read). With no `since`, nothing is read: the tail starts at the log's end. At most `max_bytes`
+    are read, the newest; a line not yet ended waits for the next read."""
+    if not exact:
+        directory = _open(pid, folder, os.O_RDONLY | os.O_DIRECTORY, proc_root)
         try:
-            held = os.open(found, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
-        except OSError as exc:
-            raise _error(f"{folder}/{found}", exc) from None
-    finally:
-        os.close(directory)
-    path = f"{folder}/{found}"
-    held, info = _checked(held, path, owner, stat.S_ISREG, "a regular file", "read")
-    file = (found, info.st_dev, info.st_ino)
+            name = _one_named(directory, folder, name, max_entries)
+        finally:
+            os.close(directory)
+    path = f"{folder}/{name}"
+    fd, info = _open_checked(pid, path, proc_root, stat.S_ISREG, "a regular file", "read", os.O_RDONLY)
     try:
+        file = (name, info.st_dev, info.st_ino)
         if since is None:
             return Tail(b"", info.st_size, file, 0)
-        fd = _reopen(held, path, os.O_RDONLY)
-    finally:
-        os.close(held)
-    try:
         size = os.fstat(fd).st_size
         start = since.offset if since.file == file and since.offset <= size else 0
         skipped = max(0, size - start - max_bytes)
-        data = _read_at(fd, path, start + skipped, min(max_bytes, size - start), timeout_seconds)
+        data = _read_upto(fd, path, min(max_bytes, size - start), timeout_seconds, start + skipped)
         if skipped:  # begun mid-line: the first line is partial
             cut = data.find(b"\n") + 1 or len(data)
             skipped, data = skipped + cut, data[cut:]
@@ -235,21 +206,6 @@ def _one_named(directory: int, folder: str, suffix: str, max_entries: int) -> st
     more = f" in the first {max_entries} names (the folder holds more)" if looked > max_entries else ""
     raise RankFileError(f"{folder}: {'no' if not names else len(names)} logs named *{suffix}{more}",
                         missing=not names and not more)
-
-
-def _read_at(fd: int, path: str, offset: int, size: int, timeout_seconds: float) -> bytes:
-    deadline = time.monotonic() + timeout_seconds
-    chunks: list[bytes] = []
-    got = 0
-    while got < size:
-        if time.monotonic() > deadline:
-            raise RankFileError(f"{path}: not read within {timeout_seconds:g} s")
-        chunk = os.pread(fd, min(_CHUNK, size - got), offset + got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 class NoReader(RankFileError):
@@ -288,16 +244,25 @@ def read_given(path: str | Path, max_bytes: int, timeout_seconds: float = 30.0) 
 def _read_capped(fd: int, path: str, max_bytes: int, timeout_seconds: float) -> bytes:
     """The rest of an open regular file: at most `max_bytes` (one byte more is an error), within
     `timeout_seconds` (checked between chunks)."""
+    data = _read_upto(fd, path, max_bytes + 1, timeout_seconds)
+    if len(data) > max_bytes:
+        raise RankFileError(f"{path}: over the {max_bytes}-byte cap; not read")
+    return data
+
+
+def _read_upto(fd: int, path: str, limit: int, timeout_seconds: float, offset: int | None = None) -> bytes:
+    """At most `limit` bytes of an open file, to its end: from where it stands, or from `offset` (pread),
+    within `timeout_seconds` (checked between chunks)."""
     deadline = time.monotonic() + timeout_seconds
     chunks: list[bytes] = []
-    size = 0
-    while True:
+    got = 0
+    while got < limit:
         if time.monotonic() > deadline:
             raise RankFileError(f"{path}: not read within {timeout_seconds:g} s")
-        chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
+        want = min(_CHUNK, limit - got)
+        chunk = os.read(fd, want) if offset is None else os.pread(fd, want, offset + got)
         if not chunk:
-            return b"".join(chunks)
+            break
         chunks.append(chunk)
-        size += len(chunk)
-        if size > max_bytes:
-            raise RankFileError(f"{path}: over the {max_bytes}-byte cap; not read")
+        got += len(chunk)
+    return b"".join(chunks)

@@ -202,9 +202,10 @@ class DumpService:
             for picture in pictures:
                 for capture in picture.captures:
                     self.counters.inc("stack_captures_total", capture.result)
+        pace = self.pace()
         body: dict[str, object] = {"node": self.node, "captured_at": iso_time(started), "shared": False,
                                    "seconds": round(time.time() - started, 3),
-                                   "jobs": [_job_json(p, r, self.pace()) for p, r in zip(pictures, members)],
+                                   "jobs": [_job_json(p, r, pace) for p, r in zip(pictures, members)],
                                    "claimants": _claimants(ranks, claims, unseen)}
         if slurm_job is not None:
             body["slurm_job_id"] = slurm_job

@@ -141,8 +141,8 @@ def _rank(rank: object, path: str, instance: str, found: NodeEvidence) -> None:
     for dump in parse_pyspy_json(threads or [], instance, number, kept):
         found.dumps.append(dump)
     row: dict[str, object] = {"rank": number, "instance": instance, "pid": pid, "gpus": list(kept), "capture": capture}
-    for name, high in (("wait_ratio", 1.0), ("straggler_slowdown", MAX_SLOWDOWN)):  # the node's word on its pace
-        value = _ratio(rank.get(name), f"{path}.{name}", 0.0 if name == "wait_ratio" else 1.0, high)
+    for name, low, high in (("wait_ratio", 0.0, 1.0), ("straggler_slowdown", 1.0, MAX_SLOWDOWN)):  # its pace
+        value = _ratio(rank.get(name), f"{path}.{name}", low, high)
         if value is not None:
             row[name] = value
     found.ranks.append(row)

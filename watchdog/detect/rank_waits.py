@@ -278,10 +278,8 @@ class WaitLedger:
                  for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] > 0]
         if first[_FIRST_SAMPLES] < self._min_samples or not peers:
             return True  # no look before this one: it cannot be told from the way the job is
-        if not self.timed:
-            return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS).beyond_chance
-        return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS, spread,
-                   counted=False).beyond_chance
+        return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS,
+                   spread if self.timed else None, counted=not self.timed).beyond_chance  # counted: coin flips
 
 
 def _delta(start: tuple[int, ...], end: tuple[int, ...]) -> tuple[int, int, int]:

@@ -251,10 +251,9 @@ class PodDirectory:
         self.client.close()
 
 
-def pod_directory(config: KubernetesConfig) -> PodDirectory | None:
+def pod_directory(k: KubernetesConfig) -> PodDirectory | None:
     """The kubelet's answers on which pod holds each GPU, where this node has a kubelet (its pod-resources
     socket is there); None elsewhere. Refreshed by its own thread, started here."""
-    k = config
     if not k.pod_resources_socket or not Path(k.pod_resources_socket).exists():
         return None
     directory = PodDirectory(

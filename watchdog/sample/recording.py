@@ -35,7 +35,8 @@ FORMAT_VERSION = 1
 _FIELDS = GpuSample._fields
 _DEFAULTS = GpuSample._field_defaults
 _INTS = {"index", *INTEGER_FIELDS}
-_TUPLES = ("pids", "xids", "rank_waits", "nccl_waits")  # a tuple of whole numbers per GPU
+_COUNTS = ("xids", "rank_waits", "nccl_waits")  # a tuple of counts (whole numbers, none negative) per GPU
+_TUPLES = ("pids", *_COUNTS)  # a tuple of whole numbers per GPU
 _HEALTH = {h.value: h for h in GpuHealth}
 _LARGEST = 1e15  # no reading or Unix time is this large
 MAX_GPUS = 1024
@@ -81,9 +82,7 @@ _COLUMN_TYPES: dict[str, Any] = {
     "name": list[str | None] | None,
     "health": list[Literal["ok", "lost", "hung"] | None] | None,
     "pids": list[tuple[int, ...] | None] | None,  # decoded straight into GpuSample's tuples
-    "xids": list[tuple[_Count, ...] | None] | None,
-    "rank_waits": list[tuple[_Count, ...] | None] | None,
-    "nccl_waits": list[tuple[_Count, ...] | None] | None,
+    **{name: list[tuple[_Count, ...] | None] | None for name in _COUNTS},
     "errors": list[dict[str, str] | None] | None,
     **{name: list[_Count | None] | None for name in _INTS - {"index"}},
 }
@@ -95,12 +94,16 @@ _Columns = msgspec.defstruct(
 _Line = msgspec.defstruct("_Line", [("t", Annotated[float, msgspec.Meta(gt=-_LARGEST, lt=_LARGEST)]),
                                     ("gpus", _Columns)])
 _DECODE = msgspec.json.Decoder(_Line).decode
+
+
+def _empty_for_none(column: list[Any]) -> list[Any]:
+    """A tuple column with a GPU's null read as no values."""
+    return [x or () for x in column] if None in column else column
+
+
 _CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
     "health": lambda column: [_HEALTH[v] if v is not None else GpuHealth.OK for v in column],
-    "pids": lambda column: [p or () for p in column] if None in column else column,
-    "xids": lambda column: [x or () for x in column] if None in column else column,
-    "rank_waits": lambda column: [x or () for x in column] if None in column else column,
-    "nccl_waits": lambda column: [x or () for x in column] if None in column else column,
+    **{name: _empty_for_none for name in _TUPLES},
     "errors": lambda column: [tuple(e.items()) if e else () for e in column],
 }
 _CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]
