@@ -15,7 +15,12 @@ Two differences are not a rank that became slow, and are said as "uneven work" (
   size, rank 0's extra logging, experts that always get more tokens. Found with the same test on the first
   look's counts, looser: a gap there of at least half today's and two standard errors;
 - one spent mostly in planned extra work (checkpoint I/O, an evaluation): the others wait for it, by design.
-A rank slow since the watchdog first saw the job cannot be told from uneven work: it is said as uneven work.
+A rank slow since the watchdog first saw the job cannot be told from uneven work: it is said as uneven work,
+and so is any difference while the first look lasts (there is no before yet).
+
+A share moves from record to record by more than coin flips (a slow batch, a pause): that spread is taken from
+the job's records, both the recent window's and its last SPREAD_RECORDS (half an hour), whichever is larger, so
+that a few quiet records do not make the chance look small (Spread.of).
 
 Where a job's ranks write NCCL Inspector logs, a second ledger (timed=True) judges GpuSample.nccl_waits by the
 same rule: wall milliseconds for samples, milliseconds inside collectives (NCCL's own timing) for waits.
@@ -41,6 +46,11 @@ _STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is
 MIN_SPREAD_DEGREES = 4  # differences between records, across the job, for their spread to count
 MIN_TIMED_MS = 10_000  # of a rank's timed collectives (nccl_waits) in a window, for it to be compared
 MAX_READ_GAP_MS = 60_000  # timed counts may run ahead of the samples' clock by this much (a late read), no more
+SPREAD_KEPT = 0.75  # of the record-to-record differences, the smallest this share give the spread
+_KEPT_EDGE = statistics.NormalDist().inv_cdf((1 + SPREAD_KEPT) / 2)  # |Z| below it SPREAD_KEPT of the time
+# The mean of the smallest SPREAD_KEPT of |Z| for Z normal with unit spread (0.515 for 75%).
+_KEPT_MEAN = math.sqrt(2 / math.pi) * (1 - math.exp(-_KEPT_EDGE ** 2 / 2)) / SPREAD_KEPT
+SPREAD_RECORDS = 120  # of each GPU's records (30 minutes of 15 s ones) for the spread, besides the recent window's
 _BEFORE_SIGMAS = 2.0
 _PLANNED_SHARE = 0.5  # a rank whose working samples are mostly planned work is uneven work, not a straggler
 
@@ -53,6 +63,11 @@ class Gap:
     peers: float
     samples: int
     beyond_chance: bool
+    error: float = math.inf  # the standard error of the gap
+
+    def beyond(self, sigmas: float) -> bool:
+        """Beyond chance by `sigmas` standard errors rather than the ones it was judged by."""
+        return self.beyond_chance and self.size >= sigmas * self.error
 
     @property
     def size(self) -> float:
@@ -82,7 +97,7 @@ def gap(waits: int, samples: int, peer_waits: list[tuple[int, int]], least: floa
     median_of = 1.0 if len(peer_waits) < 3 else math.pi / 2 / len(peer_waits)  # one or two peers: as one
     error = math.sqrt(mine + median_of * theirs)
     size = peers - share
-    return Gap(share, peers, samples, size >= least and size >= sigmas * error)
+    return Gap(share, peers, samples, size >= least and size >= sigmas * error, error)
 
 
 @dataclass(frozen=True)
@@ -96,9 +111,11 @@ class Spread:
     @staticmethod
     def of(records: list[list[tuple[int, int]]]) -> Spread | None:
         """From each rank's records in order ((samples, waits) each), by the differences between a record's share
-        and the next's, pooled: half their mean square is one record's variance while the share stands still,
-        and their median (not their mean) keeps a change of level (the job slowing at a moment) from reading
-        as noise. None with fewer than MIN_SPREAD_DEGREES differences to go on."""
+        and the next's, pooled: half their mean square is one record's variance while the share stands still.
+        The mean is taken of the smallest SPREAD_KEPT of the differences, scaled as for normal ones (a change of
+        level, the job slowing at a moment, is one large difference a rank and is left out). Not their median:
+        shares of 120 samples move in steps of 1/120, and the median of such steps falls a step short (a third
+        of the variance) as often as not. None with fewer than MIN_SPREAD_DEGREES differences to go on."""
         steps, sizes = [], []
         for mine in records:
             shares = [w / n for n, w in mine if n > 0]
@@ -106,8 +123,17 @@ class Spread:
             sizes += [n for n, _ in mine if n > 0]
         if len(steps) < MIN_SPREAD_DEGREES:
             return None
-        typical = statistics.median(steps) / 0.6745  # the spread of a difference, were it normal
+        kept = sorted(steps)[:max(1, round(SPREAD_KEPT * len(steps)))]
+        typical = statistics.fmean(kept) / _KEPT_MEAN  # the spread of a difference, were it normal
         return Spread(typical * typical / 2, statistics.median(sizes))
+
+
+    @staticmethod
+    def larger(a: Spread | None, b: Spread | None) -> Spread | None:
+        """The one with the larger variance of one record's share, or the one there is."""
+        if a is None or b is None:
+            return a or b
+        return a if a.variance * a.per_sample >= b.variance * b.per_sample else b
 
 
 @dataclass(frozen=True)
@@ -133,6 +159,8 @@ class WaitLedger:
     def __init__(self, cfg: StragglerConfig, timed: bool = False):
         self.cfg, self.timed = cfg, timed
         self.history: dict[int, deque[tuple[float, tuple[int, ...]]]] = {}
+        # Each GPU's latest SPREAD_RECORDS records ((samples, waits) each), for the spread: longer than the history
+        self.records: dict[int, deque[tuple[int, int]]] = {}
         self.uneven: dict[int, Uneven] = {}  # as the latest judge() found it
         self.shares: dict[int, float] = {}  # each compared rank's wait share, as the latest judge() found it
         self.named: set[int] = set()  # GPUs judge() last named: they stay named on half the sigmas
@@ -158,6 +186,10 @@ class WaitLedger:
             if (t < at or counts[:_SAMPLES] != last[:_SAMPLES] or any(c < b for c, b in zip(counts, last))
                     or (self.timed and counts[_SAMPLES] - last[_SAMPLES] > (t - at) * 1000 + MAX_READ_GAP_MS)):
                 kept.clear()  # a new process, a clock gone back, or more wall time than passed: start afresh
+                self.records.pop(gpu, None)
+            else:
+                self.records.setdefault(gpu, deque(maxlen=SPREAD_RECORDS)).append(
+                    (counts[_SAMPLES] - last[_SAMPLES], counts[_WAITS] - last[_WAITS]))
         kept.append((t, counts))
         self._moved = True
         horizon = t - (LONG_WINDOWS + 1) * self.cfg.wait_window_seconds
@@ -180,8 +212,9 @@ class WaitLedger:
     def _judge(self, t: float) -> list[Evidence]:
         window = self.cfg.wait_window_seconds
         long_recent, noise = self._recent(t, LONG_WINDOWS * window)
-        found, uneven, _ = self._judge_over(t, LONG_WINDOWS * window, long_recent, noise)
-        short, short_uneven, self.shares = self._judge_over(t, window, self._recent(t, window)[0], noise)
+        spreads: dict[int, Spread | None] = {}  # each job's, found over the longer window and kept for the shorter
+        found, uneven, _ = self._judge_over(t, LONG_WINDOWS * window, long_recent, noise, spreads)
+        short, short_uneven, self.shares = self._judge_over(t, window, self._recent(t, window)[0], noise, spreads)
         found.update(short)
         uneven.update(short_uneven)
         for gpu in found:
@@ -213,10 +246,12 @@ class WaitLedger:
         return MIN_TIMED_MS if self.timed else self.cfg.wait_min_samples
 
     def _judge_over(self, t: float, window: float, recent: dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]],
-                    noise: dict[int, list[tuple[int, int]]]
+                    noise: dict[int, list[tuple[int, int]]], spreads: dict[int, Spread | None]
                     ) -> tuple[dict[int, Evidence], dict[int, Uneven], dict[int, float]]:
-        """(stragglers, uneven work, every compared rank's wait share) over the trailing `window`; `noise`: the
-        records of the longer window, whose spread (the peers' of each rank) is the chance a gap must beat."""
+        """(stragglers, uneven work, every compared rank's wait share) over the trailing `window`. The chance a gap
+        must beat is the larger spread (Spread.of) of two: of the job's records in the longer window (`noise`: it
+        moves as the job does) and of their last SPREAD_RECORDS (a figure from more differences: fewer err low);
+        `spreads` keeps each job's for the next window judged."""
         cfg = self.cfg
         jobs: dict[int, list[int]] = {}
         for gpu, (_, _, newest_counts) in recent.items():
@@ -224,15 +259,20 @@ class WaitLedger:
         found: dict[int, Evidence] = {}
         uneven: dict[int, Uneven] = {}
         shares: dict[int, float] = {}
-        for gpus in jobs.values():
+        for job, gpus in jobs.items():
             if len(gpus) < 2:
                 continue
             deltas = {g: _delta(recent[g][1], recent[g][2]) for g in gpus}
-            spread = Spread.of([noise[o] for o in gpus if o in noise])  # a median: one rank's change moves it little
+            if job not in spreads:
+                recent_spread = Spread.of([noise[o] for o in gpus if o in noise])  # moves as the job does
+                spreads[job] = Spread.larger(recent_spread, Spread.of([list(self.records.get(o, ())) for o in gpus]))
+            spread = spreads[job]
             for g in gpus:
                 samples, waits, planned = deltas[g]
                 shares[g] = round(waits / samples, 4)
-                sigmas = cfg.wait_sigmas / 2 if g in self.named else cfg.wait_sigmas  # named: hysteresis
+                # Hysteresis: named or said to be uneven work, it stays so while the gap holds by half the sigmas
+                # (but a rank said to be uneven work is named only by the full ones).
+                sigmas = cfg.wait_sigmas / 2 if g in self.named or g in self.uneven else cfg.wait_sigmas
                 now = gap(waits, samples, [(deltas[o][1], deltas[o][0]) for o in gpus if o != g], cfg.wait_gap_ratio,
                           sigmas, spread, counted=not self.timed)
                 if not now.beyond_chance:
@@ -244,6 +284,8 @@ class WaitLedger:
                     continue
                 if self._from_start(g, gpus, now, spread):
                     uneven[g] = Uneven(g, counts[_RANK], now.size, "from_start")
+                    continue
+                if g not in self.named and not now.beyond(cfg.wait_sigmas):
                     continue
                 facts: dict[str, float | str] = {"rank": counts[_RANK], "slowdown": self._slowdown(g, gpus, now)}
                 if self.timed:
@@ -272,11 +314,12 @@ class WaitLedger:
 
     def _from_start(self, gpu: int, gpus: list[int], now: Gap, spread: Spread | None) -> bool:
         """Whether the rank already waited less than its peers at its first look, by at least half today's gap and
-        two standard errors (a looser test than today's: a standing difference is not to be named a straggler)."""
+        two standard errors (a looser test than today's: a standing difference is not to be named a straggler).
+        While the first look lasts (every sample so far is in it), there is no before to differ from: it did."""
         first = self.history[gpu][-1][1]
         peers = [(c[_FIRST_WAITS], c[_FIRST_SAMPLES]) for o in gpus if o != gpu
                  for c in (self.history[o][-1][1],) if c[_FIRST_SAMPLES] > 0]
-        if first[_FIRST_SAMPLES] < self._min_samples or not peers:
+        if first[_FIRST_SAMPLES] < self._min_samples or first[_FIRST_SAMPLES] >= first[_SAMPLES] or not peers:
             return True  # no look before this one: it cannot be told from the way the job is
         return gap(first[_FIRST_WAITS], first[_FIRST_SAMPLES], peers, now.size / 2, _BEFORE_SIGMAS,
                    spread if self.timed else None, counted=not self.timed).beyond_chance  # counted: coin flips
