@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.elastic import FollowingSource, last_progress, steps, torchrun_job  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
-from watchdog.daemon import build  # noqa: E402
+from watchdog.service import build  # noqa: E402
 
 PYTORCH_DEFAULT_TIMEOUT = 600.0
 
@@ -41,8 +41,10 @@ def restart(work: Path, after_seconds: float | None, workers: int) -> tuple[floa
     config = parse_config({"export": {"listen_address": "127.0.0.1:0"},
                            "bundles": {"directory": str(work / "incidents")}, "actions": actions})
     with torchrun_job(work, hangs="0:30", workers=workers, odd_rank=workers - 1) as agent:
-        daemon = build(config, FollowingSource(agent, work, workers=workers, odd_rank=workers - 1))
-        threading.Thread(target=daemon.run, daemon=True).start()
+        service = build(config, FollowingSource(agent, work, workers=workers, odd_rank=workers - 1))
+        daemon = service.daemon
+        service.start()  # the endpoint (on a free loopback port) and the stack sampler, as `run` has them
+        threading.Thread(target=service.run, daemon=True).start()
         try:
             deadline = time.monotonic() + 600
             while not any(s == 29 for s, _ in steps(work)):
@@ -58,7 +60,7 @@ def restart(work: Path, after_seconds: float | None, workers: int) -> tuple[floa
         finally:
             daemon.stop_requested.set()
             time.sleep(1.5)
-            daemon.shutdown(timeout=15)
+            service.close(timeout=15)
     resumed = min(s for s, r in steps(work) if r == 1)
     return config.actions.after_seconds, again - onset, resumed, acted
 

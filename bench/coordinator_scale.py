@@ -46,12 +46,12 @@ import psutil
 
 from watchdog.coordinate.job_verdict import merge
 from watchdog.coordinate.nodes import MAX_ANSWER_BYTES, MAX_JOB_BYTES, NodeAnswer, Placement
-from watchdog.model import iso_time
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.analysis import analyze
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.picture import with_job_evidence
 from watchdog.stacks.verdict import verdict
+from watchdog.words import iso_time
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = "llm-pretrain-42"

@@ -25,7 +25,7 @@ import psutil
 CHILD = """
 import json, sys
 from watchdog.config import parse_config
-from watchdog.daemon import build
+from watchdog.service import build
 from watchdog.export.server import Endpoint
 from watchdog.sample import sim
 gpus, port, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -33,10 +33,7 @@ pids = {int(gpu): [pid] for gpu, pid in json.loads(sys.argv[4]).items()}
 scenario = sim.Scenario("bench", "", "h100", gpus, 3600, ((0, None, "train"), (40, None, "spin")), gpm=True)
 config = parse_config({"export": {"listen_address": f"127.0.0.1:{port}"},
                        "bundles": {"directory": folder, "capture_stacks": False}})
-daemon = build(config, sim.SimSource(scenario, pids=pids))
-endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy)
-endpoint.start()
-daemon.run()
+build(config, sim.SimSource(scenario, pids=pids)).serve()
 """
 
 

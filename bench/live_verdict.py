@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import gloo_job  # noqa: E402
 from watchdog import logfmt  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
-from watchdog.daemon import build  # noqa: E402
 from watchdog.model import Severity  # noqa: E402
 from watchdog.sample import sim  # noqa: E402
+from watchdog.service import build  # noqa: E402
 
 ONSET = 300  # both scenarios stall at t=300 s
 LIMIT = 60  # a run without a critical verdict this long after the onset counts as this
@@ -52,7 +52,8 @@ def one_run(scenario: str | sim.Scenario, pids: dict[int, list[int]], folder: Pa
     config = parse_config({"export": {"listen_address": "127.0.0.1:0"},
                            "bundles": {"directory": str(folder), "capture_stacks": True}})
     timeline = sim.SCENARIOS[scenario] if isinstance(scenario, str) else scenario
-    daemon = build(config, sim.SimSource(timeline, 1.0, ONSET - lead, pids))
+    service = build(config, sim.SimSource(timeline, 1.0, ONSET - lead, pids))
+    daemon = service.daemon
     started = time.monotonic()
     try:
         for tick in range(lead + limit):
@@ -64,7 +65,7 @@ def one_run(scenario: str | sim.Scenario, pids: dict[int, list[int]], folder: Pa
                 return tick - lead, critical[0].reason
         return limit, "not critical"
     finally:
-        daemon.shutdown(timeout=15)
+        service.close(timeout=15)
 
 
 def one_class(scenario: str, stall: str, runs: int, parallel: int, elsewhere: int = 0) -> list[tuple[int, str]]:

@@ -47,8 +47,9 @@ from prometheus_client.utils import floatToGoString
 
 from watchdog import logfmt
 from watchdog.config import parse_config
-from watchdog.daemon import Daemon, build
+from watchdog.daemon import Daemon
 from watchdog.sample import sim
+from watchdog.service import build
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
@@ -98,8 +99,9 @@ def render_bodies(state: str, folder: Path) -> tuple[list[str], dict[int, int]]:
         config = parse_config({"alerts": {"node": NODE}, "bundles": {"directory": str(folder / state)}})
         wall = _stepping(time.time() - ticks - 5 * BODIES_PER_STATE)
         steps = iter(n * 0.001 for n in range(10**9))
-        daemon = build(config, sim.SimSource(sim.SCENARIOS[scenario], 1.0, offset, {g: [p] for g, p in pids.items()},
+        service = build(config, sim.SimSource(sim.SCENARIOS[scenario], 1.0, offset, {g: [p] for g, p in pids.items()},
                                              clock=lambda: next(wall)), monotonic=lambda: next(steps))
+        daemon = service.daemon
         for _ in range(ticks):
             daemon.tick()
             _wait_for_looks(daemon)
@@ -107,8 +109,8 @@ def render_bodies(state: str, folder: Path) -> tuple[list[str], dict[int, int]]:
         for _ in range(BODIES_PER_STATE):
             for _ in range(5):
                 daemon.tick()
-            bodies.append(daemon.exposition().decode())
-        daemon.shutdown(timeout=10)
+            bodies.append(service.exposition().decode())
+        service.close(timeout=10)
         return bodies, pids
     finally:
         for rank in ranks:

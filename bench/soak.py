@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
 from watchdog import logfmt  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
-from watchdog.daemon import build  # noqa: E402
 from watchdog.sample.nvml import NvmlSource  # noqa: E402
+from watchdog.service import build  # noqa: E402
 
 GPUS = 8
 START = 1.9e9
@@ -109,7 +109,8 @@ def main() -> None:
             config_file = Path(folder) / "config.yaml"
             source = NvmlSource(nvml=FakeNvml(gpus), call_timeout_seconds=2.0, clock=lambda: clock["now"])
             source.open()
-            daemon = build(config, source, monotonic=lambda: clock["now"] - START, wall=lambda: clock["now"])
+            service = build(config, source, monotonic=lambda: clock["now"] - START, wall=lambda: clock["now"])
+            daemon = service.daemon
             daemon.config_path = str(config_file)
             reloads = 0
             process = psutil.Process()
@@ -143,7 +144,7 @@ def main() -> None:
                           f"so far, {bundles} bundles kept | {(cpu - last['cpu']) / 3600 * 1000:.2f} ms CPU per "
                           f"tick", flush=True)
                     last.update(episodes=episodes, alerts=alerts, cpu=cpu, captures=captures)
-            daemon.shutdown(timeout=10)
+            service.close(timeout=10)
             counts = daemon.counters.snapshot()
             print(f"end: RSS {process.memory_info().rss / 2**20:.1f} MiB after {hours * 3600 + 1} ticks in "
                   f"{time.monotonic() - last['wall']:.0f} s; episodes {dict(counts.get('episodes_total', {}))}; "

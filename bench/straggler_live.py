@@ -38,9 +38,9 @@ from pathlib import Path
 import psutil
 
 from watchdog.config import parse_config
-from watchdog.daemon import build
 from watchdog.model import Signature
 from watchdog.sample import sim
+from watchdog.service import build
 
 RANK = Path(__file__).resolve().parents[1] / "tests" / "targets" / "straggler_job.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -101,9 +101,11 @@ class Watchdog:
         scenario = sim.Scenario("bench", "", "h100", job.ranks, 7200, ((0, None, "train"),))
         stacks = {"sample_learn_seconds": learn, **({} if sampling else {"sample_rate_hz": 0})}
         config = parse_config({"bundles": {"directory": str(folder / "bundles"), "capture_stacks": False},
-                               "stacks": stacks})
-        self.daemon = build(config, sim.SimSource(scenario, pids={g: [p] for g, p in job.pids.items()}))
-        self.thread = threading.Thread(target=self.daemon.run, daemon=True)
+                               "stacks": stacks, "export": {"listen_address": "127.0.0.1:0"}})
+        self.service = build(config, sim.SimSource(scenario, pids={g: [p] for g, p in job.pids.items()}))
+        self.daemon = self.service.daemon
+        self.service.start()  # the endpoint and the stack sampler, as `run` has them
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
         self.thread.start()
 
     def stragglers(self) -> dict[int, float]:
@@ -116,9 +118,9 @@ class Watchdog:
         return set(self.daemon.engine.waits.uneven)
 
     def stop(self) -> None:
-        self.daemon.stop_requested.set()
+        self.service.stop()
         self.thread.join(10)
-        self.daemon.shutdown(5)
+        self.service.close(5)
 
 
 def named(ranks: int, extra: float, learn: float, limit: float, folder: Path) -> dict:

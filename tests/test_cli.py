@@ -204,6 +204,18 @@ def test_help_says_100_percent_and_a_bad_flag_shows_its_verbs_usage() -> None:
     assert bad.returncode == 2 and "usage: stall-watchdog stacks dump" in bad.stderr and "--bogus" in bad.stderr
 
 
+def test_check_config_loads_the_endpoints_certificate_as_run_does(tmp_path: Path) -> None:
+    """check-config builds what `run` builds (watchdog/service.py), the endpoint's TLS pair included, without
+    listening: a certificate that does not load is refused before a restart finds it."""
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"export: {{listen_address: '127.0.0.1:1', tls_cert_file: '{tmp_path / 'cert.pem'}', "
+                      f"tls_key_file: '{tmp_path / 'cert.pem'}'}}\n")
+    done = cli("check-config", str(config))
+    assert done.returncode == 2 and "export.tls_cert_file: cannot load" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_receiver_typo_lists_the_receivers_keys(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("alerts:\n  receivers:\n    - {type: webhook, name: h, url: 'http://x/', tokn_file: /x}\n")

@@ -10,14 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
 
-from tests.fakes.daemon import FlakySource, Receiver, daemon_config, stepping_clock
+from tests.fakes.daemon import FlakySource, Receiver, daemon_config, scrape, stepping_clock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from watchdog import logfmt
-from watchdog.daemon import Daemon, build
+from watchdog.daemon import Daemon
 from watchdog.sample import sim
 from watchdog.sample.nvml import NvmlSource
+from watchdog.service import build
 
 
 def spin_source(offset: float = 285) -> sim.SimSource:
@@ -26,7 +26,7 @@ def spin_source(offset: float = 285) -> sim.SimSource:
 
 
 def metric(daemon: Daemon, line_start: str) -> float | None:
-    for line in generate_latest(daemon.registry).decode().splitlines():
+    for line in scrape(daemon).splitlines():
         if line.startswith(line_start):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -49,7 +49,8 @@ def ticks_on_time(daemon: Daemon, count: int) -> float:
 
 def test_a_failing_component_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
     source = FlakySource(spin_source())
-    daemon = build(daemon_config(tmp_path), source)
+    service = build(daemon_config(tmp_path), source)
+    daemon = service.daemon
     daemon.tick()
     source.failing = True
     daemon.tick()
@@ -71,14 +72,15 @@ def ticked_with_a_webhook(tmp_path: Path, source: sim.SimSource, ticks: int, slo
     try:
         config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "hook",
                                                                 "url": receiver.url}]})
-        daemon = build(config, source)
+        service = build(config, source)
+        daemon = service.daemon
         if slow_bundles:
             store, write = daemon.bundles, daemon.bundles.write
             store.write = lambda incident: (written.wait(30), write(incident))[1]  # type: ignore[method-assign]
         for _ in range(ticks):
             daemon.tick()
         written.set()
-        daemon.shutdown(timeout=5)
+        service.close(timeout=5)
     finally:
         receiver.close()
     return daemon, receiver
@@ -101,13 +103,14 @@ def test_gpu_lost_and_a_hung_nvml_call_keep_the_cadence(tmp_path: Path) -> None:
     gpus = [FakeGpu(util_percent=90, power_mw=500_000), FakeGpu(util_percent=90, power_mw=500_000)]
     source = NvmlSource(nvml=FakeNvml(gpus), call_timeout_seconds=0.05, clock=stepping_clock())
     source.open()
-    daemon = build(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05}),
+    service = build(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05}),
                     source)
+    daemon = service.daemon
     gpus[1].lost = True
     gpus[0].hang_in = "nvmlDeviceGetPowerUsage"
     try:
         lateness = ticks_on_time(daemon, 10)
-        text = generate_latest(daemon.registry).decode()
+        text = scrape(daemon)
     finally:
         gpus[0].release.set()
         source.close()
@@ -132,10 +135,11 @@ def test_dead_receivers_and_a_hung_py_spy_never_delay_a_tick(tmp_path: Path) -> 
             bundles={"capture_stacks": True}, stacks={"py_spy_command": [str(hung)], "timeout_seconds": 1.0},
             alerts={"receivers": [{"type": "webhook", "name": "failing", "url": failing.url},
                                   {"type": "webhook", "name": "hanging", "url": hanging.url, "timeout_seconds": 1}]})
-        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 296, {0: [worker]},
+        service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 296, {0: [worker]},
                                               clock=stepping_clock()))
+        daemon = service.daemon
         lateness = ticks_on_time(daemon, 45)
-        daemon.shutdown(timeout=8)
+        service.close(timeout=8)
     finally:
         failing.close()
         hanging.close()
@@ -150,10 +154,11 @@ def test_a_read_only_bundle_folder_costs_the_bundle_not_the_loop(tmp_path: Path)
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the bundle folder should be")
     config = daemon_config(tmp_path, bundles={"directory": str(blocked / "incidents")})
-    daemon = build(config, spin_source())
+    service = build(config, spin_source())
+    daemon = service.daemon
     for _ in range(60):
         daemon.tick()
-    daemon.shutdown(timeout=5)
+    service.close(timeout=5)
     assert metric(daemon, 'stall_watchdog_bundles_total{result="failed"}') == 1
     assert metric(daemon, 'stall_watchdog_component_up{component="act"}') == 1
     assert daemon.ticks == 60
@@ -167,10 +172,11 @@ def test_a_full_disk_costs_the_bundle(tmp_path: Path) -> None:
     mounted = os.system(f"mount -t tmpfs -o size=4k tmpfs {mount} 2>/dev/null")  # noqa: S605
     assert mounted == 0, "mounting a 4 KiB tmpfs (a disk that fills at once) needs root, as in CI"
     try:
-        daemon = build(daemon_config(tmp_path, bundles={"directory": str(mount / "incidents")}), spin_source())
+        service = build(daemon_config(tmp_path, bundles={"directory": str(mount / "incidents")}), spin_source())
+        daemon = service.daemon
         for _ in range(60):
             daemon.tick()
-        daemon.shutdown(timeout=5)
+        service.close(timeout=5)
         assert metric(daemon, 'stall_watchdog_bundles_total{result="failed"}') == 1
         assert not any(p.name.startswith(".partial") for p in (mount / "incidents").iterdir())
     finally:
@@ -179,7 +185,8 @@ def test_a_full_disk_costs_the_bundle(tmp_path: Path) -> None:
 
 def test_bundles_rotate_under_the_count_limit(tmp_path: Path) -> None:
     config = daemon_config(tmp_path, bundles={"max_count": 2})
-    daemon = build(config, spin_source())
+    service = build(config, spin_source())
+    daemon = service.daemon
     from watchdog.act.bundles import Incident
     from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 
@@ -215,7 +222,8 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path, stopping: bool
                                                      "pids": pids},
                                    bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
                                    alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]})
-            daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+            service = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+            daemon = service.daemon
             ticks = 0
             while not daemon.incidents.open and ticks < 40:  # until the episode is suspected
                 daemon.tick()
@@ -227,7 +235,7 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path, stopping: bool
                     daemon.incidents.pool.submit(release.wait, 30)
             for _ in range(45 - ticks):
                 daemon.tick()
-            stopper = threading.Thread(target=daemon.shutdown, kwargs={"timeout": 15})
+            stopper = threading.Thread(target=service.close, kwargs={"timeout": 15})
             stopper.start()
             assert daemon.incidents.stopping.wait(10)
             release.set()
@@ -282,13 +290,14 @@ def test_a_suspicion_that_ends_without_an_alert_leaves_nothing_behind(tmp_path: 
     """The checkpoint scenario's 30 s pause of every rank is suspected (its stacks would be looked at) and
     ends before zero_util's for_seconds: what the incident side held for it is dropped, as nothing will
     ever resolve it (a daemon up for months suspects thousands of such pauses)."""
-    daemon = build(daemon_config(tmp_path, source={"scenario": "checkpoint", "start_offset_seconds": 690}),
+    service = build(daemon_config(tmp_path, source={"scenario": "checkpoint", "start_offset_seconds": 690}),
                    sim.SimSource(sim.SCENARIOS["checkpoint"], 1.0, 690, clock=stepping_clock()))
+    daemon = service.daemon
     held = set()
     for _ in range(80):
         daemon.tick()
         held |= set(daemon.incidents.open)
-    daemon.shutdown(timeout=10)
+    service.close(timeout=10)
     assert any(key.startswith("zero_util@") for key in held), held
     assert daemon.incidents.open == {}
     assert metric(daemon, "stall_watchdog_episodes_total") is None  # it never alerted
@@ -323,10 +332,11 @@ def test_uneven_work_is_said_once_and_shown_never_paged(tmp_path: Path) -> None:
     level = logfmt.log.level
     logfmt.log.setLevel(logging.INFO)
     try:
-        daemon = build(daemon_config(tmp_path), _Played(stream({0: 0.12}, seconds=400)))
+        service = build(daemon_config(tmp_path), _Played(stream({0: 0.12}, seconds=400)))
+        daemon = service.daemon
         for _ in range(400):
             daemon.tick()
-        daemon.shutdown(2)
+        service.close(2)
     finally:
         logfmt.log.removeHandler(handler)
         logfmt.log.setLevel(level)

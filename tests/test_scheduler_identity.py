@@ -13,8 +13,8 @@ from tests.conftest import gloo_job
 from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
 from tests.fakes.podresources import KubeletServer
 from tests.test_daemon import wait_for_looks
-from watchdog.daemon import build
 from watchdog.sample import sim
+from watchdog.service import build
 
 SLURM = {"SLURM_JOB_ID": "9001", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice"}
 
@@ -37,8 +37,9 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
                     kubernetes={"pod_resources_socket": str(socket_path)},
                     alerts={"receivers": [{"type": "webhook", "name": "hook", "url": hook.url},
                                           {"type": "alertmanager", "name": "am", "url": manager.url}]})
-                daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids,
+                service = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids,
                                                      clock=stepping_clock()))
+                daemon = service.daemon
                 ticks = 0
                 while not daemon.incidents.open and ticks < 40:
                     daemon.tick()
@@ -51,8 +52,8 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
                 deadline = time.monotonic() + 30
                 while not hook.requests and time.monotonic() < deadline:
                     time.sleep(0.05)
-                exposition = daemon.exposition().decode()
-                daemon.shutdown(timeout=15)
+                exposition = service.exposition().decode()
+                service.close(timeout=15)
         finally:
             hook.close()
             manager.close()

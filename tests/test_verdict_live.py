@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from prometheus_client import generate_latest
-
 from tests.conftest import TARGETS, gloo_job, wait_for
-from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
-from watchdog.daemon import Daemon, build
+from tests.fakes.daemon import Receiver, daemon_config, scrape, stepping_clock
+from watchdog.daemon import Daemon
 from watchdog.sample import sim
+from watchdog.service import build
 
 HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]: every GPU idle with memory held from here
 START = 1.9e9
@@ -46,7 +45,7 @@ def ranks(tmp: Path, target: list[str], count: int = 8) -> Iterator[dict[int, li
 
 
 def episode_state(daemon: Daemon, signature: str) -> float | None:
-    for line in generate_latest(daemon.registry).decode().splitlines():
+    for line in scrape(daemon).splitlines():
         if line.startswith(f'stall_watchdog_episode_state{{gpu="0",signature="{signature}"}}'):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -61,14 +60,15 @@ def run(tmp: Path, pids: dict[int, list[int]], seconds: int, receiver: Receiver)
                            bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
                            alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]})
     clock = stepping_clock(START + offset)
-    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, pids, clock=clock))
+    service = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, pids, clock=clock))
+    daemon = service.daemon
     critical_at = []
     for tick in range(seconds):
         daemon.tick()
         if episode_state(daemon, "zero_util") == 3:
             critical_at.append(offset + tick)
         time.sleep(0.1)
-    daemon.shutdown(timeout=15)
+    service.close(timeout=15)
     return daemon, critical_at
 
 
@@ -101,7 +101,7 @@ def test_ranks_writing_a_checkpoint_for_three_minutes_never_page(tmp_path: Path)
         receiver.close()
     assert critical_at == []
     assert [body["alert"]["summary"] for _, body in receiver.requests] == []
-    host = generate_latest(daemon.registry).decode()
+    host = scrape(daemon)
     assert 'stall_watchdog_gpu_host_io_bytes_per_second{gpu="0"' in host
 
 
@@ -115,7 +115,8 @@ def test_ranks_spinning_on_the_cpu_in_one_collective_are_critical_within_30_s(tm
     config = daemon_config(tmp_path, bundles={"capture_stacks": True})
     with gloo_job("spin", tmp_path, ranks=4, elsewhere=1) as processes:
         pids = {gpu: [p.pid] for gpu, p in enumerate(processes)}
-        daemon = build(config, sim.SimSource(spinning, 1.0, 300 - lead, pids))
+        service = build(config, sim.SimSource(spinning, 1.0, 300 - lead, pids))
+        daemon = service.daemon
         started, critical = time.monotonic(), None
         try:
             for tick in range(lead + 45):
@@ -127,7 +128,7 @@ def test_ranks_spinning_on_the_cpu_in_one_collective_are_critical_within_30_s(tm
                     critical = (tick - lead, fired[0])
                     break
         finally:
-            daemon.shutdown(timeout=15)
+            service.close(timeout=15)
     assert critical is not None, "not critical within 45 s of the onset"
     seconds, episode = critical
     assert seconds <= 30, (seconds, episode.reason)

@@ -3,6 +3,7 @@
     config.example.yaml                   the configuration model (watchdog/config/)
     README.md, configuration reference    the same model
     README.md, metric list                the metric table (watchdog/export/metrics.py)
+    README.md, busy_spin's legs           the legs' order and their settings (watchdog/detect/busy_spin.py)
     deploy/kubernetes/*                   config.example.yaml, the rules and the dashboard (render.py)
 
     make docs                      # rewrite what is out of date
@@ -23,15 +24,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from watchdog.config import example_yaml, reference_markdown  # noqa: E402
+from watchdog.detect.busy_spin import legs_markdown  # noqa: E402
 from watchdog.export.metrics import metric_list_markdown  # noqa: E402
 
-README_TABLES: dict[str, Callable[[], str]] = {"configuration": reference_markdown, "metrics": metric_list_markdown}
+README_TABLES: dict[str, Callable[[], str]] = {"configuration": reference_markdown, "metrics": metric_list_markdown,
+                                               "legs": legs_markdown}
 
 
 def readme() -> str:
     text = (REPO / "README.md").read_text()
     for name, make in README_TABLES.items():
-        pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(\n<!-- end generated -->)", re.S)
+        # The block's own lines only: an empty block never reaches into the next one's end
+        pattern = re.compile(rf"(<!-- generated: {name} -->\n)(?:(?!<!-- ).)*?(\n?<!-- end generated -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"docs.py: README.md has no <!-- generated: {name} --> block")
         text = pattern.sub(lambda m, make=make: m.group(1) + make() + m.group(2), text, count=1)  # type: ignore[misc]

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from watchdog import logfmt
 from watchdog.config import parse_config
-from watchdog.daemon import Daemon, build
-from watchdog.export.server import Endpoint, EndpointError
+from watchdog.daemon import Daemon
+from watchdog.export.server import EndpointError
+from watchdog.service import build
 
 RANKS = 8
 ODD_RANK = 4  # the scenario's odd GPU
@@ -159,15 +160,15 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
         "stacks": {"observe_seconds": 1.0},
         "dump": {"open_on_loopback": True},  # the demo's own ranks, on loopback
     })
-    daemon = build(config)
+    service = build(config)
     try:
-        endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy,
-                            daemon.dump_request if config.dump.enabled else None, config.dump)
+        service.start()
     except EndpointError as exc:
+        service.close(timeout=5)
         stop_ranks(ranks)
         raise DemoError(str(exc)) from None
-    endpoint.start()
-    loop = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+    daemon, endpoint = service.daemon, service.endpoint
+    loop = threading.Thread(target=service.run, name="daemon", daemon=True)
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: stop.set())  # the terminal was closed
@@ -189,10 +190,9 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
                         + (f", or it stops after {duration:.0f} s)" if duration else ")"))
     finally:
         say("stopping: the daemon, the endpoint and the ranks ...")
-        daemon.stop_requested.set()
+        service.stop()
         loop.join(timeout=10)
-        endpoint.stop()
-        daemon.shutdown(timeout=5)
+        service.close(timeout=5)
         stop_ranks(ranks)
         signal.signal(signal.SIGINT, previous)
         for rank_file in workdir.glob("rank-*"):

@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
 from tests.conftest import python_target
-from tests.fakes.daemon import Receiver, daemon_config, stepping_clock
+from tests.fakes.daemon import Receiver, daemon_config, scrape, stepping_clock
 from tests.fakes.loopback import Quiet, Served, serving
 from watchdog.act import fleet, policy
 from watchdog.act.actions import problems as action_problems
 from watchdog.config import ActionsConfig, ConfigError, FleetConfig, parse_config
-from watchdog.daemon import Daemon, build
+from watchdog.daemon import Daemon
 from watchdog.model import Severity
 from watchdog.sample import sim
+from watchdog.service import build
 
 HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
 
@@ -227,8 +227,9 @@ def watch(tmp: Path, pid: int, receiver: Receiver, extra_pids: list[int] | None 
         bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},
         alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]},
         actions={"after_seconds": 10, "pause_file": str(tmp / "pause"), **actions})
-    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, pids,
+    service = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, pids,
                                          clock=stepping_clock(1.9e9 + offset)))
+    daemon = service.daemon
     critical_for = 0
     for _ in range(900):  # host progress is measured on the real clock: still ranks turn it critical
         daemon.tick()
@@ -237,7 +238,7 @@ def watch(tmp: Path, pid: int, receiver: Receiver, extra_pids: list[int] | None 
         if critical_for > 40 and not any(state.acting for state in daemon.incidents.open.values()):
             break
     assert critical_for > 40 or not critical, "the hang never turned critical"
-    daemon.shutdown(timeout=15)
+    service.close(timeout=15)
     return daemon
 
 
@@ -246,7 +247,7 @@ def summaries(receiver: Receiver) -> list[str]:
 
 
 def action_state(daemon: Daemon) -> str:
-    lines = generate_latest(daemon.registry).decode().splitlines()
+    lines = scrape(daemon).splitlines()
     return next(line for line in lines if line.startswith("stall_watchdog_action_state{"))
 
 
@@ -315,7 +316,8 @@ def test_sighup_applies_a_new_policy(tmp_path: Path) -> None:
             f"bundles: {{directory: {tmp_path / 'incidents'}}}\n")
     config.write_text(base + "actions: {mode: observe}\n")
     from watchdog.config import load_config
-    daemon = build(load_config(str(config)), config_path=str(config))
+    service = build(load_config(str(config)), config_path=str(config))
+    daemon = service.daemon
     daemon.tick()
     assert 'mode="observe",state="observe"' in action_state(daemon)
     config.write_text(base + f"actions: {{mode: dry_run, pause_file: {tmp_path / 'pause'}}}\n")
@@ -327,4 +329,4 @@ def test_sighup_applies_a_new_policy(tmp_path: Path) -> None:
     assert not daemon.reload()
     daemon.tick()
     assert 'mode="dry_run"' in action_state(daemon)
-    daemon.shutdown(timeout=5)
+    service.close(timeout=5)

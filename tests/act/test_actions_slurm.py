@@ -14,8 +14,9 @@ import pytest
 from tests.conftest import TARGETS
 from tests.fakes.daemon import daemon_config, stepping_clock
 from tests.slurm import Slurm, slurm_cluster
-from watchdog.daemon import Daemon, build
+from watchdog.daemon import Daemon
 from watchdog.sample import sim
+from watchdog.service import build
 
 HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
 
@@ -50,13 +51,14 @@ def act_on(tmp: Path, slurm: Slurm, pid: int, **slurm_action: object) -> Daemon:
         actions={"mode": "act", "after_seconds": 10, "do": ["slurm"], "pause_file": str(tmp / "pause"),
                  "slurm": {"conf": slurm.env["SLURM_CONF"], "node_name": slurm.node, **slurm_action}})
     clock = stepping_clock(1.9e9 + offset)
-    daemon = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, {0: [pid]}, clock=clock))
+    service = build(config, sim.SimSource(sim.SCENARIOS["zero_util_hang"], 1.0, offset, {0: [pid]}, clock=clock))
+    daemon = service.daemon
     deadline = time.monotonic() + 120
     while not daemon.counters.snapshot()["actions_total"]:
         assert time.monotonic() < deadline, "no action within 2 minutes"
         daemon.tick()
         time.sleep(0.1)
-    daemon.shutdown(timeout=15)
+    service.close(timeout=15)
     return daemon
 
 

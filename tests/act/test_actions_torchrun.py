@@ -13,23 +13,24 @@ from typing import Any
 
 from tests.elastic import FollowingSource, last_progress, steps, torchrun_job
 from tests.fakes.daemon import Receiver, daemon_config
-from watchdog.daemon import Daemon, build
+from watchdog.service import Service, build
 
 
 def summaries(receiver: Receiver) -> list[str]:
     return [str(body["alert"]["summary"]) for _, body in list(receiver.requests) if isinstance(body, dict)]
 
 
-def start(tmp: Path, source: FollowingSource, receiver: Receiver, **actions: Any) -> Daemon:
+def start(tmp: Path, source: FollowingSource, receiver: Receiver, **actions: Any) -> Service:
     config = daemon_config(
         tmp, sample={"interval_seconds": 1.0}, bundles={"capture_stacks": True},
         stacks={"observe_seconds": 0.5},
         actions={"mode": "act", "after_seconds": 5, "grace_seconds": 5, "cooldown_seconds": 0,
                  "pause_file": str(tmp / "actions.pause"), **actions},
         alerts={"receivers": [{"type": "webhook", "name": "hook", "url": receiver.url}]})
-    daemon = build(config, source)
-    threading.Thread(target=daemon.run, daemon=True).start()
-    return daemon
+    service = build(config, source)
+    service.start()  # the endpoint (a free loopback port) and the stack sampler, as `run` has them
+    threading.Thread(target=service.run, daemon=True).start()
+    return service
 
 
 def until(condition: Any, seconds: float, what: str) -> None:
@@ -45,7 +46,8 @@ def test_a_hung_torchrun_job_is_ended_resumes_from_its_checkpoint_and_a_quick_re
     # Hangs at step 30 on the first run (the checkpoint is at step 20), and at step 45 after the restart.
     with torchrun_job(tmp_path, hangs="0:30,1:45") as agent:
         source = FollowingSource(agent, tmp_path)
-        daemon = start(tmp_path, source, receiver)
+        service = start(tmp_path, source, receiver)
+        daemon = service.daemon
         try:
             until(lambda: any(s == 29 for s, _ in steps(tmp_path)), 120, "the job reached its hang")
             until(lambda: source.hung_since is not None, 30, "the GPUs read as hung")
@@ -59,7 +61,7 @@ def test_a_hung_torchrun_job_is_ended_resumes_from_its_checkpoint_and_a_quick_re
         finally:
             daemon.stop_requested.set()
             time.sleep(1.5)
-            daemon.shutdown(timeout=15)
+            service.close(timeout=15)
             receiver.close()
     resumed = [s for s, r in steps(tmp_path) if r == 1]
     assert resumed[0] == 21, f"resumed at step {resumed[0]}, not from the checkpoint of step 20"

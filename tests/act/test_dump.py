@@ -22,11 +22,10 @@ from tests.conftest import REPO, gloo_job
 from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.integration.test_prometheus import free_port
-from watchdog.daemon import build
 from watchdog.export.metrics import EpisodeView
-from watchdog.export.server import Endpoint
 from watchdog.model import Severity, Signature
 from watchdog.sample.ranks import RankDiscovery
+from watchdog.service import Service, build
 
 
 def post(url: str, body: object, headers: dict[str, str] | None = None, timeout: float = 60
@@ -68,27 +67,26 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def start(tmp: Path, processes: list[Any], export: dict[str, Any] | None = None, stacks: dict[str, Any] | None = None,
-          **sections: Any) -> tuple[Any, Endpoint]:
+          **sections: Any) -> tuple[Any, Service]:
     config = daemon_config(tmp, source={"kind": "sim", "scenario": "spin_hang", "start_offset_seconds": 285,
                                         "pids": {g: [p.pid] for g, p in enumerate(processes)}},
                            stacks={"observe_seconds": 0.2, "nccl_ras_gap_seconds": 0.5,
                                    "flight_recorder_wait_seconds": 30, **(stacks or {})},
                            export={"listen_address": "127.0.0.1:0", **(export or {})},
                            alerts={"node": "node-a"}, **sections)
-    daemon = build(config)
+    service = build(config)
+    daemon = service.daemon
     daemon.tick()  # one sample: the GPUs' processes are known
-    endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)
-    endpoint.start()
-    return daemon, endpoint
+    service.endpoint.start()
+    return daemon, service
 
 
 def test_dump_names_the_odd_rank_with_flight_recorder_and_ras(job: dict[str, Any], tmp_path: Path) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"])
+    daemon, service = start(tmp_path, job["processes"])
     try:
-        status, answer, _ = post(endpoint.base_url + "/v1/dump", {"training_job": job["key"]})
+        status, answer, _ = post(service.endpoint.base_url + "/v1/dump", {"training_job": job["key"]})
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 200, answer
     assert answer["node"] == "node-a" and answer["shared"] is False
     (picture,) = answer["jobs"]
@@ -116,16 +114,15 @@ def test_dump_names_the_odd_rank_with_flight_recorder_and_ras(job: dict[str, Any
 def test_the_answer_says_each_ranks_pace_as_the_node_measured_it(job: dict[str, Any], tmp_path: Path) -> None:
     """A rank's wait share (where compared) and a straggler's slowdown (an episode past suspicion) ride on its
     row, for the coordinator to put beside a hang's verdict; a suspected straggler is not said."""
-    daemon, endpoint = start(tmp_path, job["processes"], stacks={"nccl_ras": False})
+    daemon, service = start(tmp_path, job["processes"], stacks={"nccl_ras": False})
     daemon.published = dataclasses.replace(
         daemon.published, waits=((0, 0.31), (1, 0.3), (2, 0.06)),
         episodes=(EpisodeView(Signature.STRAGGLER, Severity.WARNING, (2,), (), 0.0, 1.2134),
                   EpisodeView(Signature.STRAGGLER, None, (3,), (), 0.0, 1.5)))
     try:
-        status, answer, _ = post(endpoint.base_url + "/v1/dump", {"training_job": job["key"]})
+        status, answer, _ = post(service.endpoint.base_url + "/v1/dump", {"training_job": job["key"]})
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 200, answer
     ranks = {r["rank"]: r for r in answer["jobs"][0]["ranks"]}
     assert ranks[2]["wait_ratio"] == 0.06 and ranks[2]["straggler_slowdown"] == 1.213
@@ -134,10 +131,10 @@ def test_the_answer_says_each_ranks_pace_as_the_node_measured_it(job: dict[str, 
 
 
 def test_concurrent_requests_share_one_capture_then_cooldown(job: dict[str, Any], tmp_path: Path) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "observe_seconds": 0.5})
+    daemon, service = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "observe_seconds": 0.5})
     answers: list[tuple[int, dict[str, Any], dict[str, str]]] = []
     try:
-        url = endpoint.base_url + "/v1/dump"
+        url = service.endpoint.base_url + "/v1/dump"
         threads = [threading.Thread(target=lambda: answers.append(post(url, alertmanager_payload(job["key"]))))
                    for _ in range(4)]
         for t in threads:
@@ -146,8 +143,7 @@ def test_concurrent_requests_share_one_capture_then_cooldown(job: dict[str, Any]
             t.join()
         later = post(url, {"training_job": job["key"]})
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert [a[0] for a in answers] == [200] * 4
     assert sorted(a[1]["shared"] for a in answers) == [False, True, True, True]
     assert len({a[1]["bundle"] for a in answers}) == 1
@@ -156,14 +152,13 @@ def test_concurrent_requests_share_one_capture_then_cooldown(job: dict[str, Any]
 
 
 def test_rate_limit_answers_429_with_retry_after(job: dict[str, Any], tmp_path: Path) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "flight_recorder": False},
+    daemon, service = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "flight_recorder": False},
                              dump={"max_per_minute": 1, "cooldown_seconds": 0})
     try:
-        first = post(endpoint.base_url + "/v1/dump", {})
-        second = post(endpoint.base_url + "/v1/dump", {})
+        first = post(service.endpoint.base_url + "/v1/dump", {})
+        second = post(service.endpoint.base_url + "/v1/dump", {})
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert first[0] == 200 and first[1]["jobs"][0]["training_job"] == job["key"]  # no job: every job here
     assert second[0] == 429 and int(second[2]["Retry-After"]) > 0 and "max_per_minute" in second[1]["error"]
 
@@ -174,22 +169,20 @@ def test_rate_limit_answers_429_with_retry_after(job: dict[str, Any], tmp_path: 
     ({"version": "3", "alerts": []}, "only version 4"), ({"slurm_job_id": "12; rm"}, "expected a Slurm job id"),
     ({"slurm_job_id": 12}, "expected a Slurm job id"), ({"slurm_job_id": "1", "training_job": "a"}, "not both")])
 def test_bad_payloads_get_400_with_the_reason(job: dict[str, Any], tmp_path: Path, body: object, why: str) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"])
+    daemon, service = start(tmp_path, job["processes"])
     try:
-        status, answer, _ = post(endpoint.base_url + "/v1/dump", body)
+        status, answer, _ = post(service.endpoint.base_url + "/v1/dump", body)
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 400 and why in answer["error"]
 
 
 def test_a_job_not_on_this_node_is_404(job: dict[str, Any], tmp_path: Path) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"])
+    daemon, service = start(tmp_path, job["processes"])
     try:
-        status, answer, _ = post(endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"})
+        status, answer, _ = post(service.endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"})
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 404 and "run:elsewhere" in answer["error"] and job["key"] in answer["error"]
 
 
@@ -206,42 +199,39 @@ def test_a_dump_done_before_its_callback_is_attached_still_answers(job: dict[str
         def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
             pass
 
-    daemon, endpoint = start(tmp_path, job["processes"])
+    daemon, service = start(tmp_path, job["processes"])
     daemon.dumps.pool = Immediate()
     try:
-        status, answer, _ = post(endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"}, timeout=10)
-        again = post(endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"}, timeout=10)
+        status, answer, _ = post(service.endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"}, timeout=10)
+        again = post(service.endpoint.base_url + "/v1/dump", {"training_job": "run:elsewhere"}, timeout=10)
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 404 and "run:elsewhere" in answer["error"]
     # The callback ran: a dump that found nothing gave its place in the rate budget back and was not kept.
     assert again[0] == 404 and "shared" not in again[1] and len(daemon.dumps._started) == 0
 
 
 def test_off_loopback_dumps_need_auth(job: dict[str, Any], tmp_path: Path) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"], export={"listen_address": "0.0.0.0:0"})
+    daemon, service = start(tmp_path, job["processes"], export={"listen_address": "0.0.0.0:0"})
     try:
-        port = endpoint.server.server_address[1]
+        port = service.endpoint.server.server_address[1]
         refused = post(f"http://127.0.0.1:{port}/v1/dump", {})
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert refused[0] == 403 and "dump.token_file" in refused[1]["error"]
 
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
-    daemon, endpoint = start(tmp_path, job["processes"], export={"listen_address": "0.0.0.0:0"},
+    daemon, service = start(tmp_path, job["processes"], export={"listen_address": "0.0.0.0:0"},
                              dump={"token_file": str(token)}, stacks={"nccl_ras": False, "flight_recorder": False})
     try:
-        url = f"http://127.0.0.1:{endpoint.server.server_address[1]}/v1/dump"
+        url = f"http://127.0.0.1:{service.endpoint.server.server_address[1]}/v1/dump"
         missing = post(url, {})
         wrong = post(url, {}, {"Authorization": "Bearer nope"})
         right = post(url, {}, {"Authorization": "Bearer s3cret-token"})
         metrics = urllib.request.urlopen(url.replace("/v1/dump", "/metrics"), timeout=5).read().decode()
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert (missing[0], wrong[0], right[0]) == (401, 401, 200)
     assert "s3cret" not in json.dumps(right[1])
     assert 'stall_watchdog_dumps_total{result="written"} 1.0' in metrics
@@ -251,9 +241,9 @@ def test_a_post_without_a_body_dumps_every_job(job: dict[str, Any], tmp_path: Pa
     """`curl -X POST URL` sends neither Content-Length nor a body: every training job on the node."""
     import http.client
 
-    daemon, endpoint = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "flight_recorder": False})
+    daemon, service = start(tmp_path, job["processes"], stacks={"nccl_ras": False, "flight_recorder": False})
     try:
-        host, port = endpoint.server.server_address[:2]
+        host, port = service.endpoint.server.server_address[:2]
         connection = http.client.HTTPConnection(str(host), int(port), timeout=60)
         connection.putrequest("POST", "/v1/dump")
         connection.endheaders()
@@ -261,16 +251,14 @@ def test_a_post_without_a_body_dumps_every_job(job: dict[str, Any], tmp_path: Pa
         status, answer = response.status, json.loads(response.read())
         connection.close()
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 200 and [j["training_job"] for j in answer["jobs"]] == [job["key"]]
 
 
 def test_oversized_body_is_413(job: dict[str, Any], tmp_path: Path) -> None:
-    daemon, endpoint = start(tmp_path, job["processes"], dump={"max_body_bytes": 1024})
+    daemon, service = start(tmp_path, job["processes"], dump={"max_body_bytes": 1024})
     try:
-        status, answer, _ = post(endpoint.base_url + "/v1/dump", b"{" + b" " * 5000 + b"}")
+        status, answer, _ = post(service.endpoint.base_url + "/v1/dump", b"{" + b" " * 5000 + b"}")
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
     assert status == 413 and "max_body_bytes" in answer["error"]

@@ -22,7 +22,8 @@ def test_a_small_job_waiting_on_one_rank_is_critical_with_that_rank_named_and_ac
     receiver = Receiver()
     with torchrun_job(tmp_path, hangs="0:15", workers=workers, odd_rank=odd) as agent:
         source = FollowingSource(agent, tmp_path, workers=workers, odd_rank=odd)
-        daemon = start(tmp_path, source, receiver)
+        service = start(tmp_path, source, receiver)
+        daemon = service.daemon
         try:
             until(lambda: any(s == 14 for s, _ in steps(tmp_path)), 120, "the job reached its hang")
             until(lambda: source.hung_since is not None, 30, "the GPUs read as hung")
@@ -34,7 +35,7 @@ def test_a_small_job_waiting_on_one_rank_is_critical_with_that_rank_named_and_ac
         finally:
             daemon.stop_requested.set()
             time.sleep(1.5)
-            daemon.shutdown(timeout=15)
+            service.close(timeout=15)
             receiver.close()
     print(f"\n{workers} ranks: hang onset -> critical {took:.1f} s")
     assert took <= 60, (took, critical)

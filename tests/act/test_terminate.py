@@ -127,10 +127,11 @@ def test_an_action_under_way_stops_on_a_pause_a_reload_or_its_evidence_gone(tmp_
     """What the daemon asks between two steps and during a grace period (Responder._stop_reason)."""
     from tests.fakes.daemon import daemon_config
     from watchdog.act.open_incident import OpenIncident
-    from watchdog.daemon import build
+    from watchdog.service import build
     config = daemon_config(tmp_path, bundles={"capture_stacks": True},
                            actions={"mode": "act", "pause_file": str(tmp_path / "pause")})
-    daemon = build(config)
+    service = build(config)
+    daemon = service.daemon
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     state = OpenIncident(gpus=(0,), bundle=str(bundle))
@@ -145,4 +146,4 @@ def test_an_action_under_way_stops_on_a_pause_a_reload_or_its_evidence_gone(tmp_
     daemon.incidents.config = config
     bundle.rmdir()  # rotated away
     assert stop(state) == "the incident bundle is no longer on disk"
-    daemon.shutdown(timeout=5)
+    service.close(timeout=5)

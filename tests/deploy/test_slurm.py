@@ -16,10 +16,10 @@ import pytest
 from tests.conftest import REPO, gloo_job
 from tests.fakes.daemon import daemon_config, stepping_clock
 from tests.test_daemon import wait_for_looks
-from watchdog.daemon import Daemon, build
-from watchdog.export.server import Endpoint
+from watchdog.daemon import Daemon
 from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 from watchdog.sample import sim
+from watchdog.service import Service, build
 
 SLURM = REPO / "deploy" / "slurm"
 JOB = "31337"
@@ -61,25 +61,24 @@ def test_the_prolog_drains_on_an_error_and_only_then(tmp_path: Path) -> None:
     assert missing.returncode == 0 and "not draining" in missing.stderr
 
 
-def start(tmp: Path, pids: dict[int, list[int]], capture: bool, **dump: object) -> tuple[Daemon, Endpoint]:
+def start(tmp: Path, pids: dict[int, list[int]], capture: bool, **dump: object) -> tuple[Daemon, Service]:
     config = daemon_config(tmp, source={"scenario": "odd_rank", "start_offset_seconds": 295, "pids": pids},
                            bundles={"capture_stacks": capture}, stacks={"observe_seconds": 0.3},
                            dump={"cooldown_seconds": 0, **dump})
-    daemon = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+    service = build(config, sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 295, pids, clock=stepping_clock()))
+    daemon = service.daemon
     daemon.tick()
-    endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)
-    endpoint.start()
-    return daemon, endpoint
+    service.endpoint.start()
+    return daemon, service
 
 
-def epilogs(daemon: Daemon, endpoint: Endpoint, *jobs: str) -> list[subprocess.CompletedProcess[str]]:
+def epilogs(service: Service, *jobs: str) -> list[subprocess.CompletedProcess[str]]:
     """The epilog of each of these jobs against the live daemon, which is stopped afterwards."""
     try:
-        return [run_script("epilog.sh", {**slurm_env("epilog", STALL_WATCHDOG_URL=endpoint.base_url),
+        return [run_script("epilog.sh", {**slurm_env("epilog", STALL_WATCHDOG_URL=service.endpoint.base_url),
                                          "SLURM_JOB_ID": job}) for job in jobs]
     finally:
-        endpoint.stop()
-        daemon.shutdown()
+        service.close()
 
 
 def bundles(tmp: Path) -> list[dict[str, Any]]:
@@ -89,8 +88,8 @@ def bundles(tmp: Path) -> list[dict[str, Any]]:
 
 def test_the_epilog_dumps_a_job_that_is_still_there(tmp_path: Path) -> None:
     with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0"}) as ranks:
-        daemon, endpoint = start(tmp_path, {g: [p.pid] for g, p in enumerate(ranks)}, capture=False)
-        result, other = epilogs(daemon, endpoint, JOB, "1")
+        daemon, service = start(tmp_path, {g: [p.pid] for g, p in enumerate(ranks)}, capture=False)
+        result, other = epilogs(service, JOB, "1")
     assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
     assert other.returncode == 0 and other.stderr == ""  # another job: a quiet 404
     [summary] = bundles(tmp_path)
@@ -104,7 +103,7 @@ def test_the_epilog_dumps_a_job_that_is_still_there(tmp_path: Path) -> None:
 def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path: Path, resolved: bool) -> None:
     with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB}) as ranks:
         pids = {4: [ranks[2].pid], 0: [ranks[0].pid], 1: [ranks[1].pid], 2: [ranks[3].pid]}
-        daemon, endpoint = start(tmp_path, pids, capture=True)
+        daemon, service = start(tmp_path, pids, capture=True)
         for _ in range(40):
             if daemon.incidents.open:
                 break
@@ -120,7 +119,7 @@ def test_the_epilog_keeps_the_last_look_of_a_job_killed_during_its_hang(tmp_path
                 daemon.incidents.handle(EpisodeEvent(EventKind.RESOLVED, Signature.WAITING, Severity.WARNING, (4,),
                                                      (), 0.0, 1.0, "resolved", key=key), snapshot, [])
             assert not daemon.incidents.open
-        result, unrelated = epilogs(daemon, endpoint, JOB, "999")
+        result, unrelated = epilogs(service, JOB, "999")
     assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
     assert unrelated.returncode == 0 and unrelated.stderr == ""
     [summary] = bundles(tmp_path)
@@ -142,17 +141,16 @@ def test_the_epilog_sends_the_token_from_its_default_place(tmp_path: Path) -> No
         DEFAULT_TOKEN.chmod(0o600)
     try:
         with gloo_job("dataloader", tmp_path, odd_rank=2, env={"SLURM_JOB_ID": JOB}) as ranks:
-            daemon, endpoint = start(tmp_path, {g: [p.pid] for g, p in enumerate(ranks)}, capture=False,
+            daemon, service = start(tmp_path, {g: [p.pid] for g, p in enumerate(ranks)}, capture=False,
                                      open_on_loopback=False, token_file=str(DEFAULT_TOKEN))
-            [result] = epilogs(daemon, endpoint, JOB)
+            [result] = epilogs(service, JOB)
         assert result.returncode == 0 and "last dump written" in result.stderr, result.stderr
-        daemon, endpoint = start(tmp_path, {}, capture=False, open_on_loopback=False, token_file=str(DEFAULT_TOKEN))
+        daemon, service = start(tmp_path, {}, capture=False, open_on_loopback=False, token_file=str(DEFAULT_TOKEN))
         try:  # a token file that is not there: refused, and the epilog says where the token goes
-            refused = run_script("epilog.sh", slurm_env("epilog", STALL_WATCHDOG_URL=endpoint.base_url,
+            refused = run_script("epilog.sh", slurm_env("epilog", STALL_WATCHDOG_URL=service.endpoint.base_url,
                                                         STALL_WATCHDOG_TOKEN_FILE=str(tmp_path / "absent")))
         finally:
-            endpoint.stop()
-            daemon.shutdown()
+            service.close()
     finally:
         if made:
             DEFAULT_TOKEN.unlink()

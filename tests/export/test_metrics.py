@@ -13,7 +13,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
-from watchdog.daemon import build
 from watchdog.export.metrics import (
     METRICS,
     PREFIX,
@@ -27,6 +26,7 @@ from watchdog.export.metrics import (
 )
 from watchdog.model import AlertIdentity, Severity, Signature, Workload
 from watchdog.sample import sim
+from watchdog.service import build
 
 GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"
 # Values that depend on the machine, not on the scenario.
@@ -37,14 +37,15 @@ _VOLATILE = re.compile(r'^(stall_watchdog_build_info\{.*|stall_watchdog_tick_dur
 def scripted_exposition(tmp_path: Path) -> str:
     """odd_rank, 40 s into the wait on GPU 4: a waiting warning with its culprit, one bundle written."""
     ticks = iter(float(n) * 0.001 for n in range(10**6))
-    daemon = build(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
+    service = build(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
                     sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 260, clock=stepping_clock(1.9e9)),
                     monotonic=lambda: next(ticks))
+    daemon = service.daemon
     for _ in range(80):
         daemon.tick()
-    daemon.shutdown(timeout=5)
+    service.close(timeout=5)
     daemon.tick()
-    return daemon.exposition().decode()  # what GET /metrics serves
+    return service.exposition().decode()  # what GET /metrics serves
 
 
 def test_exposition_matches_the_golden_file(tmp_path: Path) -> None:

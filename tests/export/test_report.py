@@ -17,22 +17,23 @@ from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.act.bundles import BundleStore, Incident
 from watchdog.config import BundlesConfig
-from watchdog.daemon import build
 from watchdog.export import report
 from watchdog.export.metrics import new_counters
 from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample import sim
+from watchdog.service import build
 
 ARTIFACTS = REPO / "test-output"
 
 
 def bundle_with_culprit(tmp_path: Path) -> Path:
     """A real bundle: odd_rank through the daemon, with a stacks.json naming rank 4."""
-    daemon = build(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
+    service = build(daemon_config(tmp_path, source={"scenario": "odd_rank"}),
                     sim.SimSource(sim.SCENARIOS["odd_rank"], 1.0, 270, clock=stepping_clock()))
+    daemon = service.daemon
     for _ in range(80):
         daemon.tick()
-    daemon.shutdown(timeout=5)
+    service.close(timeout=5)
     (bundle,) = daemon.bundles.bundles()
     groups = [{"members": [f"rank {r}" for r in range(8) if r != 4], "activity": "collective",
                "collective": "all_reduce", "where": "all_reduce (train.py:42)", "state": "idle",

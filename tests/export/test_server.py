@@ -14,15 +14,17 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.daemon import daemon_config, stepping_clock
-from watchdog.daemon import Daemon, build
+from watchdog.daemon import Daemon
 from watchdog.export.server import Endpoint, EndpointError
 from watchdog.sample import sim
+from watchdog.service import build
 
 
 def serve(tmp_path: Path, clock: Callable[[], float] = time.time, **export: object) -> tuple[Daemon, Endpoint]:
     config = daemon_config(tmp_path, export={"listen_address": "127.0.0.1:0", **export})
-    daemon = build(config, sim.SimSource(sim.SCENARIOS["healthy"], clock=clock))
-    endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy)
+    service = build(config, sim.SimSource(sim.SCENARIOS["healthy"], clock=clock))
+    daemon = service.daemon
+    endpoint = service.endpoint
     endpoint.start()
     return daemon, endpoint
 

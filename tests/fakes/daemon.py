@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.config import Config, parse_config
+from watchdog.daemon import Daemon
+from watchdog.export.metrics import WatchdogCollector
 from watchdog.model import NodeSnapshot
 
 
@@ -27,6 +29,11 @@ def daemon_config(tmp: Path, **sections: Any) -> Config:
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
     return parse_config(base)
+
+
+def scrape(daemon: Daemon) -> str:
+    """What GET /metrics would serve for the daemon's last tick (the collector the service builds)."""
+    return WatchdogCollector(lambda: daemon.published, daemon.counters).exposition().decode()
 
 
 def stepping_clock(start: float = 1.9e9, step: float = 1.0) -> Callable[[], float]:

@@ -21,10 +21,10 @@ from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.users import ALICE, BOB, described, shared_folder, user_process
 from watchdog.act.bundles import MAX_ACTION_RECORDS, Incident
 from watchdog.config import StacksConfig
-from watchdog.daemon import build
 from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.secrets import REDACTED, redact_arguments, redact_variable
+from watchdog.service import build
 from watchdog.stacks import nccl_ras
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import capture_job
@@ -220,18 +220,21 @@ def test_a_dump_in_scan_mode_answers_for_the_proven_job_only_and_fast(tmp_path: 
     job, and stays fast (the work per request is bounded, whatever the claimants' number)."""
     config = daemon_config(tmp_path, source={"kind": "sim", "scenario": "spin_hang"},
                            stacks={"observe_seconds": 0.2, "flight_recorder": False, "nccl_ras": False})
-    daemon = build(config)
+    service = build(config)
+    daemon = service.daemon
     daemon.tick()
+    assert daemon.dumps is not None
     with shared_folder() as folder, \
             user_process(folder, ALICE, ["queue"], env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as victim, \
             claimants(BOB, {**JOB, "RANK": "1", "LOCAL_RANK": "1"}, CLAIMANTS), \
             user_process(folder, BOB, ["queue"], env={**JOB, "RANK": "1", "LOCAL_RANK": "1"}, launched=False) as forged:
         try:
             started = time.monotonic()
-            status, answer, _ = daemon.dump_request(json.dumps({"training_job": "run:victim-42"}).encode())
+            dumped = daemon.dumps.handle(json.dumps({"training_job": "run:victim-42"}).encode())
+            status, answer = dumped.status, dumped.body
             took = time.monotonic() - started
         finally:
-            daemon.shutdown()
+            service.close()
     assert status == 200, answer
     jobs = answer["jobs"]
     assert isinstance(jobs, list) and [j["training_job"] for j in jobs] == ["run:victim-42"], jobs
@@ -294,7 +297,8 @@ def test_a_held_action_is_recorded_once_over_a_simulated_week(tmp_path: Path) ->
                                    "confirm_seconds": 0},
                            actions={"mode": "act", "after_seconds": 10, "on_telemetry_only": True,
                                     "pause_file": str(tmp_path / "pause")})
-    daemon = build(config, monotonic=clock)
+    service = build(config, monotonic=clock)
+    daemon = service.daemon
     handler = daemon.incidents
     onset, steps = 1.9e9, 24
     sizes = []
@@ -319,7 +323,7 @@ def test_a_held_action_is_recorded_once_over_a_simulated_week(tmp_path: Path) ->
                     _wait(lambda: not state.acting, 60, "the decision never came")
                     sizes.append(((bundle / "summary.json").stat().st_size, (bundle / "report.html").stat().st_size))
             finally:
-                daemon.shutdown(timeout=15)
+                service.close(timeout=15)
     decisions = json.loads((bundle / "summary.json").read_text())["actions"]
     assert state.decision is not None and state.decision.name == "alive", state.decision
     assert [d["decision"] for d in decisions] == ["alive"], [d["reason"] for d in decisions]
@@ -329,7 +333,8 @@ def test_a_held_action_is_recorded_once_over_a_simulated_week(tmp_path: Path) ->
 def test_a_flapping_decision_keeps_a_bounded_record(tmp_path: Path) -> None:
     """Decisions that change at every reconsideration for a week (20,160 of them) leave at most
     MAX_ACTION_RECORDS in the bundle: the first half and the newest, with the number left out."""
-    daemon = build(daemon_config(tmp_path, source={"kind": "sim", "scenario": "zero_util_hang"}))
+    service = build(daemon_config(tmp_path, source={"kind": "sim", "scenario": "zero_util_hang"}))
+    daemon = service.daemon
     event = EpisodeEvent(EventKind.FIRED, Signature.ZERO_UTIL, Severity.CRITICAL, (0,), (0,), 1.9e9, 1.9e9 + 600,
                          "GPU 0 idle", key="zero_util:0", headline="HANG (critical): GPU 0 idle")
     bundles = daemon.incidents.bundles
@@ -337,7 +342,7 @@ def test_a_flapping_decision_keeps_a_bounded_record(tmp_path: Path) -> None:
     assert bundle is not None
     for n in range(3 * MAX_ACTION_RECORDS):
         bundles.record_action(str(bundle), {"decision": ("alive", "cooldown")[n % 2], "reason": f"look {n}"})
-    daemon.shutdown()
+    service.close()
     summary = json.loads((bundle / "summary.json").read_text())
     kept = [a["reason"] for a in summary["actions"]]
     assert len(kept) == MAX_ACTION_RECORDS and summary["actions_left_out"] == 2 * MAX_ACTION_RECORDS

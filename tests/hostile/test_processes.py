@@ -15,10 +15,10 @@ import pytest
 from tests.conftest import python_target
 from tests.fakes.daemon import daemon_config, stepping_clock
 from tests.users import described
-from watchdog.daemon import build
 from watchdog.sample import sim
 from watchdog.sample.host_progress import AT_WORK_SECONDS
 from watchdog.sample.ranks import REDACTED, RankDiscovery, proc_counters
+from watchdog.service import build
 
 
 def test_stopping_kills_a_hung_capture_within_the_stop_timeout(tmp_path: Path) -> None:
@@ -30,7 +30,8 @@ def test_stopping_kills_a_hung_capture_within_the_stop_timeout(tmp_path: Path) -
         config = daemon_config(tmp_path, source={"scenario": "spin_hang", "pids": pids},
                                bundles={"capture_stacks": True},
                                stacks={"py_spy_command": [str(hung)], "timeout_seconds": 90})
-        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()))
+        service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()))
+        daemon = service.daemon
         ticks = 0
         while not daemon.incidents.open and ticks < 60:
             daemon.tick()
@@ -38,7 +39,7 @@ def test_stopping_kills_a_hung_capture_within_the_stop_timeout(tmp_path: Path) -
         assert daemon.incidents.open, "the spin was never suspected"
         time.sleep(0.5)  # the capture is running (and hung)
         started = time.monotonic()
-        daemon.shutdown(timeout=10)
+        service.close(timeout=10)
         took = time.monotonic() - started
     assert took < 20, f"shutdown took {took:.0f} s behind a hung py-spy (systemd stops after 30 s)"
     stray = subprocess.run(["pgrep", "-f", str(hung)], capture_output=True, text=True)
@@ -155,8 +156,9 @@ def test_a_reused_pid_is_described_afresh(tmp_path: Path) -> None:
     try:
         pids = {gpu: [pid] for gpu in range(8)}
         config = daemon_config(tmp_path, source={"scenario": "spin_hang", "pids": pids})
-        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()),
+        service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()),
                        monotonic=stepping_clock(1000.0))
+        daemon = service.daemon
         daemon.tick()
         assert {(row.rank, row.job) for row in daemon.published.ranks} == {(3, "run:jobA")}
         time.sleep(0.1)  # /proc's start times count in clock ticks (10 ms): the two processes must not share one
@@ -187,11 +189,12 @@ def test_a_process_that_cannot_be_described_costs_its_labels_not_the_metrics(tmp
     with python_target("queue", tmp_path) as rank:
         pids = {gpu: [rank.pid] for gpu in range(8)}
         config = daemon_config(tmp_path, source={"scenario": "spin_hang", "pids": pids})
-        daemon = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()),
+        service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 285, pids, clock=stepping_clock()),
                        discovery=Failing())
+        daemon = service.daemon
         daemon.tick()
-        exposition = daemon.exposition().decode()
-    assert daemon.component_up.get("export") is True
+        exposition = service.exposition().decode()
+    assert daemon.guard.up.get("export") is True
     assert 'gpu_utilization_ratio{gpu="0"' in exposition
     assert "stall_watchdog_last_sample_timestamp_seconds" in exposition
     assert daemon.counters.get("component_errors_total", "ranks") == 1

@@ -320,7 +320,7 @@ def test_a_thread_name_with_new_lines_forges_no_process(tmp_path: Path, capsys: 
 def test_a_note_after_a_header_is_not_a_name_that_runs_on() -> None:
     """Only a name whose quote is still open runs on to the next lines: words after a closed quote (a person's
     note) leave the header prose, as before, and the next thread is read."""
-    from watchdog.stacks.formats import parse_text
+    from watchdog.stacks.pyspy_text import parse_text
 
     text = ('Thread 12 (idle): "MainThread"  <-- stuck here\n    f (a.py:1)\n'
             'Thread 13 (idle): "MainThread"\n    g (b.py:2)\n')
@@ -330,7 +330,7 @@ def test_a_note_after_a_header_is_not_a_name_that_runs_on() -> None:
 def test_a_claimed_count_does_not_outweigh_the_processes_shown(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Seventy stacks shown in their forward pass, and one in a queue under a count line claiming a billion
-    processes there: a claim stands for at most a node's worth of processes (formats.MAX_CLAIMED), so it cannot
+    processes there: a claim stands for at most a node's worth of processes (pyspy_text.MAX_CLAIMED), so it cannot
     outweigh the stacks shown."""
     shown = [f'Thread {1000 + n} (active): "MainThread"\n    forward (model.py:10)\n    train (train.py:40)\n\n'
              for n in range(70)]

@@ -243,13 +243,12 @@ def test_slow_and_half_open_clients_do_not_starve_a_scrape(tmp_path: Path) -> No
 def test_dumps_on_loopback_need_credentials_unless_opened(tmp_path: Path) -> None:
     """Any local user reaches loopback: by default a dump needs the token there too."""
     from tests.fakes.daemon import daemon_config
-    from watchdog.daemon import build
-    from watchdog.export.server import Endpoint
+    from watchdog.service import build
 
     for opened, expected in ((False, 403), (True, 404)):
         config = daemon_config(tmp_path, dump={"open_on_loopback": opened})
-        daemon = build(config)
-        endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy, daemon.dump_request, config.dump)
+        service = build(config)
+        endpoint = service.endpoint
         endpoint.start()
         request = urllib.request.Request(endpoint.base_url + "/v1/dump", data=b'{"training_job": "none"}',
                                          method="POST")
@@ -259,8 +258,7 @@ def test_dumps_on_loopback_need_credentials_unless_opened(tmp_path: Path) -> Non
         except urllib.error.HTTPError as exc:
             status = int(exc.code)
         finally:
-            endpoint.stop()
-            daemon.shutdown()
+            service.close()
         assert status == expected, (opened, status)
 
 

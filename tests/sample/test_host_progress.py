@@ -14,7 +14,7 @@ import pytest
 from watchdog.model import GpuSample, NodeSnapshot
 from watchdog.sample import host_progress
 from watchdog.sample.host_progress import HostProgress
-from watchdog.sample.ranks import proc_counters
+from watchdog.sample.proc_counters import proc_counters
 
 
 def test_counters_agree_with_psutil() -> None:

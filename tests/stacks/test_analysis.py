@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import realdata
 from watchdog.model import Frame, Severity, StackDump, ThreadStack
-from watchdog.sample.ranks import HostActivity
+from watchdog.sample.proc_counters import HostActivity
 from watchdog.stacks.analysis import analyze
 from watchdog.stacks.classify import (
     BACKWARD,
@@ -184,7 +184,7 @@ def test_real_single_dumps_are_classified(name: str, activity: str) -> None:
 
 
 def test_one_process_reads_in_the_singular_and_saved_stacks_claim_no_stillness() -> None:
-    from watchdog.stacks.formats import parse_text
+    from watchdog.stacks.pyspy_text import parse_text
     from watchdog.stacks.verdict import verdict
 
     one = parse_text('Process 7: python train.py\nThread 7 (idle): "MainThread"\n    get (queue.py:171)\n'

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tests.conftest import TARGETS, wait_for
 from watchdog.config import StacksConfig, parse_config
-from watchdog.daemon import build
 from watchdog.model import RANK_WAITS, GpuSample, NodeSnapshot
 from watchdog.sample import sim
+from watchdog.service import build
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.sampling import PLANNED, WAITING, WORKING, RankSampler, SampleTarget, main_thread_samples
 
@@ -106,10 +106,12 @@ def test_the_daemon_samples_the_proven_ranks_on_its_gpus(tmp_path: Path) -> None
     with steady_job(tmp_path, {}) as ranks:
         scenario = sim.Scenario("t", "", "h100", 4, 600, ((0, None, "train"),))
         config = parse_config({"bundles": {"directory": str(tmp_path / "b"), "capture_stacks": False}})
-        daemon = build(config, sim.SimSource(scenario, pids={n: [p.pid] for n, p in enumerate(ranks)}))
+        service = build(config, sim.SimSource(scenario, pids={n: [p.pid] for n, p in enumerate(ranks)}))
+        daemon = service.daemon
         daemon.tick()
-        targets = daemon.sample_targets()
-        daemon.shutdown(2)
+        assert daemon.sampler is not None
+        targets = list(daemon.sampler.targets())
+        service.close(2)
     assert sorted((t.pid, t.gpus, t.rank) for t in targets) == [(p.pid, (n,), n) for n, p in enumerate(ranks)]
     assert len({t.job for t in targets}) == 1 and targets[0].job.startswith("run:steady-")
 

@@ -21,7 +21,8 @@ from typing import Protocol
 from watchdog import children, http_client, logfmt, secrets
 from watchdog.config import AlertsConfig, ReceiverConfig
 from watchdog.counters import Counters
-from watchdog.model import AlertIdentity, Severity, alert_name, iso_time
+from watchdog.model import AlertIdentity, Severity, alert_name
+from watchdog.words import iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
 

@@ -32,10 +32,11 @@ from watchdog import logfmt, private_files
 from watchdog.config import BundlesConfig
 from watchdog.counters import Counters
 from watchdog.doctor.checks import DoctorFinding
-from watchdog.model import EpisodeEvent, NodeSnapshot, Severity, iso_time
+from watchdog.model import EpisodeEvent, NodeSnapshot, Severity
 from watchdog.sample import recording
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture, capture_file_name
+from watchdog.words import iso_time
 
 
 @dataclass

@@ -37,11 +37,12 @@ from watchdog.act import membership
 from watchdog.act.bundles import BundleStore
 from watchdog.config import Config
 from watchdog.counters import Counters
-from watchdog.model import NodeSnapshot, iso_time
+from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
 from watchdog.webhook import PayloadError, dump_target
+from watchdog.words import iso_time
 
 MAX_RANKS = 128  # processes one dump describes and captures
 MAX_CLAIMANTS_SHOWN = 8

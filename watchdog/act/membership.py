@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from watchdog.model import Workload
 from watchdog.sample import workload as workloads
 from watchdog.sample.ranks import Job, RankInfo, group_jobs, job_of
+from watchdog.stacks import nccl_inspector
+from watchdog.stacks.sampling import SampleTarget
 
 _LAUNCHED = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
 
@@ -203,3 +205,13 @@ def sorted_out(ranks: Sequence[RankInfo], slurm_check: SlurmCheck) -> tuple[list
     claimed = [job_of(f"{job.key} (claimed, unproven)" if job.key in taken else job.key, job.ranks)
                for job in group_jobs(alone.rank for alone in left)]
     return proven, claimed, left
+
+
+def sample_targets(found: Sequence[RankInfo], slurm_check: SlurmCheck) -> list[SampleTarget]:
+    """The ranks among `found` (those on the GPUs now) that are proven members of a job (never a claim), for the
+    stack sampler, with where each one's NCCL Inspector log lies if its job writes one."""
+    proven, _, _ = sorted_out(found, slurm_check)
+    return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key, folder,
+                         nccl_inspector.host_of(r.pid, r.env.get("HOSTNAME")) if folder else None)
+            for job in proven for r in job.ranks if r.rank is not None
+            for folder in (nccl_inspector.log_folder(r.env),)]

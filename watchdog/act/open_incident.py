@@ -9,9 +9,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from watchdog.act import policy
-from watchdog.model import AlertIdentity, EpisodeEvent, NodeSnapshot, Severity, Workload, gpu_list
+from watchdog.model import AlertIdentity, EpisodeEvent, NodeSnapshot, Severity, Workload
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture
+from watchdog.words import gpu_list
 
 
 @dataclass

@@ -38,8 +38,9 @@ from pathlib import Path
 
 from watchdog import private_files, rank_files
 from watchdog.config import ActionsConfig
-from watchdog.model import Severity, duration_text
+from watchdog.model import Severity
 from watchdog.stacks.picture import StackPicture
+from watchdog.words import duration_text
 
 FINAL = frozenset({"act", "dry_run", "deterministic"})
 # Decisions said in an alert (the first time they are reached): what a person would want to know.

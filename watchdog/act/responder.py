@@ -27,10 +27,11 @@ from watchdog.act.bundles import BundleStore
 from watchdog.act.open_incident import OpenIncident, bundle_on_disk, on_gpus
 from watchdog.config import Config
 from watchdog.counters import Counters
-from watchdog.model import EpisodeEvent, NodeSnapshot, Severity, duration_text
+from watchdog.model import EpisodeEvent, NodeSnapshot, Severity
 from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
+from watchdog.words import duration_text
 
 LEDGER_NAME = "actions-ledger.json"
 _RECONSIDER_SECONDS = 30.0  # a decision that held an action back (paused, cooldown...) is looked at again

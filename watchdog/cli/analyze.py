@@ -25,19 +25,12 @@ from watchdog.coordinate import job_bundle
 from watchdog.model import Severity, StackDump, Verdict
 from watchdog.stacks import fr_dumps, fr_text, nccl_ras, nccl_timeouts, progress_log
 from watchdog.stacks.analysis import Analysis, analyze
-from watchdog.stacks.formats import (
-    MAX_DUMP_BYTES,
-    StackFormatError,
-    from_json,
-    looks_like_pyspy,
-    parse_capture,
-    parse_pyspy_json,
-    parse_text,
-)
+from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, from_json, parse_capture, parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
 from watchdog.stacks.nccl_ras import RasError, RasStatus
 from watchdog.stacks.paste import pasted
 from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence, with_notes
+from watchdog.stacks.pyspy_text import looks_like_pyspy, parse_text
 from watchdog.stacks.verdict import verdict
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"

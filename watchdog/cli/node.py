@@ -9,7 +9,6 @@ from pathlib import Path
 
 from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
-from watchdog.act.alerts import build_receivers
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.cli.coordinate import NotReady, ready
 from watchdog.cli.stacks import describe_pids, proven_jobs
@@ -18,11 +17,12 @@ from watchdog.doctor.checks import ERROR, WARNING, examine
 from watchdog.doctor.facts import gather
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
-from watchdog.export.server import EndpointError, endpoint_secrets
+from watchdog.export.server import EndpointError, endpoint_secrets, endpoint_tls
 from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankDiscovery, RankInfo
+from watchdog.service import build, source_for
 
 EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
 
@@ -84,20 +84,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """The file, then a dry run of what `run` builds from it that can fail before the loop starts: every
-    secret file and variable read and checked as `run` reads it, every receiver built (URLs checked), every
-    configured action's program and token found (act/actions.py problems, which `run` logs)."""
+    """The file, then what `run` builds from it (watchdog/service.py's build, nothing started: no GPU opened,
+    no port bound): every secret file and variable read and checked as `run` reads it, the endpoint's
+    certificate and key loaded, every receiver built (URLs checked), every configured action's program and
+    token found (act/actions.py problems, which `run` logs), and the coordinator's section as `coordinate`
+    builds it."""
     config = load_config(args.file)
     problems = []
     try:
-        build_receivers(config.alerts)
-    except ValueError as exc:
-        problems.append(f"alerts: {exc}")
-    try:
-        endpoint_secrets(config.export, config.dump)
-    except EndpointError as exc:
+        service = build(config, source_for(config), args.file, discovery=RankDiscovery())
+    except (ValueError, EndpointError) as exc:
         problems.append(str(exc))
-    problems += action_problems(config.actions)
+        if isinstance(exc, ValueError):  # a receiver stopped it before the endpoint: its credentials and TLS too
+            try:
+                endpoint_secrets(config.export, config.dump)
+                endpoint_tls(config.export)
+            except EndpointError as later:
+                problems.append(str(later))
+        problems += action_problems(config.actions)
+    else:
+        problems += service.daemon.responder.unready
+        service.close(0)
     try:  # the coordinator's section, as `coordinate --config` would build it
         ready(config.coordinator)
     except NotReady as exc:

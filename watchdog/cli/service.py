@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import signal
 from pathlib import Path
 
 from watchdog import logfmt
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.config import load_config
-from watchdog.daemon import build, source_for
-from watchdog.export.server import Endpoint, EndpointError
-from watchdog.model import counted
+from watchdog.export.server import EndpointError
 from watchdog.sample.nvml import NvmlUnavailable
+from watchdog.service import build, source_for
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -26,33 +24,16 @@ def cmd_run(args: argparse.Namespace) -> int:
               "scenario: spin_hang}` in the config, or run `stall-watchdog replay sim:odd_rank`.")
         return EXIT_FAILURE
     try:
-        daemon = build(config, source, config_path=args.config)
-    except ValueError as exc:  # a receiver's secret that cannot be read
+        service = build(config, source, config_path=args.config)
+    except (ValueError, EndpointError) as exc:  # a receiver's or the endpoint's secret that cannot be read
+        source.close()
         error(str(exc))
-        return EXIT_USAGE
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILURE
     try:
-        endpoint = Endpoint(config.export, daemon.exposition, daemon.healthy,
-                            daemon.dump_request if config.dump.enabled else None, config.dump)
-    except EndpointError as exc:
+        service.serve(max_ticks=args.max_ticks)
+    except EndpointError as exc:  # the address cannot be had
         error(str(exc))
         return EXIT_FAILURE
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop_requested.set())
-    signal.signal(signal.SIGINT, lambda *_: daemon.stop_requested.set())
-    signal.signal(signal.SIGHUP, lambda *_: daemon.reload_requested.set())
-    endpoint.start()
-
-    def ready() -> None:
-        status = f"watching {counted(source.gpu_count, 'GPU')} ({config.source.kind}); metrics on {endpoint.url}"
-        daemon.notifier.ready(status)
-        logfmt.event("started", gpus=source.gpu_count, source=config.source.kind, metrics=endpoint.url,
-                     bundles=config.bundles.directory, systemd=daemon.notifier.enabled or None)
-
-    try:
-        daemon.run(on_ready=ready, max_ticks=args.max_ticks)
-    finally:
-        logfmt.event("stopping", ticks=daemon.ticks)
-        endpoint.stop()
-        daemon.shutdown()
     return EXIT_OK
 
 

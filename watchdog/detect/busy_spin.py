@@ -22,6 +22,7 @@ memory-controller busy, SM activity high.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,21 @@ import numpy as np
 from watchdog.config import BusySpinConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import zeroed
-from watchdog.detect.stretch import Cells, Context, Window, at_rank, nearest_rank, ranked, run_start
+from watchdog.detect.stretch import (
+    BUSY_PERCENTILE,
+    MIN_WINDOW_SAMPLES,
+    Cells,
+    Context,
+    Window,
+    at_rank,
+    nearest_rank,
+    ranked,
+    run_start,
+)
 from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
-_MIN_SAMPLES = 8  # the flatness of fewer samples means little
+_FLAT_MIN_SAMPLES = 8  # the flatness of fewer samples means little
+_AT_WORK_FACTOR = 2  # memory traffic or SM activity this many times a spin's most, in one sample: real work
 _MAX_SPAN_SECONDS = 40.0  # a spin is critical within a minute at any sampling interval
 # A window that still holds the work before a spin vetoes it (memory traffic, SM activity) until the spin
 # fills most of it. When the window finds nothing on a GPU whose processes are known (their stacks can be
@@ -87,10 +99,28 @@ def detect(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> dict[int, Evidenc
     return out
 
 
+def legs_markdown() -> str:
+    """The README's table of the legs (make docs), from the legs' order here and the settings that define each:
+    a setting of BusySpinConfig whose description begins "Leg <name>" is that leg's."""
+    fields = BusySpinConfig.model_fields
+    rows = ["| leg | fires when | setting (default) |", "|---|---|---|"]
+    for leg in _LEG_ORDER:
+        keys = [k for k, f in fields.items() if re.match(rf"Leg {leg}\b", f.description or "")]
+        if not keys:
+            raise ValueError(f"leg {leg}: no setting of detectors.busy_spin describes it")
+        said = [re.match(rf"Leg {leg}\b(?: \(([^)]*)\))?:? ?(.*)", fields[k].description or "", re.S) for k in keys]
+        notes = "".join(f" ({m.group(1)})" for m in said if m and m.group(1))
+        text = "; ".join(m.group(2).rstrip(".") for m in said if m) + "."
+        settings = ", ".join(f"`{k}` ({fields[k].default})" for k in keys)
+        rows.append(f"| `{leg}`{notes} | {text} | {settings} |")
+    return "\n".join(rows)
+
+
 def at_work(memory: Any, activity: Any, cfg: BusySpinConfig) -> Any:
     """Busy memory or busy SMs in a sample: real work now, whatever the window holds (a single tick judged
     so is absorbed by the episode's hysteresis). Readings as arrays or numbers, missing ones NaN."""
-    return (memory > 2 * cfg.memory_utilization_max_ratio) | (activity > 2 * cfg.sm_activity_max_ratio)
+    return ((memory > _AT_WORK_FACTOR * cfg.memory_utilization_max_ratio)
+            | (activity > _AT_WORK_FACTOR * cfg.sm_activity_max_ratio))
 
 
 def working_now(sample: GpuSample, cfg: BusySpinConfig) -> bool:
@@ -119,7 +149,7 @@ def _legs(cells: Cells, cfg: BusySpinConfig, window: Window) -> tuple[np.ndarray
              "busy_watts": nan.copy()}
     memory, memories = ranked(window.readings("memory_utilization_ratio"))
     seen = memories > 0
-    vetoed |= seen & (nearest_rank(memory, memories, 0.9) > cfg.memory_utilization_max_ratio)  # real work
+    vetoed |= seen & (nearest_rank(memory, memories, BUSY_PERCENTILE) > cfg.memory_utilization_max_ratio)  # work
     fired[:, 0] = seen
     facts["memory_utilization"] = np.where(seen, at_rank(memory, memories - 1), np.nan)
     activity = window.readings("sm_activity_ratio")
@@ -163,7 +193,7 @@ def _span(cells: Cells, seconds: float) -> np.ndarray:
     """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow
     (Cells.span), but no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window
     of minutes)."""
-    stretch = cells.span(seconds, _MIN_SAMPLES)
+    stretch = cells.span(seconds, _FLAT_MIN_SAMPLES)
     return np.where(stretch <= _MAX_SPAN_SECONDS, stretch, max(seconds, _MAX_SPAN_SECONDS))
 
 
@@ -173,5 +203,5 @@ def pinned(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:
     window = cells.window(_span(cells, cfg.window_seconds), ctx.short_seconds)
     utils, count = ranked(window.readings("utilization_ratio"))
     memory, memories = ranked(window.readings("memory_utilization_ratio"))
-    return (count >= 3) & (nearest_rank(utils, count, 0.5) >= cfg.utilization_min_ratio) & (
-        (memories == 0) | (nearest_rank(memory, memories, 0.9) <= cfg.memory_utilization_max_ratio))
+    return (count >= MIN_WINDOW_SAMPLES) & (nearest_rank(utils, count, 0.5) >= cfg.utilization_min_ratio) & (
+        (memories == 0) | (nearest_rank(memory, memories, BUSY_PERCENTILE) <= cfg.memory_utilization_max_ratio))

@@ -12,16 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from watchdog.config import BusySpinConfig
-from watchdog.detect.stretch import Cells, Context, active, nearest_rank, ranked
+from watchdog.detect.stretch import MIN_WINDOW_SAMPLES, Cells, Context, active, nearest_rank, ranked
 
 WORK_MIN_RATIO = 0.5  # a training step's input-pipeline dips go lower, its median does not
 _SECONDS = 10.0  # the recent stretch judged; the episode asks for clear_seconds of this in a row
-_MIN_SAMPLES = 3
 
 
 def recovered(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:
     """For each cell, whether its GPU shows that its stall has ended."""
-    window = cells.window(cells.span(_SECONDS, _MIN_SAMPLES), ctx.short_seconds)
+    window = cells.window(cells.span(_SECONDS, MIN_WINDOW_SAMPLES), ctx.short_seconds)
     utils, count = ranked(window.readings("utilization_ratio"))
     util = nearest_rank(utils, count, 0.5)
     power, watts = ranked(window.readings("power_watts"))
@@ -30,5 +29,5 @@ def recovered(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:
     working = (util < cfg.utilization_min_ratio) | (
         (watts > 0) & (nearest_rank(power, watts, 0.5) > cfg.fell_max_ratio * busy)) | (
         (memories > 0) & (nearest_rank(memory, memories, 0.5) > cfg.memory_utilization_max_ratio))
-    at_work = (count >= _MIN_SAMPLES) & (util >= WORK_MIN_RATIO) & working
+    at_work = (count >= MIN_WINDOW_SAMPLES) & (util >= WORK_MIN_RATIO) & working
     return ~active(cells, ctx) | at_work

@@ -23,10 +23,8 @@ import numpy as np
 from watchdog.config import StragglerConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import zeroed
-from watchdog.detect.stretch import Cells, Context, nearest_rank, ranked, run_start
+from watchdog.detect.stretch import MIN_WINDOW_SAMPLES, Cells, Context, nearest_rank, ranked, run_start
 from watchdog.model import THROTTLE_REASON_MASK, Signature, throttle_reason_names
-
-_MIN_SAMPLES = 3
 
 
 def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Evidence]:
@@ -49,7 +47,7 @@ def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Eviden
     readings = np.where((utils >= cfg.busy_min_ratio) & plausible, readings, np.nan)  # its working samples only
     sorted_clocks, count = ranked(readings)
     median = nearest_rank(sorted_clocks, count, 0.5)
-    median = np.where(count >= _MIN_SAMPLES, median, np.nan)
+    median = np.where(count >= MIN_WINDOW_SAMPLES, median, np.nan)
     reference, peers_counted = _tick_median(some.at, median)
     held = zeroed(window.readings("clock_event_reasons")).astype(np.int64) & THROTTLE_REASON_MASK
     reasons = np.bitwise_or.reduce(held, axis=1) if held.shape[1] else np.zeros(len(held), np.int64)

@@ -18,7 +18,9 @@ from watchdog.model import NUMERIC_FIELDS, GpuHealth, GpuSample
 
 NUMERIC = NUMERIC_FIELDS
 HEALTH_CODES = (GpuHealth.OK, GpuHealth.LOST, GpuHealth.HUNG)
-_MIN_SAMPLES = 10  # a window keeps this many samples whatever their age: -l 5 samples still have enough
+_KEPT_SAMPLES = 10  # a window keeps this many samples whatever their age: -l 5 samples still have enough
+MIN_WINDOW_SAMPLES = 3  # a window's median or percentile needs this many samples: one or two are a blip
+BUSY_PERCENTILE = 0.9  # a reading "seen busy" in a window: its 90th percentile, so that a few blips do not count
 
 
 def no_pids(shape: tuple[int, ...]) -> np.ndarray:
@@ -230,7 +232,7 @@ class Cells:
 
     def window(self, seconds: np.ndarray | float, short_seconds: float) -> Window:
         """The samples of each cell's last `seconds` (oldest first), of those a window of `short_seconds`
-        keeps: the samples of its last short_seconds, or its last _MIN_SAMPLES whatever their age."""
+        keeps: the samples of its last short_seconds, or its last _KEPT_SAMPLES whatever their age."""
         stretch = self.stretch
         now, seen = self.now(), stretch.counts(self.end, self.cols)
 
@@ -239,7 +241,7 @@ class Cells:
             before = np.where(first > 0, stretch.counts(np.maximum(first - 1, 0), self.cols), 0)
             return seen - before
 
-        kept = np.maximum(since(now - short_seconds), np.minimum(_MIN_SAMPLES, seen))
+        kept = np.maximum(since(now - short_seconds), np.minimum(_KEPT_SAMPLES, seen))
         count = np.minimum(since(now - np.asarray(seconds, dtype=float)), kept)
         width = int(count.max(initial=0))
         offsets = np.arange(width)[None, :]

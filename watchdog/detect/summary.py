@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from watchdog.detect.gpu_health import summary_of
-from watchdog.model import Finding, Severity, Signature, Verdict, duration_text, gpu_list, plural
+from watchdog.model import Finding, Severity, Signature, Verdict
+from watchdog.words import duration_text, gpu_list, plural
 
 
 def _power(facts: dict[str, float | str]) -> str:

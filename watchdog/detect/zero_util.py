@@ -9,10 +9,8 @@ import numpy as np
 
 from watchdog.config import ZeroUtilConfig
 from watchdog.detect.evidence import Evidence
-from watchdog.detect.stretch import Cells, Context, at_rank, nearest_rank, ranked, run_start
+from watchdog.detect.stretch import MIN_WINDOW_SAMPLES, Cells, Context, at_rank, nearest_rank, ranked, run_start
 from watchdog.model import Signature
-
-_MIN_SAMPLES = 3
 
 
 def detect(cells: Cells, cfg: ZeroUtilConfig, ctx: Context) -> dict[int, Evidence]:
@@ -23,10 +21,11 @@ def detect(cells: Cells, cfg: ZeroUtilConfig, ctx: Context) -> dict[int, Evidenc
     if not len(chosen):
         return {}
     cells = cells.subset(chosen)
-    window = cells.window(cells.span(cfg.window_seconds, _MIN_SAMPLES), ctx.short_seconds)
+    window = cells.window(cells.span(cfg.window_seconds, MIN_WINDOW_SAMPLES), ctx.short_seconds)
     readings = window.readings("utilization_ratio")
     utils, count = ranked(readings)
-    idle = (window.count >= _MIN_SAMPLES) & (count > 0) & (nearest_rank(utils, count, 0.5) <= cfg.utilization_max_ratio)
+    idle = ((window.count >= MIN_WINDOW_SAMPLES) & (count > 0)
+            & (nearest_rank(utils, count, 0.5) <= cfg.utilization_max_ratio))
     idle &= ~(at_rank(utils, count - 1) > blip)  # at work, or more than the blips of an idle GPU: not idle
     memory = window.readings("memory_used_bytes")
     held = np.count_nonzero(~np.isnan(memory), axis=1)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from watchdog.doctor.facts import Interface, NodeFacts, kernel_version_tuple
-from watchdog.model import counted, gpu_list
 from watchdog.sample.ranks import RankInfo
+from watchdog.words import counted, gpu_list
 
 
 class Level(str, enum.Enum):

@@ -52,6 +52,19 @@ def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
     return Auth(cfg.basic_auth_user, password, _token(dump))
 
 
+def endpoint_tls(cfg: ExportConfig) -> ssl.SSLContext | None:
+    """The endpoint's TLS context with its certificate and key loaded, or None without export.tls_cert_file
+    (check-config runs this too)."""
+    if not cfg.tls_cert_file:
+        return None
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise EndpointError(f"export.tls_cert_file: cannot load: {exc}") from None
+    return tls
+
+
 DumpHandler = Callable[[bytes], tuple[int, dict[str, object], "int | None"]]
 
 
@@ -104,22 +117,17 @@ class Endpoint:
                 status, answer, retry = dump(body)
                 self.reply_json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
 
-        tls = None
-        if cfg.tls_cert_file:
-            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            try:
-                tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-            except (OSError, ssl.SSLError) as exc:
-                raise EndpointError(f"export.tls_cert_file: cannot load: {exc}") from None
-        try:
-            self.server = HardenedServer((host, port), Handler, tls)
-        except OSError as exc:
-            raise EndpointError(f"export.listen_address: cannot listen on {cfg.listen_address}: "
-                                f"{exc.strerror or exc}") from None
-        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
+        self._handler, self._tls, self._address = Handler, endpoint_tls(cfg), (host, port)
+        self.server: HardenedServer | None = None
+        self.thread: threading.Thread | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self.server is not None
 
     @property
     def base_url(self) -> str:
+        assert self.server is not None, "the endpoint is not listening: start() it"
         host, port = str(self.server.server_address[0]), self.server.server_address[1]
         scheme = "https" if self.cfg.tls_cert_file else "http"
         return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -129,8 +137,17 @@ class Endpoint:
         return self.base_url + "/metrics"
 
     def start(self) -> None:
+        """Listen and serve on a thread of its own (EndpointError if the address cannot be had)."""
+        try:
+            self.server = HardenedServer(self._address, self._handler, self._tls)
+        except OSError as exc:
+            raise EndpointError(f"export.listen_address: cannot listen on {self.cfg.listen_address}: "
+                                f"{exc.strerror or exc}") from None
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from watchdog.model import GpuSample, NodeSnapshot
-from watchdog.sample.ranks import io_counters, proc_counters, stat_counters
+from watchdog.sample.proc_counters import io_counters, proc_counters, stat_counters
 
 
 class _Process:
@@ -51,7 +51,7 @@ class _Process:
             raise
 
     def counters(self) -> tuple[int, float, int | None]:
-        """(start time, CPU seconds, rchar + wchar) now, as ranks.proc_counters reads them."""
+        """(start time, CPU seconds, rchar + wchar) now, as proc_counters.proc_counters reads them."""
         if self.stat is None:
             start, cpu, read, write = proc_counters(self.pid)
             return start, cpu, read + write if read is not None and write is not None else None

@@ -15,7 +15,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -23,6 +23,7 @@ import psutil
 from watchdog.model import NodeSnapshot, Workload, member_id
 from watchdog.sample import workload
 from watchdog.sample.kubelet import PodDirectory
+from watchdog.sample.proc_counters import HostActivity, proc_counters, read_proc, stat_counters
 from watchdog.sample.workload import WORKLOAD_VARIABLES
 from watchdog.secrets import REDACTED as REDACTED  # re-exported: tests and callers name it here
 from watchdog.secrets import redact_arguments, redact_variable
@@ -39,67 +40,6 @@ _CGROUP_MAX = 16 * 1024
 # what is read of it is bounded. Launchers put their variables in the first few KiB.
 _ENVIRON_MAX = 1 << 20
 _ENVIRON_KEPT = 256  # variables kept of one process (NCCL_* and the like: a real job sets a few dozen)
-
-
-@dataclass(frozen=True)
-class HostActivity:
-    """A rank's host-side counters at one instant (cumulative since the process started)."""
-
-    cpu_seconds: float
-    read_bytes: int | None  # rchar: bytes passed to read syscalls, cache hits included
-    write_bytes: int | None  # wchar: bytes passed to write syscalls (a checkpoint writer grows it)
-    threads: Mapping[str, int] = field(default_factory=dict)  # thread state letter (R, S, D...) -> count
-
-    @property
-    def io_bytes(self) -> int:
-        """Bytes read and written (a counter not readable counts as none moved)."""
-        return (self.read_bytes or 0) + (self.write_bytes or 0)
-
-    def since(self, earlier: HostActivity) -> HostActivity:
-        def delta(now: int | None, then: int | None) -> int | None:
-            return None if now is None or then is None else now - then
-
-        return HostActivity(self.cpu_seconds - earlier.cpu_seconds, delta(self.read_bytes, earlier.read_bytes),
-                            delta(self.write_bytes, earlier.write_bytes), self.threads)
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def proc_counters(pid: int, proc_root: str = "/proc") -> tuple[int, float, int | None, int | None]:
-    """(start time in clock ticks since boot, CPU seconds, rchar, wchar) of a process, from one read each
-    of /proc/<pid>/stat and /proc/<pid>/io (rchar and wchar None where io is not ours to read). The
-    start time tells a reused pid from the process that had it. OSError when the process is gone.
-    Plain reads, not psutil: the daemon does this for every rank every second."""
-    start, cpu = stat_counters(_read(f"{proc_root}/{pid}/stat"))
-    try:
-        read, write = io_counters(_read(f"{proc_root}/{pid}/io"))
-    except PermissionError:
-        return start, cpu, None, None
-    return start, cpu, read, write
-
-
-def stat_counters(stat: bytes) -> tuple[int, float]:
-    """(start time in clock ticks since boot, CPU seconds) from the text of /proc/<pid>/stat."""
-    # "pid (comm) S ppid ...": the comm may hold spaces and parentheses; the state follows the last ')'
-    fields = stat[stat.rindex(b")") + 2:].split(None, 20)  # up to starttime, the rest left whole
-    return int(fields[19]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # starttime; utime + stime
-
-
-def io_counters(io: bytes) -> tuple[int, int]:
-    """(rchar, wchar) from the text of /proc/<pid>/io."""
-    fields = io.split(None, 4)  # "rchar: N" and "wchar: N" lead
-    if fields[0] != b"rchar:" or fields[2] != b"wchar:":
-        raise ValueError(f"not /proc/<pid>/io: {io[:40]!r}")
-    return int(fields[1]), int(fields[3])
-
-
-def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
 
 
 JOB_KEY_MAX = 200  # characters of a job key (a metric and alert label)
@@ -298,7 +238,7 @@ class RankDiscovery:
             return {}
         for task in tasks:
             try:
-                stat = _read(str(task / "stat"))
+                stat = read_proc(str(task / "stat"))
             except OSError:
                 continue  # the thread ended while we looked
             # "tid (comm) S ...": the comm is whatever bytes the thread named itself (spaces, parentheses,
@@ -381,7 +321,7 @@ class RankDiscovery:
             if "WORLD_SIZE" in env and {"RANK", "LOCAL_RANK", "SLURM_PROCID"} & env.keys() and (
                     not keys or claimed_key(env) in keys):
                 with contextlib.suppress(OSError, ValueError, IndexError):  # else gone
-                    claims.append((stat_counters(_read(f"{self.proc_root}/{pid}/stat"))[0], pid, env))
+                    claims.append((stat_counters(read_proc(f"{self.proc_root}/{pid}/stat"))[0], pid, env))
         claims.sort()
         if limit is not None and len(claims) > limit:
             self.counters["scan_over_limit"] += len(claims) - limit

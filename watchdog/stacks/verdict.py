@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from watchdog.model import Severity, Verdict, plural
-from watchdog.sample.ranks import HostActivity
+from watchdog.model import Severity, Verdict
+from watchdog.sample.proc_counters import HostActivity
 from watchdog.stacks.analysis import Analysis
 from watchdog.stacks.classify import (
     BACKWARD,
@@ -19,6 +19,7 @@ from watchdog.stacks.classify import (
     IDLE_WAIT,
     UNKNOWN,
 )
+from watchdog.words import plural
 
 _PROGRESS_BYTES = 64 * 1024  # written during the observation: a checkpoint writer makes progress
 _PROGRESS_CPU = 0.2  # CPU seconds per second: real host work (compute on the host, decoding, copying)
