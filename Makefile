@@ -7,6 +7,10 @@ BIN = $(VENV)/bin
 
 .PHONY: run test bench docs clean
 
+# The tests wait on real processes, servers and clocks far more than they compute: six workers share two cores,
+# an idle one taking queued tests from the others (worksteal), so the minute-long tests do not all end the run.
+TEST_WORKERS ?= 6
+
 # `make test` installs the test extras (a real browser driver, gRPC tools, the Kubernetes schemas...);
 # `make run` only what the demo needs (the package and torch for its CPU ranks).
 $(BIN)/.installed: pyproject.toml
@@ -28,7 +32,7 @@ test: $(BIN)/.installed
 	$(BIN)/ruff check watchdog tests bench deploy tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # Regenerate what is made from a fact kept elsewhere: config.example.yaml, the README's configuration
 # reference and metric list, and the Kubernetes files made from them (tools/docs.py says which).
