@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, need_tool
-from watchdog.model import RUNBOOK_URL, Signature, alert_name, runbook_url
+from watchdog.alert_identity import RUNBOOK_URL, alert_name, runbook_url
+from watchdog.model import Signature
 
 DEPLOY = REPO / "deploy"
 

@@ -13,6 +13,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
+from watchdog.alert_identity import AlertIdentity
 from watchdog.export.metrics import (
     METRICS,
     PREFIX,
@@ -24,7 +25,7 @@ from watchdog.export.metrics import (
     metric_list_markdown,
     new_counters,
 )
-from watchdog.model import AlertIdentity, Severity, Signature, Workload
+from watchdog.model import Severity, Signature, Workload
 from watchdog.sample import sim
 from watchdog.service import build
 

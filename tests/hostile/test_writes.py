@@ -17,7 +17,8 @@ from tests.hostile.test_files import event, store
 from watchdog import private_files, secrets
 from watchdog.act.alerts import Alert
 from watchdog.act.bundles import Incident
-from watchdog.model import AlertIdentity, Severity, Signature
+from watchdog.alert_identity import AlertIdentity
+from watchdog.model import Severity, Signature
 from watchdog.sample.ranks import REDACTED, redact_arguments
 
 

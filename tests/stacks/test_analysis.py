@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import realdata
-from watchdog.model import Frame, Severity, StackDump, ThreadStack
+from watchdog.model import Severity
 from watchdog.sample.proc_counters import HostActivity
+from watchdog.stack_model import Frame, StackDump, ThreadStack
 from watchdog.stacks.analysis import analyze
 from watchdog.stacks.classify import (
     BACKWARD,

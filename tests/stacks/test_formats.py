@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REALDATA, realdata
-from watchdog.model import Frame
+from watchdog.stack_model import Frame
 from watchdog.stacks.formats import StackFormatError, load, parse_pyspy_json
 from watchdog.stacks.pyspy_text import parse_text
 

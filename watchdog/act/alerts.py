@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from watchdog import children, http_client, logfmt, secrets
+from watchdog.alert_identity import AlertIdentity, alert_name
 from watchdog.config import AlertsConfig, ReceiverConfig
 from watchdog.counters import Counters
-from watchdog.model import AlertIdentity, Severity, alert_name
+from watchdog.model import Severity
 from watchdog.words import iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
@@ -31,7 +32,7 @@ _SEVERITY_RANK = {"warning": 1, "critical": 2}
 class Alert:
     key: str  # one per episode: the same key fires, escalates and resolves
     status: str  # firing | resolved
-    identity: AlertIdentity  # its name and labels, shared with the shipped rules (model.AlertIdentity)
+    identity: AlertIdentity  # its name and labels, shared with the shipped rules (alert_identity.py)
     severity: Severity
     gpus: tuple[int, ...]
     culprit_gpus: tuple[int, ...]

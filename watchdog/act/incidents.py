@@ -35,20 +35,12 @@ from watchdog.act import membership
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
 from watchdog.act.open_incident import OpenIncident, culprit_text, on_gpus
+from watchdog.alert_identity import PER_GPU_SIGNATURES, AlertIdentity, runbook_url
 from watchdog.config import Config
 from watchdog.counters import Counters
 from watchdog.doctor.checks import examine, top_finding
 from watchdog.doctor.facts import gather
-from watchdog.model import (
-    PER_GPU_SIGNATURES,
-    AlertIdentity,
-    EpisodeEvent,
-    EventKind,
-    NodeSnapshot,
-    Severity,
-    Verdict,
-    runbook_url,
-)
+from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.sample.workload import common

@@ -9,7 +9,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from watchdog.act import policy
-from watchdog.model import AlertIdentity, EpisodeEvent, NodeSnapshot, Severity, Workload
+from watchdog.alert_identity import AlertIdentity
+from watchdog.model import EpisodeEvent, NodeSnapshot, Severity, Workload
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture
 from watchdog.words import gpu_list

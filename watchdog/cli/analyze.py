@@ -22,7 +22,8 @@ from watchdog import rank_files, untrusted_data
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.stacks import print_pictures
 from watchdog.coordinate import job_bundle
-from watchdog.model import Severity, StackDump, Verdict
+from watchdog.model import Severity, Verdict
+from watchdog.stack_model import StackDump
 from watchdog.stacks import fr_dumps, fr_text, nccl_ras, nccl_timeouts, progress_log
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, from_json, parse_capture, parse_pyspy_json

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchdog.model import StackDump
+from watchdog.stack_model import StackDump
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace, SharedGroups
 

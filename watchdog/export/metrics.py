@@ -17,12 +17,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
+from watchdog.alert_identity import AlertIdentity
 from watchdog.config import ACTION_NAMES
 from watchdog.counters import Counters
 from watchdog.model import (
     RANK_WAITS,
     WORKLOAD_LABELS,
-    AlertIdentity,
     GpuHealth,
     GpuSample,
     NodeSnapshot,

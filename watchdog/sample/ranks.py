@@ -20,13 +20,14 @@ from pathlib import Path
 
 import psutil
 
-from watchdog.model import NodeSnapshot, Workload, member_id
+from watchdog.model import NodeSnapshot, Workload
 from watchdog.sample import workload
 from watchdog.sample.kubelet import PodDirectory
 from watchdog.sample.proc_counters import HostActivity, proc_counters, read_proc, stat_counters
 from watchdog.sample.workload import WORKLOAD_VARIABLES
 from watchdog.secrets import REDACTED as REDACTED  # re-exported: tests and callers name it here
 from watchdog.secrets import redact_arguments, redact_variable
+from watchdog.stack_model import member_id
 
 # Launch variables read from each rank's environment, and those that say which pod or Slurm job it is.
 RANK_VARIABLES = (

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from watchdog.model import Frame, StackDump
+from watchdog.stack_model import Frame, StackDump
 from watchdog.stacks.classify import COLLECTIVE, UNKNOWN, Activity, classify, normalized, where_text
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from watchdog import children, untrusted_data
 from watchdog.config import StacksConfig
-from watchdog.model import StackDump
+from watchdog.stack_model import StackDump
 from watchdog.stacks.formats import parse_pyspy_json, trim_pyspy_json
 
 OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT, FAILED, NO_PY_SPY = (

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog import rank_files, untrusted_data
-from watchdog.model import Frame, StackDump, ThreadStack, member_id
+from watchdog.stack_model import Frame, StackDump, ThreadStack, member_id
 from watchdog.stacks.pyspy_text import MAX_FRAMES, MAX_FRAMES_TOTAL, MAX_NAME, MAX_THREADS, parse_text
 
 MAX_DUMP_BYTES = 64 * 2**20  # a saved dump, as a person hands it to `analyze` or `stacks analyze`

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from watchdog import private_files
 from watchdog.config import StacksConfig
-from watchdog.model import StackDump, Verdict, member_id
+from watchdog.model import Verdict
 from watchdog.sample.proc_counters import HostActivity
 from watchdog.sample.ranks import Job, RankDiscovery
+from watchdog.stack_model import StackDump, member_id
 from watchdog.stacks import fr_dumps, nccl_ras
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.capture import OK, Capture, StackCapturer, Target

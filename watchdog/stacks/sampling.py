@@ -26,8 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from watchdog.config import StacksConfig
-from watchdog.model import RANK_WAITS, Frame, NodeSnapshot, ThreadStack
+from watchdog.model import RANK_WAITS, NodeSnapshot
 from watchdog.rank_files import RankFileError
+from watchdog.stack_model import Frame, ThreadStack
 from watchdog.stacks.capture import OK, StackCapturer
 from watchdog.stacks.classify import CHECKPOINT_IO, COLLECTIVE, EVALUATION, classify
 from watchdog.stacks.nccl_inspector import InspectorTail
