@@ -13,8 +13,10 @@ import pytest
 
 from tests.conftest import REPO, python_target
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from watchdog.doctor.checks import ERROR, INFO, OK, UNKNOWN, WARNING, examine, interface_matches
+from watchdog.doctor.checks import examine
 from watchdog.doctor.facts import Interface, NodeFacts, acs_redirect, gather
+from watchdog.doctor.finding import ERROR, INFO, OK, UNKNOWN, WARNING
+from watchdog.doctor.job_checks import interface_matches
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankInfo

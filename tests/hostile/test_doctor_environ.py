@@ -98,7 +98,7 @@ def test_an_environment_not_read_makes_every_job_check_unknown(install: tuple[Pa
 
 PARTIAL = """
 import json, sys
-from watchdog.doctor.checks import job_findings
+from watchdog.doctor.job_checks import job_findings
 from watchdog.doctor.facts import NodeFacts
 from watchdog.sample.ranks import RankDiscovery
 ranks = [RankDiscovery().describe(int(pid)) for pid in sys.argv[1:]]

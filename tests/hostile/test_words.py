@@ -22,8 +22,9 @@ from watchdog.config import Config
 from watchdog.detect.pauses import PauseMemory
 from watchdog.detect.severity import judge
 from watchdog.detect.summary import summarize
-from watchdog.doctor.checks import ERROR, OK, UNKNOWN, examine
+from watchdog.doctor.checks import examine
 from watchdog.doctor.facts import Interface, gather
+from watchdog.doctor.finding import ERROR, OK, UNKNOWN
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report
 from watchdog.model import (

@@ -31,7 +31,7 @@ from pathlib import Path
 from watchdog import logfmt, private_files
 from watchdog.config import BundlesConfig
 from watchdog.counters import Counters
-from watchdog.doctor.checks import DoctorFinding
+from watchdog.doctor.finding import DoctorFinding
 from watchdog.model import EpisodeEvent, NodeSnapshot, Severity
 from watchdog.sample import recording
 from watchdog.sample.ranks import RankInfo

@@ -13,8 +13,9 @@ from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.cli.coordinate import NotReady, ready
 from watchdog.cli.stacks import describe_pids, proven_jobs
 from watchdog.config import Config, load_config
-from watchdog.doctor.checks import ERROR, WARNING, examine
+from watchdog.doctor.checks import examine
 from watchdog.doctor.facts import gather
+from watchdog.doctor.finding import ERROR, WARNING
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
 from watchdog.export.server import EndpointError, endpoint_secrets, endpoint_tls

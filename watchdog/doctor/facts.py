@@ -54,6 +54,10 @@ class NodeFacts(Inventory):
     host_gpus: dict[str, int] = field(default_factory=dict)  # NVIDIA GPUs the host shows, by where (no NVML)
     problems: list[str] = field(default_factory=list)  # what could not be read, for the report
 
+    def p2p_read(self) -> dict[tuple[int, int], str]:
+        """The P2P pairs NVML answered for: an "unknown" pair was not read, and is neither OK nor broken."""
+        return {pair: status for pair, status in self.p2p.items() if status != "unknown"}
+
 
 def _read(path: Path) -> str | None:
     try:
