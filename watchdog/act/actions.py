@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import time
@@ -27,9 +26,8 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
-
 from watchdog import children, http_client, privileges, secrets
+from watchdog.act import pidfds
 from watchdog.config import ActionsConfig
 from watchdog.model import Workload
 from watchdog.sample.ranks import RankInfo
@@ -37,7 +35,6 @@ from watchdog.words import iso_time, number_runs
 
 DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED = "done", "failed", "timed_out", "dry_run", "skipped", "stopped"
 RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED)
-_POLL_SECONDS = 0.2
 _SLURM_CACHE_SECONDS = 30.0
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SLURM_JOB = re.compile(r"^\d{1,12}(_\d{1,9})?$")
@@ -161,28 +158,30 @@ class Actions:
             for rank in target.ranks:
                 if rank.pid in (1, os.getpid(), os.getppid()):
                     continue
-                fd = _pidfd(rank.pid, rank.create_time)
+                fd = pidfds.open_checked(rank.pid, rank.create_time)
                 if fd is not None:
                     victims.append((rank.pid, fd))
             if not victims:
                 raise Skipped("no rank of the job is left on the episode's GPUs")
             for pid, fd in victims:
-                _signal(pid, fd, signal.SIGTERM)
+                pidfds.send(pid, fd, signal.SIGTERM)
             grace = min(self.cfg.grace_seconds, self.cfg.timeout_seconds)
-            alive = _wait_gone(victims, grace, stop)
+            alive = pidfds.wait_gone(victims, grace, stop)
             if alive:
                 why = stop()
                 if why is not None:
                     raise Stopped(f"sent SIGTERM to {target.rank_text()}; SIGKILL not sent to pids "
                                   f"{', '.join(str(p) for p, _ in alive)}: {why}")
                 for pid, fd in alive:
-                    _signal(pid, fd, signal.SIGKILL)
-            still = _wait_gone(alive, max(1.0, self.cfg.timeout_seconds - grace), lambda: None)
+                    pidfds.send(pid, fd, signal.SIGKILL)
+            still = pidfds.wait_gone(alive, max(1.0, self.cfg.timeout_seconds - grace), lambda: None)
             if still:
                 raise ActionError(f"pids {', '.join(str(p) for p, _ in still)} still there after SIGKILL, within "
                                   f"{self.cfg.timeout_seconds:g} s", timed_out=True)
             killed = f"; {len(alive)} needed SIGKILL after {grace:g} s" if alive else ""
             return f"terminated {target.rank_text()} of job {target.job} ({len(victims)} processes{killed})"
+        except pidfds.SignalRefused as exc:
+            raise ActionError(str(exc)) from None
         finally:
             for _, fd in victims:
                 os.close(fd)
@@ -373,60 +372,6 @@ def problems(cfg: ActionsConfig) -> list[str]:
         except (ValueError, secrets.SecretError) as exc:
             found.append(f"actions.kubernetes: {exc}")
     return found
-
-
-def _pidfd(pid: int, create_time: float) -> int | None:
-    """A pidfd for the process `pid` names, if it is still the one that started at `create_time`; None when it
-    is gone or the pid now names another process. Opened first, checked after: the pidfd then refers to the
-    process that was checked, whatever happens to the pid later."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    try:
-        if abs(psutil.Process(pid).create_time() - create_time) > 0.01:
-            os.close(fd)
-            return None  # the pid names another process now
-    except psutil.Error:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _signal(pid: int, fd: int, signum: signal.Signals) -> None:
-    try:
-        signal.pidfd_send_signal(fd, signum)
-    except ProcessLookupError:
-        pass  # exited meanwhile
-    except PermissionError:
-        raise ActionError(f"cannot signal pid {pid}: operation not permitted (the daemon needs CAP_KILL to signal "
-                          "another user's ranks: deploy/systemd/actions.conf, or the DaemonSet's actions "
-                          "overlay)") from None
-    except OSError as exc:
-        raise ActionError(f"cannot signal pid {pid}: {exc.strerror or exc}") from None
-
-
-def _wait_gone(victims: list[tuple[int, int]], seconds: float,
-               stop: Callable[[], str | None]) -> list[tuple[int, int]]:
-    """The victims still running after `seconds` (or as soon as `stop()` says why): a pidfd is readable once
-    its process has exited, a zombie included."""
-    deadline = time.monotonic() + seconds
-    alive = list(victims)
-    while alive:
-        poller = select.poll()
-        for _, fd in alive:
-            poller.register(fd, select.POLLIN)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            ready = {fd for fd, _ in poller.poll(min(left, _POLL_SECONDS) * 1000)}
-        except InterruptedError:
-            ready = set()
-        alive = [(pid, fd) for pid, fd in alive if fd not in ready]
-        if alive and stop() is not None:
-            break
-    return alive
 
 
 def _slurm_job(workload: Workload) -> str | None:
