@@ -42,7 +42,7 @@ def test_systemd_notify_reload_and_stop(tmp_path: Path) -> None:
     notify = tmp_path / "notify.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(notify))
-    server.settimeout(10)
+    server.settimeout(30)  # a cold start beside the other test workers can take more than 10 s
     config = tmp_path / "config.yaml"
     port = free_port()
     config.write_text(config_text(tmp_path, port))

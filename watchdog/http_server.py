@@ -1,7 +1,7 @@
 """The rules every HTTP service of the package follows (the daemon's endpoint, the coordinator).
 
 Hostile clients cost only themselves:
-- a connection waits for its request head in one gate thread (a selector), not in a thread of its own:
+- a connection waits for its request head in one gate thread (a selector, http_gate.py), not in a thread of its own:
   at most MAX_PENDING wait (the oldest is dropped for a newer one), each for HEAD_SECONDS at most, and
   the TLS handshake runs there too, non-blocking. Half-open and slow clients never hold a worker, so
   hundreds of them cannot make a scrape fail;
@@ -26,27 +26,22 @@ import hmac
 import io
 import ipaddress
 import json
-import selectors
 import socket
 import ssl
 import threading
 import time
-from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from watchdog import logfmt
+from watchdog.http_gate import Gate
 
-MAX_PENDING = 512
-HEAD_SECONDS = 10.0
 REQUEST_SECONDS = 15.0
 GET_SLOTS = 48
 POST_SLOTS = 16
 CLIENT_SHARE = 2  # one client address holds at most 1/CLIENT_SHARE of a kind's slots
-MAX_HEAD_BYTES = 16 * 1024
 BACKLOG = 128
 CLIENT_TIMEOUT_SECONDS = 10.0  # one read of a worker, within REQUEST_SECONDS
-_TOO_LARGE = b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 def is_loopback(host: str) -> bool:
@@ -192,136 +187,6 @@ def read_body(handler: QuietHandler, limit: int, what: str) -> bytes | tuple[int
     return b"".join(chunks)
 
 
-class _Waiting:
-    __slots__ = ("sock", "address", "since", "head", "handshaken")
-
-    def __init__(self, sock: socket.socket, address: Any, handshaken: bool):
-        self.sock, self.address, self.since, self.head, self.handshaken = sock, address, time.monotonic(), b"", \
-            handshaken
-
-
-class _Gate:
-    """Connections wait here, all in one thread, until their request head is in (module docstring)."""
-
-    def __init__(self, server: HardenedServer):
-        self.server = server
-        self.selector = selectors.DefaultSelector()
-        self.waiting: OrderedDict[int, _Waiting] = OrderedDict()
-        self.inbox: list[tuple[socket.socket, Any]] = []
-        self.lock = threading.Lock()
-        self.wake_read, self.wake_write = socket.socketpair()
-        self.wake_read.setblocking(False)
-        self.selector.register(self.wake_read, selectors.EVENT_READ)
-        self.stopped = False
-        self.dropped = 0
-        self.thread = threading.Thread(target=self._run, name="http-gate", daemon=True)
-        self.thread.start()
-
-    def add(self, sock: socket.socket, address: Any) -> None:
-        with self.lock:
-            self.inbox.append((sock, address))
-        self._wake()
-
-    def stop(self) -> None:
-        self.stopped = True
-        self._wake()
-        self.thread.join(2)
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self.wake_write.send(b"x")
-
-    def _run(self) -> None:
-        while not self.stopped:
-            # Asleep until a connection arrives (add() wakes it), speaks, or the oldest waiting one expires.
-            oldest = next(iter(self.waiting.values()), None)
-            timeout = None if oldest is None else max(0.0, oldest.since + HEAD_SECONDS - time.monotonic())
-            for key, _ in self.selector.select(timeout=timeout):
-                if key.fileobj is self.wake_read:
-                    with contextlib.suppress(OSError):
-                        self.wake_read.recv(4096)
-                    continue
-                waiting = self.waiting.get(key.fd)
-                if waiting is not None:
-                    self._readable(waiting)
-            self._take_inbox()
-            self._expire()
-        for waiting in list(self.waiting.values()):
-            self._drop(waiting)
-
-    def _take_inbox(self) -> None:
-        with self.lock:
-            arrived, self.inbox = self.inbox, []
-        for sock, address in arrived:
-            try:
-                sock.setblocking(False)
-                if self.server.tls is not None:
-                    sock = self.server.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                waiting = _Waiting(sock, address, self.server.tls is None)
-                self.selector.register(sock, selectors.EVENT_READ)
-            except (OSError, ValueError):
-                self.server.shutdown_request(sock)
-                continue
-            self.waiting[sock.fileno()] = waiting
-            while len(self.waiting) > MAX_PENDING:
-                self.dropped += 1
-                self._drop(next(iter(self.waiting.values())))
-            self._readable(waiting)  # TLS may hold bytes already; a plain socket just reads EAGAIN
-
-    def _readable(self, waiting: _Waiting) -> None:
-        sock = waiting.sock
-        try:
-            if not waiting.handshaken:
-                assert isinstance(sock, ssl.SSLSocket)
-                sock.do_handshake()
-                waiting.handshaken = True
-            while True:
-                chunk = sock.recv(8192)
-                if not chunk:
-                    self._drop(waiting)
-                    return
-                waiting.head += chunk
-                end = _head_end(waiting.head)
-                if end > MAX_HEAD_BYTES or (end < 0 and len(waiting.head) > MAX_HEAD_BYTES):
-                    with contextlib.suppress(OSError, ssl.SSLError):  # a word if the socket takes it now
-                        sock.send(_TOO_LARGE)
-                    self._drop(waiting)
-                    return
-                if end >= 0:
-                    self._forget(waiting)
-                    self.server.dispatch(sock, waiting.address, waiting.head)
-                    return
-        except (ssl.SSLWantReadError, BlockingIOError):
-            return
-        except ssl.SSLWantWriteError:
-            return
-        except (OSError, ssl.SSLError, AssertionError) as exc:
-            self.server.client_failed(exc)
-            self._drop(waiting)
-
-    def _expire(self) -> None:
-        limit = time.monotonic() - HEAD_SECONDS
-        for waiting in list(self.waiting.values()):
-            if waiting.since > limit:
-                break  # in arrival order: the rest are younger
-            self._drop(waiting)
-
-    def _forget(self, waiting: _Waiting) -> None:
-        self.waiting.pop(waiting.sock.fileno(), None)
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(waiting.sock)
-
-    def _drop(self, waiting: _Waiting) -> None:
-        self._forget(waiting)
-        self.server.shutdown_request(waiting.sock)
-
-
-def _head_end(data: bytes) -> int:
-    """Where a request head ends (after its blank line), -1 while it has not."""
-    ends = [at + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (at := data.find(mark)) >= 0]
-    return min(ends, default=-1)
-
-
 class HardenedServer(ThreadingHTTPServer):
     """A threaded HTTP server that bounds what hostile clients can cost (see the module docstring)."""
 
@@ -339,7 +204,7 @@ class HardenedServer(ThreadingHTTPServer):
         self._heads: dict[int, bytes] = {}
         self._heads_lock = threading.Lock()
         super().__init__(address, handler)
-        self.gate = _Gate(self)
+        self.gate = Gate(self)
 
     def get_request(self) -> tuple[Any, Any]:
         try:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO, need_tool
 from tests.export.test_server import get, serve
-from watchdog import http_server
+from watchdog import http_gate, http_server
 
 
 def self_signed(tmp: Path) -> tuple[str, str]:
@@ -200,7 +200,7 @@ def test_clients_that_never_read_their_answers_cannot_take_every_worker(monkeypa
 def test_a_head_over_the_limit_gets_a_431_even_when_it_ends_in_its_last_read() -> None:
     server, port = _serve_big()
     try:
-        padding = "X-Pad: " + "a" * (http_server.MAX_HEAD_BYTES + 1000) + "\r\n"
+        padding = "X-Pad: " + "a" * (http_gate.MAX_HEAD_BYTES + 1000) + "\r\n"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(f"GET / HTTP/1.0\r\nHost: x\r\n{padding}\r\n".encode())
             assert s.recv(4096).startswith(b"HTTP/1.0 431")

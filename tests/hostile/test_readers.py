@@ -40,18 +40,19 @@ args = json.loads(sys.argv[1])
 with open("/proc/self/clear_refs", "w") as peak:
     peak.write("5")
 base = kib("VmRSS:")
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 outcome = None
 exec(sys.argv[2])
 print(json.dumps({"grew_mib": (kib("VmHWM:") - base) / 1024, "seconds": time.perf_counter() - started,
-                  "outcome": outcome}))
+                  "cpu_seconds": time.process_time() - cpu, "outcome": outcome}))
 """
 
 
 def measure(code: str, args: object = None, root: Path = REPO, timeout: float = 300) -> dict[str, object]:
     """`code` run in a fresh Python that imports the watchdog of `root` (a checkout: this one, or an older one
     for the figure before a fix), with `args` as `args`; what it leaves in `outcome`, how far its peak RSS grew
-    past its size after its imports (MiB) and how long it took (s)."""
+    past its size after its imports (MiB), how long it took (s) and the CPU it used (s: what a bound on the work
+    is checked by, whatever else shares the machine's cores)."""
     done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args), code], capture_output=True, text=True,
                           cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=timeout)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]
@@ -104,7 +105,7 @@ def test_a_dump_of_empty_containers_is_refused_within_the_memory_budget(name: st
     assert isinstance(outcome, dict) and outcome["traces"] == 0
     assert "would build" in outcome["problems"][0] and "MiB of objects" in outcome["problems"][0]
     assert float(found["grew_mib"]) < GROWTH_MIB, found  # type: ignore[arg-type]
-    assert float(found["seconds"]) < 8, found  # type: ignore[arg-type]
+    assert float(found["cpu_seconds"]) < 8, found  # type: ignore[arg-type]
 
 
 def test_real_dumps_and_a_full_trace_buffer_still_read() -> None:
