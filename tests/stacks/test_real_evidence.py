@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from watchdog.cli import main
-from watchdog.cli.analyze import pasted
 from watchdog.stacks import fr_text, nccl_ras, nccl_timeouts
 from watchdog.stacks.fr_dumps import RankTrace, analyze
+from watchdog.stacks.paste import pasted
 
 ITEMS = Path(__file__).resolve().parents[2] / "bench" / "evidence" / "items"
 
