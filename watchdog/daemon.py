@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from watchdog import logfmt
-from watchdog.act.actions import problems as action_problems
 from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
 from watchdog.act.responder import Responder
@@ -109,9 +108,9 @@ class Daemon:
     the stack sampler), the detector engine, the incident handler and the responder, and the board the export
     side reads."""
 
-    def __init__(self, config: Config, source: Source, *, host: HostProgress, sampler: RankSampler | None,
+    def __init__(self, config: Config, source: Source, *, host: HostProgress, sampler: RankSampler,
                  labels: RankLabels, engine: DetectorEngine, guard: Guard, incidents: IncidentHandler,
-                 responder: Responder, dumps: DumpService | None, board: Board, counters: Counters,
+                 responder: Responder, dumps: DumpService, board: Board, counters: Counters,
                  verdicts: queue.SimpleQueue[tuple[str, Verdict]], notifier: SystemdNotifier,
                  monotonic: Callable[[], float], wall: Callable[[], float], config_path: str | None = None):
         self.config, self.config_path = config, config_path
@@ -155,7 +154,7 @@ class Daemon:
     def _sample(self) -> NodeSnapshot:
         spin = self.config.detectors.busy_spin
         snapshot = self.host.annotate(self.source.sample(), lambda gpu: busy_spin.working_now(gpu, spin))
-        return self.sampler.annotate(snapshot) if self.sampler is not None else snapshot
+        return self.sampler.annotate(snapshot)
 
     def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
@@ -276,14 +275,11 @@ class Daemon:
         self.config = new
         self.engine.reconfigure(new)
         self.incidents.config = new
-        self.responder.unready = action_problems(new.actions)
-        for problem in self.responder.unready:
-            logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
+        self.responder.reconfigure()
+        self.responder.say_unready()
         self.incidents.capturer.reconfigure(new.stacks)
-        if self.sampler is not None:
-            self.sampler.cfg = new.stacks
-        if self.dumps is not None:
-            self.dumps.config = new
+        self.sampler.cfg = new.stacks
+        self.dumps.config = new
         logfmt.event("reloaded", config=self.config_path,
                      applied=",".join(n for n in changed if RELOAD[n] == "reload") or None,
                      restart_needed_for=",".join(n for n in changed if RELOAD[n] == "restart") or None)

@@ -23,7 +23,6 @@ from prometheus_client.registry import CollectorRegistry
 from watchdog import logfmt, privileges
 from watchdog.act import membership
 from watchdog.act.actions import Actions
-from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import AlertDispatcher, Receiver
 from watchdog.act.bundles import BundleStore
 from watchdog.act.dump import DumpService
@@ -45,7 +44,7 @@ from watchdog.sample.rank_labels import RankLabels
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.sampling import RankSampler
+from watchdog.stacks.sampling import RankSampler, SampleTarget
 from watchdog.words import counted
 
 
@@ -75,10 +74,14 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     discovery = discovery or RankDiscovery(pods=pod_directory(config.kubernetes))
     capturer = StackCapturer.from_config(config.stacks)  # one py-spy found, one abort stops all its captures
     actions = Actions(config.actions)  # its Slurm check proves a Slurm job's ranks, for sampling and acting
-    sampler = RankSampler(capturer, config.stacks, lambda: membership.sample_targets(
-        discovery.from_snapshot(board.published.snapshot) if board.published.snapshot else [],
-        actions.slurm_job_runs_as), on_problem=lambda pid, problem: logfmt.event(
-            "rank_not_sampled", level=logfmt.WARNING, pid=pid or None, problem=problem))
+
+    def targets() -> list[SampleTarget]:  # the proven ranks on the GPUs of the loop's last sample
+        snapshot = board.published.snapshot
+        found = discovery.from_snapshot(snapshot) if snapshot is not None else []
+        return membership.sample_targets(found, actions.slurm_job_runs_as)
+
+    sampler = RankSampler(capturer, config.stacks, targets, on_problem=lambda pid, problem: logfmt.event(
+        "rank_not_sampled", level=logfmt.WARNING, pid=pid or None, problem=problem))
 
     # detect
     engine = DetectorEngine(config, on_error=guard.failed)
@@ -94,8 +97,7 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                                 inventory=getattr(source, "inventory", None),
                                 on_verdict=lambda key, verdict: verdicts.put((key, verdict)), monotonic=monotonic,
                                 slurm_check=actions.slurm_job_runs_as)
-    responder = Responder(incidents, counters, actions, monotonic)
-    responder.unready = action_problems(config.actions)  # the action would fail when due: said now, at start
+    responder = Responder(incidents, counters, actions, monotonic)  # its unready actions are said at start
     dumps = DumpService(config, counters, capturer, discovery, bundles, lambda: board.published.snapshot,
                         incidents.node, monotonic, last_look=incidents.last_look,
                         slurm_check=actions.slurm_job_runs_as, pace=lambda: board.published.slow_gpus())
@@ -130,13 +132,11 @@ class Service:
 
     def start(self) -> None:
         """Listen (EndpointError if it cannot), say what is short, and start sampling the ranks' stacks."""
-        for problem in self.daemon.responder.unready:
-            logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
+        self.daemon.responder.say_unready()
         for short in privileges.shortfalls(stacks=True, terminate=False):
             logfmt.event("privileges_short", level=logfmt.WARNING, problem=short.text())
         self.endpoint.start()
-        if self.daemon.sampler is not None:
-            self.daemon.sampler.start()
+        self.daemon.sampler.start()
 
     def run(self, max_ticks: int | None = None) -> None:
         """The loop, until stop() (or max_ticks); tells systemd it is ready once it starts."""
@@ -166,12 +166,10 @@ class Service:
         daemon = self.daemon
         self.endpoint.stop()
         daemon.notifier.stopping()
-        if daemon.sampler is not None:
-            daemon.sampler.stop(0)  # its records are killed with the capturer's, by incidents.close
+        daemon.sampler.stop(0)  # its records are killed with the capturer's, by incidents.close
         daemon.responder.close()
         daemon.incidents.close(timeout)
-        if daemon.dumps is not None:
-            daemon.dumps.close()
+        daemon.dumps.close()
         daemon.incidents.dispatcher.close(timeout=min(timeout, 5.0))
         if self.discovery.pods is not None:
             self.discovery.pods.close()

@@ -223,7 +223,6 @@ def test_a_dump_in_scan_mode_answers_for_the_proven_job_only_and_fast(tmp_path: 
     service = build(config)
     daemon = service.daemon
     daemon.tick()
-    assert daemon.dumps is not None
     with shared_folder() as folder, \
             user_process(folder, ALICE, ["queue"], env={**JOB, "RANK": "0", "LOCAL_RANK": "0"}) as victim, \
             claimants(BOB, {**JOB, "RANK": "1", "LOCAL_RANK": "1"}, CLAIMANTS), \

@@ -109,7 +109,6 @@ def test_the_daemon_samples_the_proven_ranks_on_its_gpus(tmp_path: Path) -> None
         service = build(config, sim.SimSource(scenario, pids={n: [p.pid] for n, p in enumerate(ranks)}))
         daemon = service.daemon
         daemon.tick()
-        assert daemon.sampler is not None
         targets = list(daemon.sampler.targets())
         service.close(2)
     assert sorted((t.pid, t.gpus, t.rank) for t in targets) == [(p.pid, (n,), n) for n, p in enumerate(ranks)]

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from watchdog import logfmt
 from watchdog.act import fleet, membership, policy
 from watchdog.act.actions import DONE, SKIPPED, Actions, Step, Target
+from watchdog.act.actions import problems as action_problems
 from watchdog.act.bundles import BundleStore
 from watchdog.act.open_incident import OpenIncident, bundle_on_disk, on_gpus
 from watchdog.config import Config
@@ -76,8 +77,18 @@ class Responder:
             logfmt.event("ledger_unreadable", level=logfmt.WARNING, problem=self.ledger.problem)
         self.acting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="action")
         self.state = "observe"  # for /metrics: observe, armed, unready, acting, held, paused
-        self.unready: list[str] = []  # what makes a configured action fail every time (act/actions.py problems)
+        # what makes a configured action fail every time (act/actions.py problems), for the config it reads now
+        self.unready: list[str] = action_problems(incidents.config.actions)
         self._calm_since: float | None = None  # monotonic: no critical episode open since
+
+    def reconfigure(self) -> None:
+        """After a reload handed the incident side a new configuration: its actions' problems found again."""
+        self.unready = action_problems(self.config.actions)
+
+    def say_unready(self) -> None:
+        """Log each configured action that would fail when due (at start, and after a reload)."""
+        for problem in self.unready:
+            logfmt.event("action_unready", level=logfmt.WARNING, problem=problem)
 
     @property
     def config(self) -> Config:

@@ -18,7 +18,7 @@ from watchdog.doctor.facts import gather
 from watchdog.doctor.finding import ERROR, WARNING
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
-from watchdog.export.server import EndpointError, endpoint_secrets, endpoint_tls
+from watchdog.export.server import EndpointError, endpoint_credentials
 from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
@@ -98,14 +98,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         problems.append(str(exc))
         if isinstance(exc, ValueError):  # a receiver stopped it before the endpoint: its credentials and TLS too
             try:
-                endpoint_secrets(config.export, config.dump)
-                endpoint_tls(config.export)
+                endpoint_credentials(config.export, config.dump)
             except EndpointError as later:
                 problems.append(str(later))
-        problems += action_problems(config.actions)
     else:
-        problems += service.daemon.responder.unready
         service.close(0)
+    problems += action_problems(config.actions)  # what the responder holds as unready
     try:  # the coordinator's section, as `coordinate --config` would build it
         ready(config.coordinator)
     except NotReady as exc:

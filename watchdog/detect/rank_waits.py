@@ -127,7 +127,6 @@ class Spread:
         typical = statistics.fmean(kept) / _KEPT_MEAN  # the spread of a difference, were it normal
         return Spread(typical * typical / 2, statistics.median(sizes))
 
-
     @staticmethod
     def larger(a: Spread | None, b: Spread | None) -> Spread | None:
         """The one with the larger variance of one record's share, or the one there is."""

@@ -43,7 +43,7 @@ def _token(cfg: DumpConfig) -> str | None:
 
 
 def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
-    """The endpoint's credentials, read as the endpoint reads them (check-config runs this too)."""
+    """The endpoint's credentials, read as the endpoint reads them."""
     password = None
     if cfg.basic_auth_user:
         password = _password(cfg)
@@ -53,8 +53,7 @@ def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
 
 
 def endpoint_tls(cfg: ExportConfig) -> ssl.SSLContext | None:
-    """The endpoint's TLS context with its certificate and key loaded, or None without export.tls_cert_file
-    (check-config runs this too)."""
+    """The endpoint's TLS context with its certificate and key loaded, or None without export.tls_cert_file."""
     if not cfg.tls_cert_file:
         return None
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -65,6 +64,12 @@ def endpoint_tls(cfg: ExportConfig) -> ssl.SSLContext | None:
     return tls
 
 
+def endpoint_credentials(cfg: ExportConfig, dump: DumpConfig) -> tuple[Auth, ssl.SSLContext | None]:
+    """Everything the endpoint loads before it listens: its credentials and its TLS context (EndpointError for the
+    first that cannot be had). check-config runs this where a part built before the endpoint failed first."""
+    return endpoint_secrets(cfg, dump), endpoint_tls(cfg)
+
+
 DumpHandler = Callable[[bytes], tuple[int, dict[str, object], "int | None"]]
 
 
@@ -73,7 +78,7 @@ class Endpoint:
                  dump: DumpHandler | None = None, dump_cfg: DumpConfig | None = None):
         self.cfg = cfg
         limits = dump_cfg or DumpConfig()
-        auth = endpoint_secrets(cfg, limits)
+        auth, tls = endpoint_credentials(cfg, limits)
         host, port = parse_address(cfg.listen_address)
         open_dumps = not auth.configured and is_loopback(host) and limits.open_on_loopback
         if dump is not None and not auth.configured and not open_dumps:
@@ -117,7 +122,7 @@ class Endpoint:
                 status, answer, retry = dump(body)
                 self.reply_json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
 
-        self._handler, self._tls, self._address = Handler, endpoint_tls(cfg), (host, port)
+        self._handler, self._tls, self._address = Handler, tls, (host, port)
         self.server: HardenedServer | None = None
         self.thread: threading.Thread | None = None
 
