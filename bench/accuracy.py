@@ -1,4 +1,4 @@
-"""Accuracy of the verdict: the generated corpus (bench/corpus.py, messy by default) and the real
+"""Accuracy of the verdict: the generated corpus (tests/traces/corpus.py, messy by default) and the real
 nvidia-smi logs in ../shared/realdata, replayed as the daemon would decide them, in two modes:
 
     telemetry  the GPU readings alone, as `stall-watchdog replay` has them from an nvidia-smi log
@@ -19,7 +19,7 @@ first), and the actions the policy (act/policy.py) would take in act mode with i
 the evidence a replay has (telemetry and host progress, never stacks: so none, unless
 actions.on_telemetry_only is on), and `false acts`, what it would take with on_telemetry_only on
 before a hang or in a healthy run (goal: 0). `--perturb` replays every trace again through each
-perturbation of bench/perturb.py, alone and combined, at each strength, and prints the same figures per
+perturbation of tests/traces/perturb.py, alone and combined, at each strength, and prints the same figures per
 perturbation and class group.
 
 Goals (issue 23): live, every zero-util hang critical within 60 s, one critical episode per hang, the odd
@@ -37,132 +37,20 @@ import os
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import perturb  # noqa: E402
-from corpus import HANGS, HEALTHY, Trace, corpus, snapshots  # noqa: E402
+from tests.traces import perturb  # noqa: E402
+from tests.traces.corpus import HANGS, HEALTHY, corpus  # noqa: E402
+from tests.traces.judge import ACT, ACT_ON_TELEMETRY, Job, Outcome, alerts, replay, run_job, would_act  # noqa: E402
+from watchdog.model import EventKind, NodeSnapshot, Severity  # noqa: E402
 
-from watchdog.act import policy  # noqa: E402
-from watchdog.config import ActionsConfig, Config  # noqa: E402
-from watchdog.detect.engine import DetectorEngine  # noqa: E402
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature  # noqa: E402
-
-START = 1.9e9
-EXPECTED_SIGNATURE = {"spin": Signature.BUSY_SPIN, "odd": Signature.WAITING, "zero": Signature.ZERO_UTIL}
 MODES = ("telemetry", "live")
 GROUPS = {"healthy": HEALTHY, "spin": ("hang_spin", "hang_spin_uneven", "hang_spin_startup", "hang_spin_low_range"),
           "odd": ("hang_odd",), "zero": ("hang_zero",), "real_logs": ("real_logs",)}
-
-
-@dataclass
-class Outcome:
-    name: str
-    cls: str
-    healthy_hours: float
-    found: bool = False
-    alert_latency: float | None = None
-    critical_latency: float | None = None
-    held: bool = False  # the hang came when the job's rhythm expected a pause: it may wait out the job's pauses
-    episodes: int = 0  # distinct episodes alerted from the hang's start on
-    critical_episodes: int = 0
-    false_criticals: int = 0
-    warnings: int = 0
-    repeat_warnings: int = 0
-    wrong: str = ""  # what it said instead, for a miss
-    acts: int = 0  # actions the policy would take in act mode, defaults
-    false_acts: int = 0  # with on_telemetry_only, before the hang or in a healthy run
-
-
-ACT = ActionsConfig(mode="act", pause_file=None)
-ACT_ON_TELEMETRY = ActionsConfig(mode="act", pause_file=None, on_telemetry_only=True)
-
-
-def would_act(events: list[EpisodeEvent], cfg: ActionsConfig, before: float | None) -> int:
-    """Actions the policy would take over these events: one decision per critical episode once it has lasted
-    after_seconds (its end, or the trace's last event, bounds it), with the evidence a replay has (no stacks:
-    not confirmed). Only those whose decision time falls before `before` (a hang's start) when given."""
-    ledger, done = policy.Ledger(), 0
-    last = max((e.at_seconds for e in events), default=0.0)
-    critical: dict[str, EpisodeEvent] = {}
-    ended: dict[str, float] = {}
-    for e in events:
-        if e.severity is Severity.CRITICAL and e.event in (EventKind.FIRED, EventKind.ESCALATED):
-            critical.setdefault(e.key, e)
-        if e.event is EventKind.RESOLVED:
-            ended[e.key] = e.at_seconds
-    for key, e in critical.items():
-        due = max(e.at_seconds, e.onset_seconds + cfg.after_seconds)
-        if due > ended.get(key, last) or (before is not None and due >= before):
-            continue
-        hang = policy.Hang("replayed", Severity.CRITICAL, e.onset_seconds, due, e.at_seconds, confirmed=False)
-        if policy.decide(cfg, hang, ledger).name == "act":
-            ledger.record(due, "replayed")
-            done += 1
-    return done
-
-
-def alerts(events: list[EpisodeEvent]) -> list[EpisodeEvent]:
-    return [e for e in events if e.event in (EventKind.FIRED, EventKind.ESCALATED)]
-
-
-def judge(trace: Trace, events: list[EpisodeEvent], start: float = START) -> Outcome:
-    hang = start + trace.hang_at if trace.hang_at is not None else None
-    out = Outcome(trace.name, trace.cls, trace.healthy_seconds / 3600)
-    before = [e for e in alerts(events) if hang is None or e.at_seconds < hang]
-    out.false_criticals = sum(e.severity is Severity.CRITICAL for e in before)
-    warned = [e for e in before if e.event is EventKind.FIRED and e.severity is Severity.WARNING]
-    out.warnings, out.repeat_warnings = len(warned), max(0, len(warned) - 1)
-    out.acts = would_act(events, ACT, None)
-    out.false_acts = would_act(events, ACT_ON_TELEMETRY, hang)
-    if hang is None or trace.expect is None:
-        return out
-    wanted = EXPECTED_SIGNATURE[trace.expect]
-    after = [e for e in alerts(events) if e.at_seconds >= hang]
-    out.episodes = len({e.key for e in after})
-    out.critical_episodes = len({e.key for e in after if e.severity is Severity.CRITICAL})
-    hits = [e for e in after if e.signature is wanted and (trace.expect != "odd" or e.culprit_gpus == trace.culprits)]
-    if hits:
-        out.found = True
-        out.alert_latency = hits[0].at_seconds - hang
-        critical = [e for e in after if e.severity is Severity.CRITICAL]
-        out.critical_latency = critical[0].at_seconds - hang if critical else None
-    else:
-        out.wrong = "; ".join(f"{e.signature.value}/{e.severity.value} culprits={list(e.culprit_gpus)}"
-                              for e in after[:2]) or "nothing"
-    return out
-
-
-def replay(stream: Iterable[NodeSnapshot], engine: DetectorEngine | None = None) -> list[EpisodeEvent]:
-    engine = engine or DetectorEngine(Config())
-    events: list[EpisodeEvent] = []
-    for snapshot in stream:
-        events.extend(e for e in engine.observe(snapshot) if e.event is not EventKind.SUSPECTED)
-    return events
-
-
-@dataclass(frozen=True)
-class Job:
-    trace: Trace
-    live: bool = False
-    perturbation: tuple[str, ...] = ()
-    strength: int = 0
-
-
-def run_job(job: Job) -> Outcome:
-    stream: Iterator[NodeSnapshot] = snapshots(job.trace, START, live=job.live)
-    if job.perturbation:
-        stream = perturb.apply(stream, job.perturbation, f"{job.trace.seed}:{job.strength}", job.strength)
-    engine = DetectorEngine(Config())
-    out = judge(job.trace, replay(stream, engine))
-    if job.trace.expect in ("odd", "zero"):  # pauses; no pause is recorded after the hang: memory as it was then
-        out.held = engine.tracker.pauses.expected(START + job.trace.hang_at, 0.0,
-                                                  engine.config.job.recovered_pause_margin_ratio)
-    return out
 
 
 def realdata_root() -> Path:

@@ -1,5 +1,5 @@
 """The judgement of two versions of the detectors side by side: every episode event (signature, severity,
-GPUs, onset and time) of the accuracy corpus in both modes, of each perturbation of bench/perturb.py, and
+GPUs, onset and time) of the accuracy corpus in both modes, of each perturbation of tests/traces/perturb.py, and
 of the real logs in ../shared/realdata, as one version decides them; then the differences between two
 such runs, times compared within one tick.
 
@@ -28,11 +28,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import perturb  # noqa: E402
-from accuracy import START, realdata_root  # noqa: E402
-from corpus import corpus, snapshots  # noqa: E402
+from accuracy import realdata_root  # noqa: E402
 
+from tests.traces import perturb  # noqa: E402
+from tests.traces.corpus import corpus, snapshots  # noqa: E402
+from tests.traces.judge import START  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
 from watchdog.model import NodeSnapshot  # noqa: E402

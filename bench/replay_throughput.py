@@ -1,5 +1,5 @@
 """Replay throughput, end to end: `stall-watchdog replay` on a day of an 8-GPU node logged as nvidia-smi
-really logs it (bench/common.py write_messy_day: each GPU row its own millisecond timestamp, a `name`
+really logs it (tests/traces/messy_day.py write_messy_day: each GPU row its own millisecond timestamp, a `name`
 column and units, training utilization wandering 40-99% with power moving with it, 20-40 s checkpoints
 after about every other 2-7 minute stretch, a spin for the last hour), process start to exit with
 detection, in both trace formats (the JSON Lines recording is the same day, read back from the log), side
@@ -12,7 +12,7 @@ the default replay reads the trace in a second process, and `--jobs 1` in one. T
     python bench/replay_throughput.py
 
 Goals (issue 41): CSV within 2x the csv floor; JSON Lines >= 400k GPU-samples/s; on both day shapes
-(bench/common.py DAY_SHAPES).
+(tests/traces/messy_day.py DAY_SHAPES).
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from pathlib import Path
 
 import msgspec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import DAY_SHAPES, write_messy_day  # noqa: E402
-
+from tests.traces.messy_day import DAY_SHAPES, write_messy_day  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
 from watchdog.model import NodeSnapshot, SnapshotBlock, each_snapshot  # noqa: E402

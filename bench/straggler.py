@@ -6,7 +6,7 @@ close the estimated slowdown comes to the true one, and how many stragglers heal
 1. A simulated 8xH100 node training (bench's own shapes: watchdog/sample/sim.py), one GPU's clock held 10%,
    15%, 20% and 30% down from t=300 s (a hardware slowdown), its peers waiting on it: detection time from the
    onset and the estimated slowdown against 1 / (1 - deficit), the slowdown of a compute-bound step.
-2. False stragglers: the accuracy corpus (bench/corpus.py: its healthy classes and its hangs before they
+2. False stragglers: the accuracy corpus (tests/traces/corpus.py: its healthy classes and its hangs before they
    hang), each trace as generated and with the clocks made as uneven as power-capped GPUs are (a lasting
    offset of up to 6% per GPU and +-5% from sample to sample while it works), per class and per GPU-day.
    These are generated traces: the real logs in ../shared/realdata have no clock column.
@@ -33,11 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from accuracy import START  # noqa: E402
-from corpus import HANGS, HEALTHY, Trace, corpus, snapshots  # noqa: E402
-
+from tests.traces.corpus import HANGS, HEALTHY, Trace, corpus, snapshots  # noqa: E402
+from tests.traces.judge import START  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
 from watchdog.detect.rank_waits import WaitLedger  # noqa: E402

@@ -1,21 +1,14 @@
-"""Fixed traces of the accuracy corpus (bench/corpus.py) as tests: the cases issue 10 named, on logs with
+"""Fixed traces of the accuracy corpus (tests/traces/corpus.py) as tests: the cases issue 10 named, on logs with
 only the columns people keep (timestamp, index, utilization.gpu, power.draw, memory.used) and at slow
 sampling. bench/accuracy.py measures the whole corpus; these hold the line on a few."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-
-from accuracy import START, judge, replay  # noqa: E402
-from corpus import make, snapshots  # noqa: E402
-
-from watchdog.model import EventKind, Severity, Signature  # noqa: E402
+from tests.traces.corpus import make, snapshots
+from tests.traces.judge import START, judge, replay
+from watchdog.model import EventKind, Severity, Signature
 
 
 def outcome(cls: str, seed: int):  # type: ignore[no-untyped-def]

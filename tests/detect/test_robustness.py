@@ -1,25 +1,19 @@
 """The verdict holds on messy telemetry: fixed traces of the corpus and the real logs, perturbed as real
-logs are (bench/perturb.py: utilization blips of idle GPUs, dropped samples and rows, [N/A], jitter,
+logs are (tests/traces/perturb.py: utilization blips of idle GPUs, dropped samples and rows, [N/A], jitter,
 power noise, wandering training utilization, slow sampling), keep their verdict: every hang is caught
 within its contract with exactly one episode from its onset to the end of the trace, and no healthy
 trace pages. `bench/accuracy.py --perturb` measures the whole corpus; these hold the line on a few."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from tests.conftest import REPO, realdata
-
-sys.path.insert(0, str(REPO / "bench"))
-
-from accuracy import Job, Outcome, replay, run_job  # noqa: E402
-from corpus import make  # noqa: E402
-from perturb import COMBINED, apply  # noqa: E402
-
-from watchdog.model import EventKind, Severity  # noqa: E402
-from watchdog.sample.replay import open_trace  # noqa: E402
+from tests.conftest import realdata
+from tests.traces.corpus import make
+from tests.traces.judge import Job, Outcome, replay, run_job
+from tests.traces.perturb import COMBINED, apply
+from watchdog.model import EventKind, Severity
+from watchdog.sample.replay import open_trace
 
 SPIN_CRITICAL_SECONDS = 60
 ALERT_SECONDS = 60  # unless the hang came when the job's rhythm expected a pause

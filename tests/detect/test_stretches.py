@@ -8,25 +8,21 @@ from __future__ import annotations
 
 import itertools
 import random
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, realdata
+from tests.conftest import realdata
+from tests.traces.corpus import HANGS, HEALTHY, make, snapshots
+from tests.traces.messy_day import write_messy_day
+from tests.traces.perturb import PERTURBATIONS, apply
 from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.model import EpisodeEvent, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import sim
 from watchdog.sample.replay import open_trace
-
-sys.path.insert(0, str(REPO / "bench"))
-
-from common import write_messy_day  # noqa: E402
-from corpus import HANGS, HEALTHY, make, snapshots  # noqa: E402
-from perturb import PERTURBATIONS, apply  # noqa: E402
 
 
 def one_by_one(config: Config, stream: Sequence[NodeSnapshot]) -> tuple[DetectorEngine, list[EpisodeEvent]]:
@@ -164,7 +160,7 @@ def test_a_real_log_agrees() -> None:
 
 
 def test_a_messy_log_agrees(tmp_path: Path) -> None:
-    """A log as nvidia-smi writes it (bench/replay_throughput.py's day, two hours of it): each GPU's row
+    """A log as nvidia-smi writes it (tests/traces/messy_day.py's day, two hours of it): each GPU's row
     its own millisecond timestamp, utilization wandering 40-99%, checkpoints every few minutes, a spin at
     the end. Read back by the CSV reader, whose own blocks agree too."""
     path = tmp_path / "messy.csv"
@@ -184,6 +180,6 @@ def test_a_messy_log_agrees(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(PERTURBATIONS))
 def test_perturbed_traces_agree(name: str) -> None:
-    """Each of bench/perturb.py's messes at its strongest, on a checkpointing job and on a hang."""
+    """Each of tests/traces/perturb.py's messes at its strongest, on a checkpointing job and on a hang."""
     for cls, seed in (("checkpoint_rank0", 6), ("hang_odd", 7)):
         assert_same(Config(), list(apply(snapshots(make(cls, seed), messy=False), [name], seed, 2)))

@@ -101,6 +101,10 @@ class DetectorEngine:
         """The keys of every episode the engine holds, those only seen early included (what incidents keep)."""
         return self.tracker.identities()
 
+    def pause_expected(self, onset: float) -> bool:
+        """Whether a pause beginning at `onset` is one the job's rhythm expects (a checkpoint due then)."""
+        return self.tracker.pauses.expected(onset, 0.0, self.config.job.recovered_pause_margin_ratio)
+
     def note_stacks(self, key: str, verdict: Verdict) -> bool:
         """The stacks' verdict on an episode, handed back by the incident side: its severity is decided with it."""
         return self.tracker.note_stacks(key, verdict)

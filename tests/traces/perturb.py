@@ -2,7 +2,7 @@
 nvidia-smi logs (../shared/realdata and the logs users send). Each takes a stream of snapshots, a seeded
 random source and a strength (0 mild, 1 medium, 2 strong) and yields the stream as a messier log would
 have shown it. bench/accuracy.py --perturb replays the corpus and the real logs through each of them,
-alone and combined; bench/corpus.py applies a mild mix by default.
+alone and combined; tests/traces/corpus.py applies a mild mix by default.
 
     blips        an idle GPU (0%) reads 1-4% on a few percent of its samples, each GPU on its own
     drops        whole samples missing (nvidia-smi stalled, the logger was slow)

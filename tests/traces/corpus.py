@@ -15,8 +15,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import perturb
-
+from tests.traces import perturb
 from watchdog.model import GpuSample, NodeSnapshot
 
 GiB = 2**30
@@ -134,7 +133,7 @@ class Trace:
 
 def snapshots(trace: Trace, start: float = 1.9e9, live: bool = False, messy: bool = True) -> Iterator[NodeSnapshot]:
     """The trace as nvidia-smi would have logged it: only its column set, noisy sensors, idle GPUs with
-    sparse 1-4% blips; `messy` adds the mild mix of bench/perturb.py (dropped samples and rows, [N/A],
+    sparse 1-4% blips; `messy` adds the mild mix of tests/traces/perturb.py (dropped samples and rows, [N/A],
     jitter). `live` adds the host progress the daemon reads for each GPU's processes (CPU and I/O)."""
     stream = _clean(trace, start, live)
     return perturb.apply(stream, DEFAULT_MESS, trace.seed, 0) if messy else stream
