@@ -15,7 +15,8 @@ from watchdog.sample import lines as lines_module
 from watchdog.sample import smi_csv
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines
-from watchdog.sample.smi_csv import parse_number, read_smi_csv
+from watchdog.sample.smi_cells import parse_number
+from watchdog.sample.smi_csv import read_smi_csv
 
 TELEMETRY = ("telemetry", "grantwilkins-training_profile")
 

@@ -1,0 +1,313 @@
+"""What one cell of an nvidia-smi CSV log means, stated once for both ways a log is read (row by row,
+and a column at a time: watchdog/sample/smi_csv.py): the fields nvidia-smi names and the GpuSample field
+each fills, units, the words for a missing reading and a lost GPU, timestamps, clock-event reasons, and
+the converter of every column a header names. A converter raises ValueError with what is wrong with a
+cell; the row reader puts the column's name in front of it."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from watchdog.model import HEALTH_COUNTERS
+
+# nvidia-smi field name -> (GpuSample field, unit nvidia-smi uses when the log has no units)
+NUMERIC: dict[str, tuple[str, str]] = {
+    "utilization.gpu": ("utilization_ratio", "%"),
+    "utilization.memory": ("memory_utilization_ratio", "%"),
+    "power.draw": ("power_watts", "W"),
+    "power.draw.instant": ("power_watts", "W"),
+    "power.draw.average": ("power_watts", "W"),
+    "enforced.power.limit": ("power_limit_watts", "W"),
+    "power.limit": ("power_limit_watts", "W"),
+    "clocks.sm": ("sm_clock_hertz", "MHz"),
+    "clocks.current.sm": ("sm_clock_hertz", "MHz"),
+    "clocks.max.sm": ("sm_clock_max_hertz", "MHz"),
+    "clocks.max.sm_clock": ("sm_clock_max_hertz", "MHz"),
+    "memory.used": ("memory_used_bytes", "MiB"),
+    "memory.total": ("memory_total_bytes", "MiB"),
+    "temperature.gpu": ("temperature_celsius", "C"),
+    # health (detect/gpu_health.py)
+    "ecc.errors.corrected.volatile.total": ("ecc_corrected", ""),
+    "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected", ""),
+    "pcie.link.gen.current": ("pcie_link_gen", ""),
+    "pcie.link.gen.gpucurrent": ("pcie_link_gen", ""),
+    "pcie.link.gen.max": ("pcie_link_gen_max", ""),
+    "pcie.link.gen.gpumax": ("pcie_link_gen_max", ""),
+    "pcie.link.width.current": ("pcie_link_width", ""),
+    "pcie.link.width.max": ("pcie_link_width_max", ""),
+}
+# Fields that name the same GpuSample field: the first listed wins when a log has both.
+PREFERENCE = ["enforced.power.limit", "power.limit", "power.draw", "power.draw.instant", "power.draw.average"]
+
+REASON_BITS = {
+    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100,
+}
+REASON_PREFIXES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
+
+_SCALE = {
+    "%": 0.01, "W": 1.0, "mW": 0.001, "MiB": 2.0**20, "GiB": 2.0**30, "KiB": 1024.0, "B": 1.0,
+    "MB": 2.0**20, "GB": 2.0**30, "MHz": 1e6, "GHz": 1e9, "kHz": 1e3, "Hz": 1.0, "C": 1.0, "": 1.0,
+}
+MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
+LOST = {"[gpu is lost]", "gpu is lost", "[gpu requires reset]"}
+_NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
+_HEADER = re.compile(r"^\s*([A-Za-z_.]+)\s*(?:\[([^\]]*)\])?\s*$")
+_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f",
+                 "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
+INTEGER_FIELDS = {"memory_used_bytes", "memory_total_bytes", *HEALTH_COUNTERS}
+
+
+class Cells(dict[str, Any]):
+    """One column's cell text -> value, remembered: a day of log repeats the same few thousand power
+    readings and a hundred utilizations, and a dictionary lookup is several times cheaper than float().
+    `convert` raises ValueError on anything it would not read cell by cell either."""
+
+    def __init__(self, convert: Callable[[str], Any]):
+        super().__init__()
+        self._convert = convert
+
+    def __missing__(self, text: str) -> Any:
+        if len(self) >= 1 << 16:
+            self.clear()
+        value = self[text] = self._convert(text)
+        return value
+
+
+def parse_timestamp(text: str) -> float:
+    """nvidia-smi's local, offset-less timestamp, read as if UTC (only differences are used)."""
+    text = text.strip()
+    # Fast path for nvidia-smi's own "2025/07/27 00:22:27.858": strptime is the slowest part of a row.
+    try:
+        return _minute_seconds(text[:17]) + _second(text[17:])
+    except ValueError:
+        pass
+    for fmt in _TIME_FORMATS:
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            continue
+    raise ValueError(f"cannot read {text!r} as a timestamp")
+
+
+def _second(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 61:  # NaN fails too
+        raise ValueError(text)
+    return value
+
+
+def _minute(prefix: str) -> float:
+    """"2025/07/27 00:22:" -> its Unix time (a day of log has 1,440 of them: see _minute_seconds)."""
+    if not (len(prefix) == 17 and prefix[4] == prefix[7] and prefix[4] in "/-" and prefix[10] in " T"
+            and prefix[13] == prefix[16] == ":"):
+        raise ValueError(prefix)
+    hours, minutes = int(prefix[11:13]), int(prefix[14:16])
+    if not (0 <= hours < 24 and 0 <= minutes < 60):
+        raise ValueError(prefix)
+    return _day_seconds(prefix[:10].replace("-", "/")) + hours * 3600 + minutes * 60
+
+
+_minute_seconds = Cells(_minute).__getitem__
+
+
+@functools.lru_cache(maxsize=64)
+def _day_seconds(date: str) -> float:
+    return datetime.strptime(date, "%Y/%m/%d").replace(tzinfo=timezone.utc).timestamp()
+
+
+def parse_number(text: str, unit: str, default_unit: str) -> float | None:
+    """'71.25 W' -> 71.25; '55 %' -> 0.55; '[N/A]' -> None. Units convert to the field's base unit."""
+    number, _, written = text.strip().partition(" ")
+    scale = _SCALE.get(written or unit or default_unit)
+    if scale is not None:
+        try:
+            value = float(number)  # the common case: nvidia-smi's own "71.25 W"
+        except ValueError:
+            pass
+        else:
+            if 0 <= value < _LARGEST:  # "nan", "inf", 400 digits and negatives go to the strict path
+                return value * scale
+    lowered = text.strip().lower()
+    if lowered in MISSING:
+        return None
+    match = _NUMBER.match(text)
+    if match is None:
+        raise ValueError(f"cannot read {text.strip()!r} as a number")
+    digits, written = match.groups()
+    if digits.startswith("-"):
+        raise ValueError(f"negative value {text.strip()!r}")
+    scale = _SCALE.get(written or unit or default_unit)
+    if scale is None:
+        raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")
+    if not float(digits) < _LARGEST:
+        raise ValueError(f"{text.strip()[:40]!r} is out of range")
+    return float(digits) * scale
+
+
+_LARGEST = 1e15  # no reading is this large (a JSON Lines recording has the same bound)
+_COUNT = re.compile(r"\s*\d{1,15}\s*", re.ASCII)
+
+
+def as_count(text: str, value: float) -> int:
+    """A health counter's cell: a whole number, written without a unit."""
+    if not _COUNT.fullmatch(text):
+        raise ValueError(f"{text.strip()[:40]!r} is not a count (a whole number)")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Column:
+    position: int
+    name: str  # nvidia-smi field name, lower case
+    unit: str
+    header: str  # as written, for error messages
+
+
+def parse_header(fields: list[str]) -> list[Column]:
+    columns = []
+    for position, raw in enumerate(fields):
+        match = _HEADER.match(raw)
+        name, unit = (match.group(1).lower(), match.group(2) or "") if match else (raw.strip().lower(), "")
+        columns.append(Column(position, name, unit.strip(), raw.strip()))
+    return columns
+
+
+def looks_like_header(fields: list[str]) -> bool:
+    names = {c.name for c in parse_header(fields)}
+    return bool(names & (set(NUMERIC) | {"timestamp", "index", "uuid", "name"}))
+
+
+def _numeric_columns(columns: list[Column]) -> list[tuple[int, str, str, str, str]]:
+    """(position, GpuSample field, unit, default unit, header) of the numeric columns: where two
+    columns fill the same field, the one PREFERENCE lists first."""
+    numeric: list[tuple[int, str, str, str, str]] = []
+    claimed: dict[str, str] = {}
+    for col in sorted(columns, key=lambda c: PREFERENCE.index(c.name) if c.name in PREFERENCE else 99):
+        if col.name in NUMERIC:
+            target, default_unit = NUMERIC[col.name]
+            if target in claimed:
+                continue
+            claimed[target] = col.name
+            numeric.append((col.position, target, col.unit, default_unit, col.header))
+    return numeric
+
+
+_MINUTE, _SECONDS = operator.itemgetter(slice(0, 17)), operator.itemgetter(slice(17, None))
+
+
+def column_times(texts: list[str], stamps: Cells) -> list[float]:
+    """A block's timestamp cells as parse_timestamp reads them. A log that stamps each row on its own
+    (milliseconds apart) would miss the cell cache on every row: its minutes are cached and its seconds
+    read as numbers, a column at a time, on the same fast path parse_timestamp takes."""
+    if len(set(texts)) * 2 <= len(texts):
+        return list(map(stamps.__getitem__, texts))
+    try:
+        minutes = list(map(_minute_seconds, map(_MINUTE, texts)))
+        seconds = list(map(float, map(_SECONDS, texts)))
+    except ValueError:  # not nvidia-smi's own format: cell by cell
+        return list(map(stamps.__getitem__, texts))
+    total = sum(seconds)
+    if total != total or min(seconds) < 0 or max(seconds) >= 61:  # NaN, or not a second of a minute
+        return list(map(stamps.__getitem__, texts))
+    return list(map(operator.add, minutes, seconds))
+
+
+
+
+class GpuLost(ValueError):
+    """A cell saying the GPU is lost or needs a reset: not a malformed cell, a state of the GPU (the row
+    reader builds the lost sample; the column reader leaves such a block to it)."""
+
+
+def number_cell(unit: str, default_unit: str, target: str) -> Callable[[str], Any]:
+    """The converter of a numeric column filling GpuSample field `target`: a float in the field's base unit,
+    a whole number for byte counts, a count (no unit, no fraction) for a health counter; None if missing."""
+    integer, count = target in INTEGER_FIELDS, target in HEALTH_COUNTERS
+
+    def convert(text: str) -> Any:
+        if text.strip().lower() in LOST:
+            raise GpuLost(text)
+        value = parse_number(text, unit, default_unit)
+        if value is None or not integer:
+            return value
+        return as_count(text, value) if count else int(value)
+    return convert
+
+
+def reason_cell(bit: int) -> Callable[[str], int | None]:
+    """The converter of one clock-event reason's column: its bit when Active, 0 when Not Active."""
+    def convert(text: str) -> int | None:
+        state = text.strip().lower()
+        if state in MISSING:
+            return None
+        if state not in ("active", "not active"):
+            raise ValueError(f"expected 'Active' or 'Not Active', got {state!r}")
+        return bit if state == "active" else 0
+    return convert
+
+
+def mask_cell(text: str) -> int | None:
+    """The converter of clocks_event_reasons.active: the reasons' bits, written in hexadecimal."""
+    state = text.strip()
+    if state.lower() in MISSING:
+        return None
+    try:
+        return int(state, 16)
+    except ValueError:
+        raise ValueError(f"cannot read {state!r} as a bit mask") from None
+
+
+def index_cell(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"cannot read {text.strip()!r} as a GPU index") from None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How to read one column: where it is, the GpuSample field it fills, its converter, its header."""
+
+    position: int
+    target: str
+    convert: Callable[[str], Any]
+    header: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns of a log as their rules: the numeric ones (one per GpuSample field), the reason columns
+    (the hex mask first; their bits are OR'd into clock_event_reasons), and where the row's identity is."""
+
+    width: int
+    numeric: list[Rule]
+    reasons: list[Rule]
+    timestamp: int | None
+    index: int | None
+    uuid: int | None
+    name: int | None
+
+    @classmethod
+    def of(cls, columns: list[Column]) -> Layout:
+        numeric = [Rule(position, target, number_cell(unit, default_unit, target), header)
+                   for position, target, unit, default_unit, header in _numeric_columns(columns)]
+        reasons: list[Rule] = []
+        for col in columns:
+            for prefix in REASON_PREFIXES:
+                if col.name.startswith(prefix):
+                    reason = col.name[len(prefix):]
+                    if reason == "active":
+                        reasons.insert(0, Rule(col.position, "clock_event_reasons", mask_cell, col.header))
+                    elif reason in REASON_BITS:
+                        reasons.append(Rule(col.position, "clock_event_reasons", reason_cell(REASON_BITS[reason]),
+                                            col.header))
+        by_name = {c.name: c.position for c in columns}
+        return cls(len(columns), numeric, reasons, *(by_name.get(k) for k in ("timestamp", "index", "uuid", "name")))
