@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
 from watchdog.model import HEALTH_COUNTERS  # noqa: E402
-from watchdog.sample import nvml as nvml_module  # noqa: E402
-from watchdog.sample import recording  # noqa: E402
+from watchdog.sample import nvml_readings, recording  # noqa: E402
 from watchdog.sample.nvml import NvmlSource, NvmlUnavailable  # noqa: E402
 
 QUERY = ("timestamp,index,utilization.gpu,utilization.memory,power.draw,enforced.power.limit,clocks.sm,"
@@ -108,8 +107,8 @@ def main() -> None:
           f"({max(walls) * 1000:.2f} max), {sum(cpus) / len(cpus) * 1000:.2f} ms CPU mean")
     # The health counters (ECC, memory repair, NVLink, PCIe) are read every HEALTH_SECONDS: a tick that reads
     # them, as every 30th does, and what they read on this machine.
-    every = nvml_module.HEALTH_SECONDS
-    nvml_module.HEALTH_SECONDS = 0.0
+    every = nvml_readings.HEALTH_SECONDS
+    nvml_readings.HEALTH_SECONDS = 0.0
     walls, cpus = [], []
     for _ in range(20):
         cpu, wall = cpu_seconds(me), time.perf_counter()
@@ -117,7 +116,7 @@ def main() -> None:
         walls.append(time.perf_counter() - wall)
         cpus.append(cpu_seconds(me) - cpu)
         time.sleep(0.25)
-    nvml_module.HEALTH_SECONDS = every
+    nvml_readings.HEALTH_SECONDS = every
     print(f"a tick that also reads the health counters (every {every:.0f} s): {statistics.median(walls) * 1000:.2f} ms "
           f"wall median, {sum(cpus) / len(cpus) * 1000:.2f} ms CPU mean; Xid events "
           f"{'watched' if source.watches_xids else 'not available'}")

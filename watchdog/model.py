@@ -88,7 +88,7 @@ class GpuSample(NamedTuple):
     pids: tuple[int, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()
     # Health (detect/gpu_health.py): the Xid events NVML reported since the previous sample, and counters
-    # read every sample/nvml.py HEALTH_SECONDS (their last values repeat between). ECC counts are volatile
+    # read every sample/nvml_readings.py HEALTH_SECONDS (their last values repeat between). ECC counts are volatile
     # (since the driver loaded); memory repair is row remapping (Ampere and later) or page retirement:
     # 1 pending (a GPU reset applies it) or failed; NVLink errors are the CRC, replay and recovery errors of
     # the active links summed; PCIe replays since the driver loaded; the PCIe link's generation and width now

@@ -11,7 +11,7 @@ import pytest
 
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from watchdog.model import GpuHealth
-from watchdog.sample import nvml
+from watchdog.sample import nvml, nvml_readings
 from watchdog.sample.nvml import FUNCTIONS, NvmlSource, NvmlUnavailable
 
 
@@ -230,7 +230,7 @@ def test_health_counters_are_read_every_health_seconds_and_repeat_between(monkey
     gpu.ecc = (20, 2)
     assert source.sample().gpus[0].ecc_corrected == 12  # within HEALTH_SECONDS: the last values
     calls = gpu.calls.count("nvmlDeviceGetTotalEccErrors")
-    monkeypatch.setattr(nvml, "HEALTH_SECONDS", 0.0)
+    monkeypatch.setattr(nvml_readings, "HEALTH_SECONDS", 0.0)
     assert source.sample().gpus[0][1:] != g[1:]
     assert (source.sample().gpus[0].ecc_corrected, gpu.calls.count("nvmlDeviceGetTotalEccErrors")) == (20, calls + 4)
     source.close()
@@ -238,7 +238,7 @@ def test_health_counters_are_read_every_health_seconds_and_repeat_between(monkey
 
 def test_health_a_gpu_does_not_support_is_left_out_and_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A consumer card: no ECC, no row remapping (page retirement answers instead), no NVLink."""
-    monkeypatch.setattr(nvml, "HEALTH_SECONDS", 0.0)
+    monkeypatch.setattr(nvml_readings, "HEALTH_SECONDS", 0.0)
     gpu = FakeGpu(not_supported={"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"}, retired_pages_pending=1)
     source, _ = opened(gpu)
     for _ in range(3):

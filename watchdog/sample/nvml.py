@@ -8,7 +8,8 @@ behind it, and the GPU comes back by itself once the call returns.
 
 Health: the Xid events of every GPU are drained from one NVML event set each tick (on a thread of their own,
 within the same deadline), and each GPU's health counters (ECC, memory repair, NVLink errors, PCIe replays and
-link) are read every HEALTH_SECONDS; detect/gpu_health.py judges them.
+link) are read every HEALTH_SECONDS; detect/gpu_health.py judges them. What each reading asks NVML, and how
+often, is in nvml_readings.py.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import importlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
 from watchdog import logfmt
-from watchdog.model import HEALTH_COUNTERS, GpuHealth, GpuSample, NodeSnapshot
+from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
 from watchdog.sample.nvml_inventory import Inventory, read_inventory, text_of
+from watchdog.sample.nvml_readings import Device, Reader, readers
 
 T = TypeVar("T")
 
@@ -56,27 +57,7 @@ class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine (no driver, no library, init failed or hung)."""
 
 
-ENERGY_SECONDS = 30.0  # the energy counter is read this often (see _readers: it is a slow call)
-HEALTH_SECONDS = 30.0  # the health counters are read this often: they move slowly, and NVLink takes a call a link
 _XIDS_PER_TICK = 256  # Xid events drained at most in one tick (the rest wait for the next)
-
-
-@dataclass
-class _Device:
-    index: int
-    handle: Any
-    uuid: str | None = None
-    name: str | None = None
-    sm_clock_max_hertz: float | None = None
-    unsupported: set[str] = field(default_factory=set)
-    gpm_samples: list[Any] = field(default_factory=list)
-    gpm_primed: bool = False
-    pending: futures.Future[GpuSample] | None = None
-    executor: futures.ThreadPoolExecutor | None = None
-    energy: tuple[float, float] | None = None  # (monotonic time read, joules)
-    health: tuple[float, tuple[int | None, ...]] | None = None  # (monotonic time read, HEALTH_COUNTERS)
-    health_unsupported: set[str] = field(default_factory=set)
-    nvlinks: list[int] | None = None  # the links that answered, found at the first health read
 
 
 class NvmlSource:
@@ -86,10 +67,10 @@ class NvmlSource:
         self._timeout = call_timeout_seconds
         self._init_timeout = init_timeout_seconds
         self._clock = clock
-        self._devices: list[_Device] = []
+        self._devices: list[Device] = []
         self.driver_version: str | None = None
         self._lost_classes: tuple[type[BaseException], ...] = ()
-        self._reader_table: list[tuple[tuple[str, ...], Callable[[_Device], Any]]] = []
+        self._reader_table: list[Reader] = []
         self._open = False
         self._events: Any = None  # the NVML event set the GPUs' Xid events arrive in
         self._event_gpus: dict[Any, int] = {}  # device handle (as _handle_key has it) -> GPU index
@@ -105,7 +86,7 @@ class NvmlSource:
                 raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({exc})") from None
         nv = self._nvml
         self._lost_classes = (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown)
-        self._reader_table = self._readers()
+        self._reader_table = readers(nv, self._lost_classes)
         try:
             _bounded(nv.nvmlInit, self._init_timeout, "nvml-init")
         except futures.TimeoutError:
@@ -147,10 +128,10 @@ class NvmlSource:
         self._events = events
         self._xid_executor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml-xid")
 
-    def _open_device(self, index: int) -> _Device:
+    def _open_device(self, index: int) -> Device:
         nv = self._nvml
         assert nv is not None
-        dev = _Device(index, handle=None)
+        dev = Device(index, handle=None)
         try:
             dev.handle = nv.nvmlDeviceGetHandleByIndex(index)
         except nv.NVMLError as exc:
@@ -238,7 +219,7 @@ class NvmlSource:
     def sample(self) -> NodeSnapshot:
         now = self._clock()
         deadline = time.monotonic() + self._timeout
-        submitted: list[tuple[_Device, futures.Future[GpuSample] | None]] = []
+        submitted: list[tuple[Device, futures.Future[GpuSample] | None]] = []
         for dev in self._devices:
             if dev.handle is None or dev.executor is None:
                 submitted.append((dev, None))
@@ -293,10 +274,10 @@ class NvmlSource:
         return found
 
     @staticmethod
-    def _unread(dev: _Device, health: GpuHealth, field: str, message: str) -> GpuSample:
+    def _unread(dev: Device, health: GpuHealth, field: str, message: str) -> GpuSample:
         return GpuSample(index=dev.index, uuid=dev.uuid, name=dev.name, health=health, errors=((field, message),))
 
-    def _collect(self, dev: _Device, future: futures.Future[GpuSample] | None, deadline: float) -> GpuSample:
+    def _collect(self, dev: Device, future: futures.Future[GpuSample] | None, deadline: float) -> GpuSample:
         if dev.handle is None:
             return self._unread(dev, GpuHealth.LOST, "handle", "no NVML handle")
         if future is None:
@@ -311,7 +292,7 @@ class NvmlSource:
         dev.pending = None
         return sample
 
-    def _read(self, dev: _Device) -> GpuSample:
+    def _read(self, dev: Device) -> GpuSample:
         """Runs on the GPU's worker thread."""
         nv = self._nvml
         assert nv is not None
@@ -347,165 +328,6 @@ class NvmlSource:
         pids = values.pop("pids", ())
         return GpuSample(index=dev.index, uuid=dev.uuid, name=dev.name, sm_clock_max_hertz=dev.sm_clock_max_hertz,
                          pids=tuple(pids), errors=tuple(errors), **values)
-
-    def _readers(self) -> list[tuple[tuple[str, ...], Callable[[_Device], Any]]]:
-        nv = self._nvml
-        assert nv is not None
-
-        def utilization(d: _Device) -> tuple[float, float]:
-            # nvmlDeviceGetUtilizationRates: percent of the last sample period a kernel ran / memory was
-            # read or written; nvidia-smi utilization.gpu, utilization.memory
-            rates = nv.nvmlDeviceGetUtilizationRates(d.handle)
-            return rates.gpu / 100.0, rates.memory / 100.0
-
-        def power(d: _Device) -> float:  # nvmlDeviceGetPowerUsage, mW; nvidia-smi power.draw
-            return nv.nvmlDeviceGetPowerUsage(d.handle) / 1000.0
-
-        def power_limit(d: _Device) -> float:  # nvmlDeviceGetEnforcedPowerLimit, mW; enforced.power.limit
-            return nv.nvmlDeviceGetEnforcedPowerLimit(d.handle) / 1000.0
-
-        def sm_clock(d: _Device) -> float:  # nvmlDeviceGetClockInfo(SM), MHz; nvidia-smi clocks.sm
-            return nv.nvmlDeviceGetClockInfo(d.handle, nv.NVML_CLOCK_SM) * 1e6
-
-        def memory(d: _Device) -> tuple[int, int]:  # nvmlDeviceGetMemoryInfo, bytes; memory.used/.total
-            info = nv.nvmlDeviceGetMemoryInfo(d.handle)
-            return int(info.used), int(info.total)
-
-        def temperature(d: _Device) -> float:  # nvmlDeviceGetTemperature(GPU), C; temperature.gpu
-            return float(nv.nvmlDeviceGetTemperature(d.handle, nv.NVML_TEMPERATURE_GPU))
-
-        def clock_events(d: _Device) -> int:
-            # nvmlDeviceGetCurrentClocksEventReasons, bit mask; clocks_event_reasons.active. Drivers
-            # before r535 only have the deprecated throttle-reasons call.
-            try:
-                return int(nv.nvmlDeviceGetCurrentClocksEventReasons(d.handle))
-            except (nv.NVMLError_FunctionNotFound, AttributeError):
-                return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(d.handle))
-
-        def energy(d: _Device) -> float:
-            # nvmlDeviceGetTotalEnergyConsumption, mJ since driver load. It costs milliseconds of driver
-            # time on some GPUs (3 ms on an H100 with r580: most of a tick's NVML time) and only feeds a
-            # counter: read every ENERGY_SECONDS, its last value in between.
-            now = time.monotonic()
-            if d.energy is None or now - d.energy[0] >= ENERGY_SECONDS:
-                d.energy = (now, nv.nvmlDeviceGetTotalEnergyConsumption(d.handle) / 1000.0)
-            return d.energy[1]
-
-        def sm_activity(d: _Device) -> float | None:
-            # GPM SM_UTIL between this tick's sample and the last one, percent of SMs busy (Hopper+);
-            # no nvidia-smi equivalent (dcgm's DCGM_FI_PROF_SM_ACTIVE is the closest)
-            previous, current = d.gpm_samples
-            nv.nvmlGpmSampleGet(d.handle, current)
-            d.gpm_samples.reverse()
-            if not d.gpm_primed:
-                d.gpm_primed = True
-                return None
-            request = nv.c_nvmlGpmMetricsGet_t()
-            request.version = nv.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = 1
-            request.sample1 = previous
-            request.sample2 = current
-            request.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
-            nv.nvmlGpmMetricsGet(request)
-            metric = request.metrics[0]
-            if metric.nvmlReturn != nv.NVML_SUCCESS:
-                raise nv.NVMLError(metric.nvmlReturn)
-            return float(metric.value) / 100.0
-
-        def health(d: _Device) -> tuple[int | None, ...]:
-            # The health counters (model.HEALTH_COUNTERS), read every HEALTH_SECONDS; their last values
-            # in between. Each part a GPU does not support is not asked again; a failed part reads None
-            # and is asked again next time.
-            now = time.monotonic()
-            if d.health is not None and now - d.health[0] < HEALTH_SECONDS:
-                return d.health[1]
-            values: dict[str, int | None] = {}
-            for names, part in health_parts:
-                if names[0] in d.health_unsupported:
-                    continue
-                try:
-                    values.update(zip(names, part(d)))
-                except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
-                    d.health_unsupported.update(names)
-                except self._lost_classes:
-                    raise
-                except nv.NVMLError:
-                    continue
-            counters = tuple(values.get(name) for name in HEALTH_COUNTERS)
-            d.health = (now, counters)
-            return counters
-
-        def ecc(d: _Device) -> tuple[int, int]:  # nvmlDeviceGetTotalEccErrors(volatile); ecc.errors.*.volatile.total
-            return (int(nv.nvmlDeviceGetTotalEccErrors(d.handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                                                       nv.NVML_VOLATILE_ECC)),
-                    int(nv.nvmlDeviceGetTotalEccErrors(d.handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                                       nv.NVML_VOLATILE_ECC)))
-
-        def memory_repair(d: _Device) -> tuple[int, int | None]:
-            # nvmlDeviceGetRemappedRows (Ampere and later): pending, failed; remapped_rows.pending/.failure.
-            # Before Ampere, page retirement: nvmlDeviceGetRetiredPagesPendingStatus; retired_pages.pending.
-            try:
-                _, _, pending, failed = nv.nvmlDeviceGetRemappedRows(d.handle)
-                return int(bool(pending)), int(bool(failed))
-            except nv.NVMLError_NotSupported:
-                status = nv.nvmlDeviceGetRetiredPagesPendingStatus(d.handle)
-                return int(status == nv.NVML_FEATURE_ENABLED), None
-
-        def nvlink(d: _Device) -> tuple[int]:
-            # nvmlDeviceGetNvLinkErrorCounter: replay, recovery and CRC (flit, data) errors of each active link
-            if d.nvlinks is None:
-                d.nvlinks = []
-                for link in range(nv.NVML_NVLINK_MAX_LINKS):
-                    try:
-                        if nv.nvmlDeviceGetNvLinkState(d.handle, link) == nv.NVML_FEATURE_ENABLED:
-                            d.nvlinks.append(link)
-                    except nv.NVMLError_NotSupported:
-                        if link == 0:
-                            raise
-                        break
-                    except nv.NVMLError_InvalidArgument:
-                        break
-            if not d.nvlinks:
-                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
-            return (sum(int(nv.nvmlDeviceGetNvLinkErrorCounter(d.handle, link, counter)) for link in d.nvlinks
-                        for counter in (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY,
-                                        nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA)),)
-
-        def pcie_replays(d: _Device) -> tuple[int]:  # nvmlDeviceGetPcieReplayCounter; pcie.link... replay count
-            return (int(nv.nvmlDeviceGetPcieReplayCounter(d.handle)),)
-
-        def pcie_link(d: _Device) -> tuple[int, int, int, int]:
-            # pcie.link.gen.current/.max, pcie.link.width.current/.max (a link trains down at idle to save
-            # power: detect/gpu_health.py judges the generation only while the GPU works)
-            h = d.handle
-            return (int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h)), int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                    int(nv.nvmlDeviceGetCurrPcieLinkWidth(h)), int(nv.nvmlDeviceGetMaxPcieLinkWidth(h)))
-
-        health_parts: list[tuple[tuple[str, ...], Callable[[_Device], tuple[int | None, ...]]]] = [
-            (("ecc_corrected", "ecc_uncorrected"), ecc),
-            (("memory_repair_pending", "memory_repair_failed"), memory_repair),
-            (("nvlink_errors",), nvlink),
-            (("pcie_replays",), pcie_replays),
-            (("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max"), pcie_link),
-        ]
-
-        def processes(d: _Device) -> list[int]:  # nvmlDeviceGetComputeRunningProcesses, host pids
-            return [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(d.handle)]
-
-        return [
-            (("utilization_ratio", "memory_utilization_ratio"), utilization),
-            (("power_watts",), power),
-            (("power_limit_watts",), power_limit),
-            (("sm_clock_hertz",), sm_clock),
-            (("memory_used_bytes", "memory_total_bytes"), memory),
-            (("temperature_celsius",), temperature),
-            (("clock_event_reasons",), clock_events),
-            (("energy_joules",), energy),
-            (("sm_activity_ratio",), sm_activity),
-            (("pids",), processes),
-            (HEALTH_COUNTERS, health),
-        ]
-
 
 def _handle_key(handle: Any) -> Any:
     """A device handle as a dictionary key: an event names its GPU by a handle object of its own, which
