@@ -46,7 +46,7 @@ import psutil
 
 from watchdog.coordinate.job_verdict import merge
 from watchdog.coordinate.nodes import MAX_ANSWER_BYTES, MAX_JOB_BYTES, NodeAnswer, Placement
-from watchdog.stacks import fr_dumps
+from watchdog.stacks import fr_dumps, fr_matching
 from watchdog.stacks.analysis import analyze
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.picture import with_job_evidence
@@ -162,7 +162,7 @@ def node_answer(index: int, nodes: int, culprit: int, fr_entries: int) -> dict[s
                      "workload": {"slurm_job_id": "884213", "slurm_step": "0", "slurm_user": "trainer"},
                      "capture": "ok", "threads": threads})
     analysis = analyze(dumps)
-    fr = fr_dumps.analyze(fr_dumps.RankTrace(t["rank"], t["version"], tuple(t["entries"]),
+    fr = fr_matching.analyze(fr_dumps.RankTrace(t["rank"], t["version"], tuple(t["entries"]),
                                              {k: tuple(v) for k, v in t["groups"].items()}, t["status"],
                                              t["source"], t["node"]) for t in traces)
     decided = with_job_evidence(verdict(analysis, spans_other_nodes=True), fr, None)

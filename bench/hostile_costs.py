@@ -160,9 +160,9 @@ capture = StackCapturer([sys.executable, args["script"], args["path"]], 60).capt
 outcome = f"{capture.result}: {capture.message}"
 """,
     "ras": """
-from watchdog.stacks import nccl_ras
+from watchdog.stacks import ras_report
 try:
-    outcome = nccl_ras.parse(open(args["path"]).read()).format
+    outcome = ras_report.parse(open(args["path"]).read()).format
 except Exception as exc:
     outcome = f"{type(exc).__name__}: {exc}"
 """,

@@ -25,7 +25,7 @@ from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Sev
 from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.secrets import REDACTED, redact_arguments, redact_variable
 from watchdog.service import build
-from watchdog.stacks import nccl_ras
+from watchdog.stacks import nccl_ras, ras_report
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import capture_job
 
@@ -133,7 +133,7 @@ def test_a_real_ranks_command_line_and_environment_keep_no_credential() -> None:
 JOB = {"TORCHELASTIC_RUN_ID": "victim-42", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
 
 
-def _ras_picture(rank_pid: int) -> nccl_ras.RasFinding | None:
+def _ras_picture(rank_pid: int) -> ras_report.RasFinding | None:
     rank = RankDiscovery().describe(rank_pid)
     assert rank is not None and "NCCL_RAS_ADDR" not in rank.env
     cfg = StacksConfig(observe_seconds=0, flight_recorder=False, nccl_ras_gap_seconds=0.2,

@@ -19,7 +19,7 @@ import pytest
 
 from watchdog import logfmt, rank_files
 from watchdog.sample.ranks import RankInfo, number
-from watchdog.stacks import fr_dumps, nccl_ras
+from watchdog.stacks import fr_dumps, fr_matching, nccl_ras, ras_report
 from watchdog.stacks.capture import FAILED, OK, StackCapturer, Target
 from watchdog.stacks.flight_recorder import collect, trigger
 
@@ -46,7 +46,7 @@ def test_a_pickle_memo_bomb_is_kept_bounded() -> None:
     written = json.dumps(trace.to_json())
     assert len(written) < 200_000, len(written)
     assert time.monotonic() - started < 5
-    assert fr_dumps.analyze([trace]).groups  # still a trace that matching reads
+    assert fr_matching.analyze([trace]).groups  # still a trace that matching reads
 
 
 @pytest.mark.parametrize("payload", [
@@ -63,7 +63,7 @@ def test_nonsense_in_a_dump_is_dropped_not_a_traceback(payload: dict[str, object
     except fr_dumps.FlightRecorderError:
         return
     json.dumps(trace.to_json(), allow_nan=False)
-    fr_dumps.analyze([trace])
+    fr_matching.analyze([trace])
 
 
 def test_hostile_traces_in_a_node_answer_are_errors() -> None:
@@ -236,18 +236,18 @@ def test_py_spy_gets_none_of_the_daemons_secrets(tmp_path: Path) -> None:
 ])
 def test_hostile_ras_replies_are_errors(reply: str) -> None:
     with pytest.raises(nccl_ras.RasError):
-        nccl_ras.parse(reply)
+        ras_report.parse(reply)
 
 
 def test_a_ras_text_line_with_a_number_past_any_rank_is_prose() -> None:
-    status = nccl_ras.parse("Job summary\n#0-1 (abc) MISMATCH\n  Communicator ranks have different AllReduce "
+    status = ras_report.parse("Job summary\n#0-1 (abc) MISMATCH\n  Communicator ranks have different AllReduce "
                             "operation counts\n    Rank " + "7" * 5000 + " has launched up to operation 3 -- "
                             "[process information not found]\n")
     assert all(not c.ranks for c in status.communicators)
 
 
 def test_ras_text_cannot_carry_markup_into_the_verdict() -> None:
-    status = nccl_ras.parse('{"communicators": [{"hash": "<!channel>", "size": 2, "ranks": [{"rank": 0, '
+    status = ras_report.parse('{"communicators": [{"hash": "<!channel>", "size": 2, "ranks": [{"rank": 0, '
                             '"host": "<http://evil|click>", "collective_counts": {"AllReduce": 3}}]}]}')
     text = json.dumps([c.hash for c in status.communicators] + [r.host for c in status.communicators
                                                                    for r in c.ranks])
@@ -321,7 +321,7 @@ def test_ras_replies_built_to_backtrack_are_read_in_linear_time() -> None:
     for reply in replies:
         started = time.monotonic()
         with contextlib.suppress(nccl_ras.RasError):
-            nccl_ras.behind(nccl_ras.parse(reply))
+            ras_report.behind(ras_report.parse(reply))
         assert time.monotonic() - started < 2, reply[:40]
 
 

@@ -21,7 +21,7 @@ from watchdog.stacks.classify import (
     classify,
 )
 from watchdog.stacks.formats import load
-from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, GroupFinding
+from watchdog.stacks.fr_matching import FlightRecorderAnalysis, GroupFinding
 from watchdog.stacks.picture import corroborated, corroborations
 from watchdog.stacks.verdict import verdict
 

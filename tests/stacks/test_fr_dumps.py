@@ -18,7 +18,8 @@ from tests.conftest import REPO, gloo_job
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.flight_recorder import collect, trigger
-from watchdog.stacks.fr_dumps import FlightRecorderError, analyze, analyze_with_torch
+from watchdog.stacks.fr_dumps import FlightRecorderError
+from watchdog.stacks.fr_matching import analyze, analyze_with_torch
 
 
 def dumps_of(scenario: str, tmp: Path, odd_rank: int = 2) -> list[fr_dumps.RankTrace]:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nccl_ras import FakeRasService, job, json_report, text_report
-from watchdog.stacks import nccl_ras
-from watchdog.stacks.nccl_ras import RasError, address, ask_twice, judge, parse, query
+from watchdog.stacks import ras_report
+from watchdog.stacks.nccl_ras import address, ask_twice, query
+from watchdog.stacks.ras_report import RasError, judge, parse
 
 
 def test_json_report_names_the_rank_behind_with_host_pid_and_gpu() -> None:
@@ -79,7 +80,7 @@ def test_a_service_before_2_28_7_answers_in_text() -> None:
     frozen = job(world=16, behind={4: 1})
     with FakeRasService(lambda: frozen, version="2.26.2", json_supported=False).running() as service:
         status = parse(query("127.0.0.1", service.port, 2.0, binary=""))
-    assert status.format == "text" and [b.rank.rank for b in nccl_ras.behind(status)] == [4]
+    assert status.format == "text" and [b.rank.rank for b in ras_report.behind(status)] == [4]
 
 
 def test_nothing_listening_is_a_finding_with_its_problem() -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from watchdog.cli import main
-from watchdog.stacks import fr_text, nccl_ras, nccl_timeouts
-from watchdog.stacks.fr_dumps import RankTrace, analyze
+from watchdog.stacks import fr_text, nccl_timeouts, ras_report
+from watchdog.stacks.fr_dumps import RankTrace
+from watchdog.stacks.fr_matching import analyze
 from watchdog.stacks.paste import pasted
 
 ITEMS = Path(__file__).resolve().parents[2] / "bench" / "evidence" / "items"
@@ -73,9 +74,9 @@ def test_a_stuck_watchdog_alone_is_a_hang_and_an_unreadable_log_is_unknown(
 
 
 # -- NCCL RAS -----------------------------------------------------------------------------------------
-def _ras(name: str) -> nccl_ras.RasFinding:
-    reports = nccl_ras.parse_all((ITEMS / "ras" / name).read_text())
-    return nccl_ras.judge(reports[0], reports[-1] if len(reports) > 1 else None)
+def _ras(name: str) -> ras_report.RasFinding:
+    reports = ras_report.parse_all((ITEMS / "ras" / name).read_text())
+    return ras_report.judge(reports[0], reports[-1] if len(reports) > 1 else None)
 
 
 def test_ras_reports_of_every_layout_name_the_rank() -> None:
@@ -93,7 +94,7 @@ def test_ranks_ahead_of_the_many_are_the_odd_ones() -> None:
     text = ("#0-0 (27a079b828ff1a75) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n"
             "  30 ranks have launched up to operation 5\n  2 ranks have launched up to operation 6\n"
             "  Rank 3 -- GPU 3 managed by process 11 on node a\n  Rank 9 -- GPU 1 managed by process 12 on node b\n")
-    found = nccl_ras.judge(nccl_ras.parse(text), None)
+    found = ras_report.judge(ras_report.parse(text), None)
     assert found.culprits == (3, 9) and all(b.ahead for b in found.behind)
     assert "rank 3 on a is 1 AllReduce ahead of the other 30" in found.summary
 

@@ -19,24 +19,24 @@ from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.evidence import Evidence, gather
 from watchdog.cli.stacks import print_pictures
 from watchdog.model import Severity, Verdict
-from watchdog.stacks import fr_dumps, fr_text, nccl_ras, nccl_timeouts
+from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence, with_notes
 from watchdog.stacks.verdict import verdict
 
 
-def _ras(found: Evidence) -> nccl_ras.RasFinding | None:
+def _ras(found: Evidence) -> ras_report.RasFinding | None:
     """The RAS reports given, judged: the first and the last as two queries when there are several."""
     if not found.ras:
         return None
-    return nccl_ras.judge(found.ras[0], found.ras[-1] if len(found.ras) > 1 else None)
+    return ras_report.judge(found.ras[0], found.ras[-1] if len(found.ras) > 1 else None)
 
 
 def picture_of(found: Evidence, name: str) -> StackPicture:
     """One verdict over everything read. A hang where any evidence shows one; NO_STALL only on positive
     evidence of progress (RAS counts that moved between two reports, a training log's counter rising) with
     nothing stuck; otherwise UNKNOWN, saying what was read and what it cannot tell."""
-    fr = fr_dumps.analyze(found.traces) if found.traces else None
+    fr = fr_matching.analyze(found.traces) if found.traces else None
     ras = _ras(found)
     timeouts = nccl_timeouts.parse_lines(found.timeout_lines) if found.timeout_lines else None
     frt = fr_text.FrText(tuple(m for f in found.fr_text for m in f.mismatches),
@@ -73,14 +73,14 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
 
 
-def _culprits(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_dumps.FlightRecorderAnalysis | None,
-              ras: nccl_ras.RasFinding | None, frt: fr_text.FrText | None) -> list[int]:
+def _culprits(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
+              ras: ras_report.RasFinding | None, frt: fr_text.FrText | None) -> list[int]:
     return sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ()),
                    *(timeouts.culprits if timeouts else ()), *(frt.culprits if frt else ())})
 
 
-def _stuck_elsewhere(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_dumps.FlightRecorderAnalysis | None,
-                     ras: nccl_ras.RasFinding | None, frt: fr_text.FrText | None) -> bool:
+def _stuck_elsewhere(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
+                     ras: ras_report.RasFinding | None, frt: fr_text.FrText | None) -> bool:
     """Whether evidence beyond the stacks shows the job stuck: a watchdog timeout (the job waited past its
     collective timeout), a Flight Recorder mismatch, a rank RAS declared dead, missing or stuck."""
     return bool(timeouts and timeouts.read) or bool(fr and (fr.culprits or fr.stuck)) or \
@@ -88,7 +88,7 @@ def _stuck_elsewhere(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_dumps
 
 
 def _headline(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None,
-              fr: fr_dumps.FlightRecorderAnalysis | None, ras: nccl_ras.RasFinding | None,
+              fr: fr_matching.FlightRecorderAnalysis | None, ras: ras_report.RasFinding | None,
               frt: fr_text.FrText | None) -> str:
     """Who the job waits on and which evidence names them, from the fields; else what the evidence shows."""
     sources = [source for source, named in (("NCCL timeout logs", timeouts is not None and timeouts.culprits),
@@ -122,7 +122,7 @@ def _read_what(found: Evidence) -> str:
     return ", ".join(kinds) + " read, none shows a rank stuck or the job moving"
 
 
-def _cannot_tell(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None, ras: nccl_ras.RasFinding | None,
+def _cannot_tell(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None, ras: ras_report.RasFinding | None,
                  frt: fr_text.FrText | None) -> str:
     why = []
     if timeouts is not None and not timeouts.read:

@@ -11,13 +11,13 @@ from pathlib import Path
 from watchdog import rank_files, untrusted_data
 from watchdog.coordinate import job_bundle
 from watchdog.stack_model import StackDump
-from watchdog.stacks import fr_dumps, fr_text, nccl_ras, nccl_timeouts, progress_log
+from watchdog.stacks import fr_dumps, fr_text, nccl_timeouts, progress_log, ras_report
 from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, from_json, parse_capture, parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
-from watchdog.stacks.nccl_ras import RasError, RasStatus
 from watchdog.stacks.paste import pasted
 from watchdog.stacks.picture import StackPicture
 from watchdog.stacks.pyspy_text import looks_like_pyspy, parse_text
+from watchdog.stacks.ras_report import RasError, RasStatus
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"
 _JOB_MARKER = ".stall-watchdog-job-bundle"
@@ -173,7 +173,7 @@ def _file(path: Path, found: Evidence) -> None:
         found.timeout_lines.extend(nccl_timeouts.read_lines(text) or [""])  # read, if only to say so
         found.kinds.append("nccl timeout log")
         read = True
-    if nccl_ras.looks_like_report(text) or text.lstrip().startswith(("Job summary", "NCCL version")):
+    if ras_report.looks_like_report(text) or text.lstrip().startswith(("Job summary", "NCCL version")):
         _add_ras(path, text, found)
         read = True
     if fr_text.looks_like(text):
@@ -210,7 +210,7 @@ def _add_ras(path: Path, text: str, found: Evidence) -> None:
         found.skipped.append(f"{path}: the same RAS report as one given before (counted once)")
         return
     found.ras_seen.add(digest)
-    found.ras.extend(nccl_ras.parse_all(text))
+    found.ras.extend(ras_report.parse_all(text))
     found.kinds.append("ncclras report")
 
 

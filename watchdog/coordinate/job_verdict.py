@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from watchdog.model import Verdict
-from watchdog.stacks import fr_dumps
+from watchdog.stacks import fr_matching
 from watchdog.stacks.analysis import Analysis, analyze
-from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, SharedGroups
+from watchdog.stacks.fr_dumps import SharedGroups
+from watchdog.stacks.fr_matching import FlightRecorderAnalysis
 from watchdog.stacks.picture import corroborated, corroborations, with_notes
 from watchdog.stacks.verdict import verdict
 
@@ -238,7 +239,7 @@ def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidenc
     analysis = analyze(dumps)
     silent = [a for a in answered if not a.answered]
     decided = verdict(analysis, spans_other_nodes=bool(silent) or unheard)  # some ranks' evidence is missing
-    fr = fr_dumps.analyze(traces) if traces else None
+    fr = fr_matching.analyze(traces) if traces else None
     conclusive = ras is not None and bool(ras.get("conclusive"))
     ras_culprits = list((ras or {}).get("culprits") or []) if conclusive else []
     if not dumps and not traces and ras is None:

@@ -18,13 +18,14 @@ from watchdog.model import Verdict
 from watchdog.sample.proc_counters import HostActivity
 from watchdog.sample.ranks import Job, RankDiscovery
 from watchdog.stack_model import StackDump, member_id
-from watchdog.stacks import fr_dumps, nccl_ras
+from watchdog.stacks import fr_matching, nccl_ras
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
 from watchdog.stacks.flight_recorder import FlightRecorder, collect, trigger
-from watchdog.stacks.fr_dumps import FlightRecorderAnalysis, RankTrace
-from watchdog.stacks.nccl_ras import RasFinding
+from watchdog.stacks.fr_dumps import RankTrace
+from watchdog.stacks.fr_matching import FlightRecorderAnalysis
 from watchdog.stacks.nccl_timeouts import TimeoutFinding
+from watchdog.stacks.ras_report import RasFinding
 from watchdog.stacks.verdict import verdict
 
 
@@ -150,7 +151,7 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg
             host[member] = after.activity.since(rank.activity)
     analysis = analyze(dumps)
     traces, _ = collect(recorders, asked_at, cfg.flight_recorder_wait_seconds, discovery.proc_root, node)
-    fr = fr_dumps.analyze(traces) if traces else None
+    fr = fr_matching.analyze(traces) if traces else None
     if asking is not None:
         asking.join(cfg.nccl_ras_gap_seconds + 2 * cfg.nccl_ras_timeout_seconds + 10)
     finding = ras[0] if ras else None
