@@ -46,3 +46,9 @@ def test_the_check_sees_a_reach_into_bench(tmp_path: Path) -> None:
     assert len(bench_reaches(probe)) == 2
     probe.write_text("from tests.traces.judge import judge\n")
     assert bench_reaches(probe) == []
+
+
+def test_no_module_of_the_package_is_over_400_lines() -> None:
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in (REPO / "watchdog").rglob("*.py")}
+    assert len(sizes) > 100, "the package's modules were not found"
+    assert not {path: n for path, n in sizes.items() if n > MAX_LINES}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]

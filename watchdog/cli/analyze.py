@@ -19,7 +19,7 @@ from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.evidence import Evidence, gather
 from watchdog.cli.stacks import print_pictures
 from watchdog.model import Severity, Verdict
-from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report
+from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report, timeout_verdict
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence, with_notes
 from watchdog.stacks.verdict import verdict
@@ -73,13 +73,13 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
     return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
 
 
-def _culprits(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
+def _culprits(timeouts: timeout_verdict.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
               ras: ras_report.RasFinding | None, frt: fr_text.FrText | None) -> list[int]:
     return sorted({*(fr.culprits if fr else ()), *(ras.culprits if ras else ()),
                    *(timeouts.culprits if timeouts else ()), *(frt.culprits if frt else ())})
 
 
-def _stuck_elsewhere(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
+def _stuck_elsewhere(timeouts: timeout_verdict.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
                      ras: ras_report.RasFinding | None, frt: fr_text.FrText | None) -> bool:
     """Whether evidence beyond the stacks shows the job stuck: a watchdog timeout (the job waited past its
     collective timeout), a Flight Recorder mismatch, a rank RAS declared dead, missing or stuck."""
@@ -87,7 +87,7 @@ def _stuck_elsewhere(timeouts: nccl_timeouts.TimeoutFinding | None, fr: fr_match
         bool(ras and (ras.stuck or ras.broken)) or bool(frt and frt.culprits)
 
 
-def _headline(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None,
+def _headline(found: Evidence, timeouts: timeout_verdict.TimeoutFinding | None,
               fr: fr_matching.FlightRecorderAnalysis | None, ras: ras_report.RasFinding | None,
               frt: fr_text.FrText | None) -> str:
     """Who the job waits on and which evidence names them, from the fields; else what the evidence shows."""
@@ -122,7 +122,7 @@ def _read_what(found: Evidence) -> str:
     return ", ".join(kinds) + " read, none shows a rank stuck or the job moving"
 
 
-def _cannot_tell(found: Evidence, timeouts: nccl_timeouts.TimeoutFinding | None, ras: ras_report.RasFinding | None,
+def _cannot_tell(found: Evidence, timeouts: timeout_verdict.TimeoutFinding | None, ras: ras_report.RasFinding | None,
                  frt: fr_text.FrText | None) -> str:
     why = []
     if timeouts is not None and not timeouts.read:

@@ -24,8 +24,8 @@ from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
 from watchdog.stacks.flight_recorder import FlightRecorder, collect, trigger
 from watchdog.stacks.fr_dumps import RankTrace
 from watchdog.stacks.fr_matching import FlightRecorderAnalysis
-from watchdog.stacks.nccl_timeouts import TimeoutFinding
 from watchdog.stacks.ras_report import RasFinding
+from watchdog.stacks.timeout_verdict import TimeoutFinding
 from watchdog.stacks.verdict import verdict
 
 
