@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import os
@@ -265,6 +266,16 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path, stopping: bool
     assert summary["headline"].startswith("HANG (critical): rank 2 (pid")
     assert "the other 3 ranks wait for it in all_reduce" in summary["headline"]
     assert 'class="verdict critical"' in (bundle / "report.html").read_text()
+    # One sentence everywhere: the alert says what the bundle's verdict says, rendered once from the incident's
+    # fields (the doctor's top finding among them); the page shows it; /metrics names the same culprit.
+    told = summary["telling"]
+    assert alert["summary"] == summary["verdict"] and told["summary"] in alert["summary"]
+    if told["doctor"]:  # the node's doctor found something worth saying
+        assert f"Doctor: {told['doctor']}" in alert["summary"]
+        assert html.escape(told["doctor"]) in (bundle / "report.html").read_text()
+    if not stopping:  # (a daemon that stopped holds no open episode)
+        info = [line for line in scrape(daemon).splitlines() if line.startswith("stall_watchdog_episode_alert_info{")]
+        assert len(info) == 1 and f'culprit="{alert["culprit"]}"' in info[0], (info, alert["culprit"])
 
 
 def test_a_hang_that_relapses_is_one_page_and_one_bundle(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ API, and the daemon in observe and dry_run over a real hung process, which must 
 from __future__ import annotations
 
 import dataclasses
+import html
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,6 +262,13 @@ def test_dry_run_ends_nothing_and_the_alert_says_what_would_have_been_done(tmp_p
     said = [s for s in summaries(receiver) if s.startswith("DRY RUN:")]
     assert len(said) == 1, said
     assert said[0].startswith("DRY RUN: would terminate rank 0 of job run:dry (started by pid "), said
+    # The bundle and its page say what the alert said: one sentence, rendered once from the incident's fields.
+    (_, body), = [(path, body) for path, body in receiver.requests if body["alert"]["summary"] == said[0]]
+    bundle = Path(body["alert"]["bundle"])
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["verdict"] == said[0] and summary["telling"]["action"].startswith("DRY RUN: would terminate")
+    assert f"evidence: {bundle}" in said[0]
+    assert html.escape(summary["telling"]["action"]) in (bundle / "report.html").read_text()
     assert daemon.counters.get("actions_total", "terminate_ranks", "dry_run") == 1
     assert daemon.counters.get("actions_total", "terminate_ranks", "done") == 0
     assert 'mode="dry_run"' in action_state(daemon)

@@ -105,7 +105,7 @@ def test_a_stubborn_rank_gets_sigkill_after_the_grace_period(tmp_path: Path) -> 
      "NOT ACTED (failed: slurm skipped: no Slurm job known) after"),
 ])
 def test_acted_is_said_only_when_the_job_was_ended(steps: list[Step], head: str) -> None:
-    said = action_text([("launcher:1@2", policy.Decision("act", "critical"), steps)], 120.0, "/b", "HANG")
+    said = action_text([("launcher:1@2", policy.Decision("act", "critical"), steps)], 120.0)
     assert said.startswith(head), said
 
 

@@ -36,6 +36,7 @@ from watchdog.model import EpisodeEvent, NodeSnapshot, Severity
 from watchdog.sample import recording
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture, capture_file_name
+from watchdog.telling import Telling
 from watchdog.words import iso_time
 
 
@@ -45,7 +46,7 @@ class Incident:
     telemetry: Sequence[NodeSnapshot]
     pictures: list[StackPicture] = field(default_factory=list)
     ranks: list[RankInfo] = field(default_factory=list)
-    sentence: str = ""
+    telling: Telling | None = None  # what is said about it (the alert says the same sentence)
     severity: Severity | None = None
     partial: bool = False  # stopped before everything was gathered (shutdown, no time)
     doctor: list[DoctorFinding] = field(default_factory=list)
@@ -60,7 +61,8 @@ class Incident:
     def summary(self) -> dict[str, object]:
         return {
             "event": self.event.to_json(), "severity": (self.severity or self.event.severity).value,
-            "headline": self.event.headline, "verdict": self.sentence or self.event.summary,
+            "headline": self.event.headline, "verdict": (self.telling or Telling(self.event.summary)).sentence(),
+            "telling": (self.telling or Telling(self.event.summary)).to_json(),
             "partial": self.partial, "notes": self.notes,
             "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key,
                        **({"workload": r.workload.to_json()} if r.workload else {})} for r in self.ranks],
@@ -163,12 +165,12 @@ class BundleStore:
         self.rotate(keep=final)
         return final
 
-    def rewrite_verdict(self, bundle: str, event: EpisodeEvent) -> None:
-        """An escalated (or relapsed) episode: the bundle's summary (and page) say the new severity and
-        sentence, so the bundle never disagrees with the metrics and the alert."""
+    def rewrite_verdict(self, bundle: str, event: EpisodeEvent, telling: Telling) -> None:
+        """An escalated (or relapsed, or acted on) episode: the bundle's summary (and page) say the new severity
+        and the sentence the alert says, so the bundle never disagrees with the metrics and the alert."""
         self._update_summary(bundle, {"severity": event.severity.value, "headline": event.headline,
-                                      "verdict": event.summary, "event": event.to_json(),
-                                      event.event.value: iso_time(event.at_seconds)})
+                                      "verdict": telling.sentence(), "telling": telling.to_json(),
+                                      "event": event.to_json(), event.event.value: iso_time(event.at_seconds)})
 
     def record_end(self, bundle: str, event: EpisodeEvent) -> None:
         """The episode resolved: the bundle (and its page) say when, and how long it lasted; the verdict

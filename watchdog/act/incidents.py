@@ -6,7 +6,9 @@ suspected  look at the affected job's stacks (py-spy, host activity) and hand th
            (stacks/confirm.py) and makes the episode critical once it has lasted stacks.confirm_min_seconds
 (open)     look again every stacks.recheck_seconds while the episode is not critical
 fired      write the incident bundle (the stacks already captured, the doctor's findings, the telemetry)
-           and alert with the episode's severity and sentence, as the detectors decided them
+           and alert with the episode's severity and sentence, as the detectors decided them; the incident
+           keeps the doctor's top finding and what could not be gathered as fields, and every alert and
+           bundle verdict is rendered from them by watchdog/telling.py
 escalated  rewrite the bundle's verdict and alert again as critical
 resolved   send the resolve
 critical   act/responder.py takes it from here: the actions policy, the job's evidence taken again, the steps
@@ -34,7 +36,7 @@ from watchdog import logfmt
 from watchdog.act import membership
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
-from watchdog.act.open_incident import OpenIncident, culprit_text, on_gpus
+from watchdog.act.open_incident import OpenIncident, culprit_text, on_gpus, telling
 from watchdog.alert_identity import PER_GPU_SIGNATURES, AlertIdentity, runbook_url
 from watchdog.config import Config
 from watchdog.counters import Counters
@@ -116,11 +118,11 @@ class IncidentHandler:
                 self.alert(event, state)
         elif event.event is EventKind.ESCALATED:
             state.severity = event.severity
-            self._rewrite(state, event)
+            self.rewrite(state, event)
             self.alert(event, state)
         elif event.event is EventKind.RELAPSED:  # the same incident: its bundle says so, no new page
             state.stall_since = event.at_seconds  # an action counts this stall on its own clock
-            self._rewrite(state, event)
+            self.rewrite(state, event)
             self._look(key, state, snapshot)
         else:
             self.alert(event, state, resolved=True)
@@ -131,14 +133,16 @@ class IncidentHandler:
                 if gone is not None:
                     self._retire(gone)
 
-    def _rewrite(self, state: OpenIncident, event: EpisodeEvent) -> None:
-        """The bundle's verdict rewritten for this event: now, or once the bundle is written."""
+    def rewrite(self, state: OpenIncident, event: EpisodeEvent) -> None:
+        """The bundle's verdict rewritten for this event, in the words the alert says: now, or once the bundle
+        is written."""
         with self._lock:
             bundle = state.bundle
             if bundle is None:
                 state.rewrite = event
+            said = telling(state, event)
         if bundle is not None:
-            self._submit(self.bundles.rewrite_verdict, bundle, event)
+            self._submit(self.bundles.rewrite_verdict, bundle, event, said)
 
     def forget(self, open_keys: set[str]) -> None:
         """Move on what is held for episodes that ended without ever alerting (suspected only: a pause that
@@ -275,21 +279,23 @@ class IncidentHandler:
         facts = gather(self.inventory, self.discovery.proc_root.parent / "sys", self.discovery.proc_root)
         incident.doctor = examine(facts, incident.ranks)
         top = top_finding(incident.doctor)
-        incident.sentence = event.summary + (f". Doctor: {top.evidence}" + (f"; {top.fix}" if top.fix else "")
-                                             if top is not None else "")
+        with self._lock:
+            state.doctor = (top.evidence + (f"; {top.fix}" if top.fix else "")) if top is not None else ""
+            state.notes = tuple(incident.notes)
+            incident.telling = telling(state, event)
         incident.severity = event.severity
         path = self.bundles.write(incident)
         with self._lock:
             state.bundle = str(path) if path else None
             later, state.rewrite = state.rewrite, None
-        if later is not None and state.bundle is not None:  # escalated or relapsed while this was written
-            self.bundles.rewrite_verdict(state.bundle, later)
+            later_said = telling(state, later) if later is not None else None
+        if later is not None and later_said is not None and state.bundle is not None:  # escalated or relapsed
+            self.bundles.rewrite_verdict(state.bundle, later, later_said)               # while this was written
         logfmt.event("incident", signature=event.signature.value, severity=event.severity.value,
                      bundle=state.bundle, verdict=event.headline)
-        self.alert(event, state, summary=incident.sentence)
+        self.alert(event, state)
 
-    def alert(self, event: EpisodeEvent, state: OpenIncident, resolved: bool = False, summary: str | None = None,
-               action: str = "") -> None:
+    def alert(self, event: EpisodeEvent, state: OpenIncident, resolved: bool = False, action: str = "") -> None:
         """Under the lock, so an episode's firing (sent from a worker once its bundle is written) and its
         resolve (from the loop) reach the receivers in the order they happened: an episode that ended before
         it alerted sends neither, one that alerted always sends its resolve."""
@@ -306,13 +312,11 @@ class IncidentHandler:
                 gpu = event.gpus[0] if event.signature in PER_GPU_SIGNATURES and event.gpus else None
                 state.identity = AlertIdentity(event.signature, self.node, state.job, state.workload, gpu)
             state.culprit = culprit_text(event.culprit_gpus, state.ranks)
-            if not resolved and summary is not None and not action:
-                state.summary = summary
             identity = state.identity
             self.dispatcher.submit(Alert(
                 key=event.key, status="resolved" if resolved else "firing", identity=identity,
                 severity=event.severity, gpus=event.gpus, culprit_gpus=event.culprit_gpus,
-                summary=summary or event.summary, onset=event.onset_seconds, at=event.at_seconds,
+                summary=telling(state, event).sentence(), onset=event.onset_seconds, at=event.at_seconds,
                 culprit=state.culprit, bundle=state.bundle,
                 runbook_url=runbook_url(identity.signature, self.config.alerts.runbook_url), action=action))
 

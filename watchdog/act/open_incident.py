@@ -13,6 +13,7 @@ from watchdog.alert_identity import AlertIdentity
 from watchdog.model import EpisodeEvent, NodeSnapshot, Severity, Workload
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture
+from watchdog.telling import Telling
 from watchdog.words import gpu_list
 
 
@@ -36,7 +37,9 @@ class OpenIncident:
     pictures: list[StackPicture] = field(default_factory=list)
     ranks: list[RankInfo] = field(default_factory=list)
     event: EpisodeEvent | None = None  # the last firing event (an action's alert repeats it, with what was done)
-    summary: str = ""  # the sentence the episode alerted with
+    doctor: str = ""  # the doctor's top finding (its evidence; its fix), once investigated
+    notes: tuple[str, ...] = ()  # what the investigation could not gather
+    action: str = ""  # what the responder last said it did (ACTED: ..., NOT ACTED (...), DRY RUN: ...)
     critical_since: float | None = None  # wall seconds it turned critical
     decision: policy.Decision | None = None  # the actions policy's last decision, over all its jobs
     decisions: dict[str, policy.Decision] = field(default_factory=dict)  # per proven job (membership key; "": none)
@@ -44,6 +47,13 @@ class OpenIncident:
     decided_at: float | None = None  # monotonic
     acting: bool = False
     stall_since: float | None = None  # wall seconds a relapse began
+
+
+def telling(state: OpenIncident, event: EpisodeEvent) -> Telling:
+    """What is said about the episode at this event: the event's summary with the incident's fields (the one
+    renderer, watchdog/telling.py, writes the sentence every reader gets)."""
+    return Telling(event.summary, state.doctor, state.notes, state.action,
+                   (state.bundle or "") if state.action else "")
 
 
 def on_gpus(state: OpenIncident, snapshot: NodeSnapshot) -> NodeSnapshot:

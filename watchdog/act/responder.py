@@ -55,8 +55,9 @@ class Incidents(Protocol):
 
     def open_states(self) -> list[tuple[str, OpenIncident]]: ...
 
-    def alert(self, event: EpisodeEvent, state: OpenIncident, resolved: bool = False, summary: str | None = None,
-              action: str = "") -> None: ...
+    def alert(self, event: EpisodeEvent, state: OpenIncident, resolved: bool = False, action: str = "") -> None: ...
+
+    def rewrite(self, state: OpenIncident, event: EpisodeEvent) -> None: ...
 
     def recheck(self, keys: Sequence[str], snapshot: NodeSnapshot) -> None: ...
 
@@ -222,8 +223,9 @@ class Responder:
                 name = _overall([d for _, d, _ in loud]).name
                 if name == "act" and not all(acted(steps) for _, d, steps in loud if d.name == "act"):
                     name = "act_failed"
-                said_text = action_text(loud, now - base.onset, state.bundle, state.summary)
-                self.incidents.alert(event, state, summary=said_text, action=name)
+                state.action = action_text(loud, now - base.onset)
+                self.incidents.rewrite(state, event)
+                self.incidents.alert(event, state, action=name)
         finally:
             state.decided_at = self.monotonic()
             state.acting = False
@@ -302,12 +304,11 @@ def acted(steps: Sequence[Step]) -> bool:
     return any(st.ended for st in steps) and all(st.result in (DONE, SKIPPED) for st in steps)
 
 
-def action_text(results: Sequence[tuple[str, policy.Decision, Sequence[Step]]], lasted: float, bundle: str | None,
-                summary: str) -> str:
-    """The alert's summary once the policy decided, one clause per job: 'ACTED: terminated ranks 0-3 of job
-    run:x after 2 min 10 s of hang; evidence: <bundle>. <the episode's sentence>'. ACTED only where the job's
-    ranks were ended; a step that failed makes it 'NOT ACTED (failed: ...)' with the cause."""
-    evidence = f"; evidence: {bundle}" if bundle else ""
+def action_text(results: Sequence[tuple[str, policy.Decision, Sequence[Step]]], lasted: float) -> str:
+    """What was done once the policy decided, one clause per job: 'ACTED: terminated ranks 0-3 of job run:x
+    after 2 min 10 s of hang'. ACTED only where the job's ranks were ended; a step that failed makes it
+    'NOT ACTED (failed: ...)' with the cause. The alert and the bundle say it before the episode's sentence
+    (watchdog/telling.py), with where the evidence is."""
     after = f"after {duration_text(lasted)} of hang"
     heads = []
     for _, decision, steps in results:
@@ -323,4 +324,4 @@ def action_text(results: Sequence[tuple[str, policy.Decision, Sequence[Step]]], 
             heads.append("DRY RUN: " + "; ".join(st.detail for st in steps) + f" {after}")
         else:
             heads.append(f"NOT ACTED ({decision.name}): {decision.reason}")
-    return f"{' / '.join(heads)}{evidence}. {summary}".rstrip(". ") + "."
+    return " / ".join(heads)
