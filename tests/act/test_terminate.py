@@ -123,6 +123,42 @@ def test_no_evidence_is_kept_for_a_bundle_that_is_gone(tmp_path: Path) -> None:
     assert kept.startswith("before-action") and (tmp_path / "bundle" / kept).is_dir()
 
 
+def test_actions_recorded_while_the_verdict_is_rewritten_are_all_kept(tmp_path: Path) -> None:
+    """The responder records actions in summary.json while the incident workers rewrite its verdict (an
+    escalation, the action's own sentence): each reads, changes and replaces the file, so neither may write back
+    a copy without the other's change."""
+    import json
+
+    from watchdog.act.bundles import BundleStore
+    from watchdog.config import BundlesConfig
+    from watchdog.export.metrics import new_counters
+    from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
+    from watchdog.telling import Telling
+    store = BundleStore(BundlesConfig(directory=str(tmp_path)), new_counters(), render_report=lambda folder: None)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "summary.json").write_text("{}")
+    event = EpisodeEvent(EventKind.ESCALATED, Signature.ZERO_UTIL, Severity.CRITICAL, (0,), (), 1.9e9, 1.9e9 + 60,
+                         "HANG (critical): GPU 0 idle")
+
+    def record() -> None:
+        for n in range(60):
+            store.record_action(str(bundle), {"decision": "dry_run", "n": n})
+
+    def rewrite() -> None:
+        for n in range(60):
+            store.rewrite_verdict(str(bundle), event, Telling(event.summary, action=f"DRY RUN {n}"))
+
+    workers = [threading.Thread(target=record), threading.Thread(target=rewrite)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert [r["n"] for r in summary["actions"]] == list(range(60))
+    assert summary["verdict"] == "DRY RUN 59. HANG (critical): GPU 0 idle"
+
+
 def test_an_action_under_way_stops_on_a_pause_a_reload_or_its_evidence_gone(tmp_path: Path) -> None:
     """What the daemon asks between two steps and during a grace period (Responder._stop_reason)."""
     from tests.fakes.daemon import daemon_config

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,9 @@ class BundleStore:
         self.counters = counters
         self.render_report = render_report
         self.root = Path(cfg.directory)
+        # summary.json is read, changed and replaced by the incident workers (a verdict rewritten) and the
+        # responder (an action recorded): one at a time, so that neither writes back a copy without the other's
+        self._summary_lock = threading.RLock()
 
     def write(self, incident: Incident) -> Path | None:
         def fill(folder: Path, budget: private_files.Budget) -> None:
@@ -193,6 +197,10 @@ class BundleStore:
         """An actions decision (and each step it took) appended to the summary's `actions`. At most
         MAX_ACTION_RECORDS are kept (a decision that flaps for a week): the first half and the newest, with the
         number left out between them in `actions_left_out`."""
+        with self._summary_lock:
+            self._record_action(bundle, record)
+
+    def _record_action(self, bundle: str, record: dict[str, object]) -> None:
         summary = json.loads((Path(bundle) / "summary.json").read_text(encoding="utf-8"))
         done = summary.get("actions") if isinstance(summary.get("actions"), list) else []
         changes: dict[str, object] = {"actions": [*done, record]}
@@ -205,11 +213,12 @@ class BundleStore:
     def _update_summary(self, bundle: str, changes: dict[str, object]) -> None:
         """summary.json with `changes` merged in, replaced atomically, and the page rendered again."""
         folder = Path(bundle)
-        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-        summary.update(changes)
-        private_files.write_json(folder / "summary.json", summary, replace=True)
-        if self.render_report is not None:
-            self.render_report(folder)
+        with self._summary_lock:
+            summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+            summary.update(changes)
+            private_files.write_json(folder / "summary.json", summary, replace=True)
+            if self.render_report is not None:
+                self.render_report(folder)
 
     def _telemetry(self, path: Path, incident: Incident, budget: private_files.Budget) -> None:
         text = io.StringIO()
