@@ -87,7 +87,7 @@ def test_health_columns_are_read_as_whole_numbers() -> None:
     ("9" * 100_000, "memory.used [MiB]", "is out of range"),
     ("1" + "0" * 400, "clocks.sm [MHz]", "is out of range"),
     ("1.5", "ecc.errors.uncorrected.volatile.total", "'1.5' is not a count (a whole number)"),
-    ("3 W", "pcie.link.gen.current", "'3 W' is not a count"),
+    ("3 W", "pcie.link.gen.current", "'3 W' is in W, where this field is measured in no unit"),
     ("1_000", "ecc.errors.corrected.volatile.total", "is not a count"),
 ])
 def test_numbers_out_of_range_or_not_counts_are_named(cell: str, column: str, message: str) -> None:
@@ -351,3 +351,25 @@ def test_block_reader_reads_a_day_in_blocks() -> None:
     assert len(snaps) == 7200 and [g.index for g in snaps[-1].gpus] == [0, 1]
     assert snaps[1].time_seconds - snaps[0].time_seconds == 1.0
     assert snaps[-1].gpus[1].power_watts == 101.5 and snaps[-1].gpus[1].utilization_ratio == 0.02
+
+
+def test_columns_that_are_not_what_the_fields_say_are_an_error() -> None:
+    """A log written with `--query-gpu=timestamp,power.draw,utilization.gpu` replayed with the fields in another
+    order: its cells carry their units (watts, percent), which contradict the fields named; the log is refused
+    with the line and the column, instead of read as a 145% utilization at 100 W."""
+    text = ("2024/01/02 03:04:05.000, 0, 145.41 W, 100 %\n"
+            "2024/01/02 03:04:06.000, 0, 146.02 W, 100 %\n")
+    with pytest.raises(TraceError, match=r"log.csv:1: column 'power.draw': '100 %' is in %, where this field is "
+                                         r"measured in W: are the columns what the header \(or --csv-fields\) says"):
+        read(text, fields=["timestamp", "index", "utilization.gpu", "power.draw"])
+    assert [s.gpus[0].power_watts for s in read(text, fields=["timestamp", "index", "power.draw",
+                                                                     "utilization.gpu"])] == [145.41, 146.02]
+
+
+def test_a_misspelt_field_is_named_and_a_field_not_read_is_left_alone() -> None:
+    text = "2024/01/02 03:04:05.000, 0, 145.41 W, 100 %, P0\n"
+    with pytest.raises(TraceError, match=r"log.csv: --csv-fields: unknown field 'utilisation.gpu' \(did you mean "
+                                         r"'utilization.gpu'\?\)"):
+        read(text, fields=["timestamp", "index", "power.draw", "utilisation.gpu", "pstate"])
+    sample, = read(text, fields=["timestamp", "index", "power.draw", "utilization.gpu", "pstate"])
+    assert sample.gpus[0].utilization_ratio == 1.0

@@ -6,6 +6,7 @@ cell; the row reader puts the column's name in front of it."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import operator
 import re
@@ -52,10 +53,18 @@ REASON_BITS = {
 }
 REASON_PREFIXES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
 
-_SCALE = {
-    "%": 0.01, "W": 1.0, "mW": 0.001, "MiB": 2.0**20, "GiB": 2.0**30, "KiB": 1024.0, "B": 1.0,
-    "MB": 2.0**20, "GB": 2.0**30, "MHz": 1e6, "GHz": 1e9, "kHz": 1e3, "Hz": 1.0, "C": 1.0, "": 1.0,
+# The units a cell may be written in, by the unit its field is measured in, each with its factor to the field's
+# base unit: a cell in watts where a utilization belongs is a log whose columns are not what they are said to be
+# (--csv-fields in the wrong order), never a number to read.
+_SCALES: dict[str, dict[str, float]] = {
+    "%": {"%": 0.01},
+    "W": {"W": 1.0, "mW": 0.001},
+    "MiB": {"MiB": 2.0**20, "GiB": 2.0**30, "KiB": 1024.0, "B": 1.0, "MB": 2.0**20, "GB": 2.0**30},
+    "MHz": {"MHz": 1e6, "GHz": 1e9, "kHz": 1e3, "Hz": 1.0},
+    "C": {"C": 1.0},
+    "": {"": 1.0},
 }
+_ANY_SCALE = {unit: scale for scales in _SCALES.values() for unit, scale in scales.items()}
 MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
 LOST = {"[gpu is lost]", "gpu is lost", "[gpu requires reset]"}
 _NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
@@ -124,9 +133,11 @@ def _day_seconds(date: str) -> float:
 
 
 def parse_number(text: str, unit: str, default_unit: str) -> float | None:
-    """'71.25 W' -> 71.25; '55 %' -> 0.55; '[N/A]' -> None. Units convert to the field's base unit."""
+    """'71.25 W' -> 71.25; '55 %' -> 0.55; '[N/A]' -> None. Units convert to the field's base unit; a unit of
+    another kind than the field's `default_unit` (watts in a utilization column) is an error."""
     number, _, written = text.strip().partition(" ")
-    scale = _SCALE.get(written or unit or default_unit)
+    scales = _SCALES[default_unit]
+    scale = scales.get(written or unit or default_unit)
     if scale is not None:
         try:
             value = float(number)  # the common case: nvidia-smi's own "71.25 W"
@@ -144,7 +155,11 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
     digits, written = match.groups()
     if digits.startswith("-"):
         raise ValueError(f"negative value {text.strip()!r}")
-    scale = _SCALE.get(written or unit or default_unit)
+    said = written or unit or default_unit
+    scale = scales.get(said)
+    if scale is None and said in _ANY_SCALE:
+        raise ValueError(f"{text.strip()!r} is in {said or 'no unit'}, where this field is measured in "
+                         f"{default_unit or 'no unit'}: are the columns what the header (or --csv-fields) says?")
     if scale is None:
         raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")
     if not float(digits) < _LARGEST:
@@ -178,6 +193,21 @@ def parse_header(fields: list[str]) -> list[Column]:
         name, unit = (match.group(1).lower(), match.group(2) or "") if match else (raw.strip().lower(), "")
         columns.append(Column(position, name, unit.strip(), raw.strip()))
     return columns
+
+
+def misspelt_fields(columns: list[Column]) -> list[str]:
+    """Field names given by hand (--csv-fields) that are not fields this reader uses but close to one: a typo
+    would otherwise leave the column unread and the verdict without it. Names far from every field are fields
+    nvidia-smi has and the reader does not use (pstate, fan.speed): those are left alone."""
+    known = [*NUMERIC, "timestamp", "index", "uuid", "name",
+             *(prefix + reason for prefix in REASON_PREFIXES for reason in (*REASON_BITS, "active"))]
+    said = []
+    for col in columns:
+        if col.name not in known:
+            close = difflib.get_close_matches(col.name, known, n=1, cutoff=0.85)
+            if close:
+                said.append(f"unknown field {col.name!r} (did you mean {close[0]!r}?)")
+    return said
 
 
 def looks_like_header(fields: list[str]) -> bool:

@@ -34,6 +34,7 @@ from watchdog.sample.smi_cells import (
     column_times,
     index_cell,
     looks_like_header,
+    misspelt_fields,
     parse_header,
     parse_timestamp,
 )
@@ -173,6 +174,9 @@ def smi_csv_stretches(
         first_line += 1
     elif fields:
         columns = parse_header(fields)
+        misspelt = misspelt_fields(columns)
+        if misspelt:
+            raise TraceError(f"{path}: --csv-fields: " + "; ".join(misspelt))
     else:
         raise TraceError(f"{path}:1: no header line; pass --csv-fields with the --query-gpu list the log was "
                          "written with")
