@@ -125,6 +125,15 @@ def test_bad_trace_is_a_runtime_failure_with_a_message(args: tuple[str, ...]) ->
     assert "Traceback" not in result.stderr
 
 
+def test_report_says_what_it_was_given_instead_of_a_bundle(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    for given, said in ((tmp_path / "missing", "no such folder"), (tmp_path / "file", "not a folder"),
+                        (tmp_path / "empty", "not an incident bundle")):
+        result = cli("report", str(given))
+        assert result.returncode == 1 and result.stderr.startswith(f"stall-watchdog: {given}: {said}"), result.stderr
+
+
 def test_usage_errors_exit_2() -> None:
     assert cli().returncode == 2
     assert cli("replay").returncode == 2
@@ -212,8 +221,17 @@ def test_check_config_loads_the_endpoints_certificate_as_run_does(tmp_path: Path
     config.write_text(f"export: {{listen_address: '127.0.0.1:1', tls_cert_file: '{tmp_path / 'cert.pem'}', "
                       f"tls_key_file: '{tmp_path / 'cert.pem'}'}}\n")
     done = cli("check-config", str(config))
-    assert done.returncode == 2 and "export.tls_cert_file: cannot load" in done.stderr, done.stderr
+    assert done.returncode == 2 and f"export.tls_cert_file {tmp_path / 'cert.pem'} and export.tls_key_file" in \
+        done.stderr and "not a certificate and its private key in PEM" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+    run = cli("run", "--config", str(config), "--max-ticks", "1")  # run refuses it the same way, before it starts
+    assert run.returncode == 2 and "not a certificate and its private key in PEM" in run.stderr, run.stderr
+    # A key that is not there is named, with its path, not blamed on the certificate.
+    config.write_text(f"export: {{listen_address: '127.0.0.1:1', tls_cert_file: '{tmp_path / 'cert.pem'}', "
+                      f"tls_key_file: '{tmp_path / 'key.pem'}'}}\n")
+    done = cli("check-config", str(config))
+    assert done.returncode == 2 and f"export.tls_key_file: cannot read {tmp_path / 'key.pem'}: No such file" in \
+        done.stderr, done.stderr
 
 
 def test_a_receiver_typo_lists_the_receivers_keys(tmp_path: Path) -> None:

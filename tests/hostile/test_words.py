@@ -168,6 +168,7 @@ def test_a_lost_gpu_is_gpu_lost_and_not_an_odd_gpu_the_job_waits_on() -> None:
     lost = [e for e in events if e.signature is Signature.GPU_LOST]
     assert lost[0].severity is Severity.CRITICAL and lost[0].gpus == (5,)
     assert "for 0 s" not in lost[0].summary and "GPU 5 stopped answering NVML" in lost[0].headline, lost[0]
+    assert lost[0].summary.count("stopped answering NVML") == 1 and "drain the node" in lost[0].summary, lost[0]
     (hang,) = [e for e in events if e.signature is not Signature.GPU_LOST and e.event is EventKind.FIRED]
     assert hang.severity is Severity.CRITICAL and hang.gpus == (0, 1, 2, 3, 4, 6, 7), hang
     assert "GPU 5" in hang.summary and "lost" in hang.summary, hang.summary

@@ -292,7 +292,7 @@ class IncidentHandler:
         if later is not None and later_said is not None and state.bundle is not None:  # escalated or relapsed
             self.bundles.rewrite_verdict(state.bundle, later, later_said)               # while this was written
         logfmt.event("incident", signature=event.signature.value, severity=event.severity.value,
-                     bundle=state.bundle, verdict=event.headline)
+                     bundle=state.bundle, verdict=event.headline, summary=incident.telling.sentence())
         self.alert(event, state)
 
     def alert(self, event: EpisodeEvent, state: OpenIncident, resolved: bool = False, action: str = "") -> None:

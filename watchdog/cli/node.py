@@ -30,6 +30,10 @@ EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
 
 def cmd_report(args: argparse.Namespace) -> int:
     folder = Path(args.bundle)
+    if not folder.is_dir():
+        error(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder (give the bundle's "
+              "folder, the one that holds summary.json)")
+        return EXIT_FAILURE
     if not (folder / "summary.json").exists() or not (folder / "telemetry.jsonl").exists():
         error(f"{folder}: not an incident bundle (no summary.json and telemetry.jsonl)")
         return EXIT_FAILURE

@@ -17,18 +17,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     logfmt.setup()
     config = load_config(args.config)
     source = source_for(config)
+    try:  # every part built (secrets and certificates read) before the GPUs are opened: a configuration error first
+        service = build(config, source, config_path=args.config)
+    except (ValueError, EndpointError) as exc:  # a secret, a certificate: the configuration (check-config says it too)
+        error(str(exc))
+        return EXIT_USAGE
     try:
         source.open()
     except NvmlUnavailable as exc:
+        service.close(timeout=1.0)
         error(f"{exc}\nNo NVIDIA GPU here? To see the watchdog work without one, set `source: {{kind: sim, "
               "scenario: spin_hang}` in the config, or run `stall-watchdog replay sim:odd_rank`.")
         return EXIT_FAILURE
-    try:
-        service = build(config, source, config_path=args.config)
-    except (ValueError, EndpointError) as exc:  # a receiver's or the endpoint's secret that cannot be read
-        source.close()
-        error(str(exc))
-        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILURE
     try:
         service.serve(max_ticks=args.max_ticks)
     except EndpointError as exc:  # the address cannot be had

@@ -116,10 +116,9 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
         return summary_of(finding.gpus, f)
     if sig is Signature.STRAGGLER:
         return _straggler_evidence(finding)
-    if sig is Signature.GPU_LOST:
-        errors = f.get("errors") or "no answer"
-        return (f"{gpus} stopped answering NVML{lasting} ({errors}): drain the node and reset "
-                f"{plural(len(finding.gpus), 'the GPU', 'the GPUs')}")
+    if sig is Signature.GPU_LOST:  # the headline says it stopped answering, and for how long
+        said = f"NVML's last word: {f['errors']}" if f.get("errors") else "No answer from NVML"
+        return f"{said}: drain the node and reset {plural(len(finding.gpus), 'the GPU', 'the GPUs')}"
     return f"{sig.value} on {gpus}{lasting}"
 
 

@@ -57,10 +57,20 @@ def endpoint_tls(cfg: ExportConfig) -> ssl.SSLContext | None:
     if not cfg.tls_cert_file:
         return None
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    for key, path in (("export.tls_cert_file", cfg.tls_cert_file), ("export.tls_key_file", cfg.tls_key_file)):
+        if path:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise EndpointError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
     try:
         tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise EndpointError(f"export.tls_cert_file: cannot load: {exc}") from None
+        said = exc.reason if isinstance(exc, ssl.SSLError) and exc.reason else (getattr(exc, "strerror", None) or exc)
+        raise EndpointError(f"export.tls_cert_file {cfg.tls_cert_file} and export.tls_key_file "
+                            f"{cfg.tls_key_file or '(the key in the certificate file)'}: not a certificate and its "
+                            f"private key in PEM ({said})") from None
     return tls
 
 
