@@ -110,7 +110,9 @@ def group_by_time(rows: Iterator[_Row], path: str, skips: SkipLog) -> Iterator[N
         after = block_times[count] - block_times[count - 1] if len(block_times) > count else float("inf")
         before = block_times[0] - previous if previous is not None else float("inf")
         if inner >= min(before, after):  # a boundary that is not the widest gap around: check the phase
-            drop = _best_phase([item[1] for item in buffer], previous, count)
+            # over the look-ahead only: the buffer begins with the rows the count was voted on (4,096), and a
+            # sample cut short far ahead would outvote the phase here, dropping whole rows that are not short
+            drop = _best_phase([item[1] for item in itertools.islice(buffer, look)], previous, count)
             if drop:
                 skips.skip(f"{path}:{buffer[0][0]}: sample cut short by nvidia-smi ({drop} of {count} rows); "
                        "dropped")
