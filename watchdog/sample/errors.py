@@ -26,5 +26,5 @@ class SkipLog:
     def malformed(self, message: str) -> None:
         """A line that cannot be read: an error naming it, or under --lenient a counted skip."""
         if not self.lenient:
-            raise TraceError(message)
+            raise TraceError(f"{message} (--lenient skips such lines, counts them and goes on)")
         self.skip(message)
