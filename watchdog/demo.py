@@ -37,6 +37,8 @@ class DemoError(Exception):
 def _free_port(preferred: int) -> int:
     for port in (preferred, 0):
         with socket.socket() as s:
+            # as the endpoint binds (http.server reuses the address): a port a stopped demo left in TIME_WAIT is free
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
