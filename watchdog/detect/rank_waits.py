@@ -8,7 +8,10 @@ stand out of chance). A rank that waits at least wait_gap_ratio less, by wait_si
 standard errors of the two shares (each a proportion of its samples), is the one they wait for; once named it
 stays named while the gap holds by half as many (so that a gap near the line does not come and go). The gap g is
 the share of each step the others spend waiting for it: without it the step would take (1 - g) of the time,
-so the job runs about 1 / (1 - g) slower than without it (or less: see WaitLedger._slowdown).
+so the job runs about 1 / (1 - g) slower than without it (or less: see WaitLedger._slowdown). A rank is named
+only where the job runs at least wait_gap_ratio slower for it by that estimate, which also asks whether its
+peers wait more than at their first look: a gap that chance alone drew among ranks that wait as they always
+did (a few in a thousand GPU-days at wait_sigmas) leaves the peers' waits where they were.
 
 Two differences are not a rank that became slow, and are said as "uneven work" (never an episode):
 - one it already had when first sampled (its first look, RANK_WAITS first_*): pipeline stages of different
@@ -286,7 +289,10 @@ class WaitLedger:
                     continue
                 if g not in self.named and not now.beyond(cfg.wait_sigmas):
                     continue
-                facts: dict[str, float | str] = {"rank": counts[_RANK], "slowdown": self._slowdown(g, gpus, now)}
+                slowdown = self._slowdown(g, gpus, now)
+                if g not in self.named and slowdown < 1 + cfg.wait_gap_ratio:
+                    continue  # its peers wait hardly more than at their first look: the job is not slower for it
+                facts: dict[str, float | str] = {"rank": counts[_RANK], "slowdown": slowdown}
                 if self.timed:
                     facts.update(nccl_ratio=round(now.share, 3), peers_nccl_ratio=round(now.peers, 3),
                                  nccl_seconds=round(samples / 1000))
