@@ -167,7 +167,8 @@ class StragglerConfig(EpisodeTiming):
         "over five times it, where a smaller gap stands out of chance.")
     wait_gap_ratio: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.05, description="A rank that waits at least this share of its time less than the median of its job's "
-        "other ranks on the node, beyond chance, is the one they wait for (between 0 and 1).")
+        "other ranks on the node, beyond chance, is the one they wait for, once the job runs at least this much "
+        "slower for it (its peers' waits against their first look; between 0 and 1).")
     wait_sigmas: Annotated[float, Field(ge=1, le=20)] = Field(
         5.0, description="Beyond chance: the gap is at least this many standard errors of the two shares.")
     wait_min_samples: Annotated[int, Field(ge=10, le=100000)] = Field(
