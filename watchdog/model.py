@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
 from watchdog.words import iso_time
@@ -259,13 +259,27 @@ class Verdict:
 
     kind: str  # "hang" | "waiting" | "remote" | "no_stall" | "unknown" (the evidence cannot tell)
     severity: Severity | None
-    sentence: str
+    reason: str  # what the stacks show, as the rule that decided the kind says it
     headline: str = ""
     confirmed: bool = False  # a hang seen again at a second look, nothing moved between (stacks/confirm.py)
+    # What else was found or missed, each said once after the reason: what the Flight Recorder or NCCL RAS say,
+    # stacks that could not be captured, the second look, ranks that left no trace
+    notes: tuple[str, ...] = ()
+
+    @property
+    def sentence(self) -> str:
+        """The whole picture, rendered from the reason and the notes (the one place they are joined)."""
+        return ". ".join([self.reason.rstrip("."), *self.notes]) if self.notes else self.reason
+
+    def noted(self, notes: Sequence[str]) -> Verdict:
+        """The verdict with `notes` after its own (each said once)."""
+        fresh = tuple(n for n in dict.fromkeys(notes) if n and n not in self.notes)
+        return replace(self, notes=self.notes + fresh) if fresh else self
 
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "severity": self.severity.value if self.severity else None,
-                "headline": self.headline, "sentence": self.sentence, "confirmed": self.confirmed}
+                "headline": self.headline, "sentence": self.sentence, "confirmed": self.confirmed,
+                "notes": list(self.notes)}
 
 
 class EventKind(str, enum.Enum):

@@ -21,7 +21,7 @@ from watchdog.cli.stacks import print_pictures
 from watchdog.model import Severity, Verdict
 from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report, timeout_verdict
 from watchdog.stacks.analysis import Analysis, analyze
-from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence, with_notes
+from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence
 from watchdog.stacks.verdict import verdict
 
 
@@ -50,7 +50,7 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
         others = _stuck_elsewhere(timeouts, fr, ras, frt)
         if decided.kind in ("unknown", "no_stall") and others:
             decided = Verdict("hang", Severity.CRITICAL, decided.sentence, _headline(found, timeouts, fr, ras, frt))
-        decided = with_notes(decided, [n for n in notes if n not in decided.sentence])
+        decided = decided.noted([n for n in notes if n not in decided.sentence])
         return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
     culprits = _culprits(timeouts, fr, ras, frt)
     stuck = _stuck_elsewhere(timeouts, fr, ras, frt)

@@ -24,7 +24,7 @@ from watchdog.stacks import fr_matching
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.fr_dumps import SharedGroups
 from watchdog.stacks.fr_matching import FlightRecorderAnalysis
-from watchdog.stacks.picture import corroborated, corroborations, with_notes
+from watchdog.stacks.picture import corroborated, corroborations
 from watchdog.stacks.verdict import verdict
 
 from . import answers
@@ -247,7 +247,7 @@ def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidenc
         why = problem or ("no node answered" if answered else "no node exports ranks of this job")
         decided = Verdict("unknown", None, f"Unknown: no evidence was gathered ({why})", "unknown: no evidence")
     found = corroborations(fr, ras_culprits, str(ras.get("summary")) if ras is not None and conclusive else None)
-    decided = with_notes(corroborated(decided, found), _silent_note(silent) + notes + _slow_note(ranks))
+    decided = corroborated(decided, found).noted(_silent_note(silent) + notes + _slow_note(ranks))
     where = analysis.group_by_member()
     by_member = {d.member: d for d in dumps}
     odd: list[dict[str, object]] = []

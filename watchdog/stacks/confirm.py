@@ -46,9 +46,8 @@ def confirm(first: StackPicture, second: StackPicture, seconds_apart: float) -> 
     # Every local rank in one collective, twice, nothing moved: this node's ranks are blocked whoever the
     # culprit is (a rank on another node, the transport): a hang here, its headline still pointing there.
     return replace(second.verdict, kind="hang", confirmed=True,
-                   severity=second.verdict.severity if second.verdict.kind == "hang" else Severity.CRITICAL,
-                   sentence=f"{second.verdict.sentence}. The same at a second look {seconds_apart:.0f} s later, "
-                            "with no rank's I/O moving")
+                   severity=second.verdict.severity if second.verdict.kind == "hang" else Severity.CRITICAL
+                   ).noted([f"The same at a second look {seconds_apart:.0f} s later, with no rank's I/O moving"])
 
 
 def _moved_bytes(picture: StackPicture) -> str | None:

@@ -95,17 +95,10 @@ def corroborations(fr: FlightRecorderAnalysis | None, ras_culprits: Sequence[int
     return found
 
 
-def with_notes(decided: Verdict, notes: Sequence[str]) -> Verdict:
-    """The verdict with `notes` appended to its sentence."""
-    if not notes:
-        return decided
-    return replace(decided, sentence=decided.sentence.rstrip(".") + ". " + ". ".join(notes))
-
-
 def corroborated(decided: Verdict, found: Sequence[Corroboration]) -> Verdict:
     """The corroborating findings join the verdict: in its sentence always, and in its headline when the
     local stacks could only say "the culprit is likely on another node"."""
-    joined = with_notes(decided, [c.finding for c in found])
+    joined = decided.noted([c.finding for c in found])
     if found and decided.kind == "remote":
         return replace(joined, headline="the job waits on " + found[0].who())
     return joined
@@ -158,8 +151,8 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg
     decided = with_job_evidence(verdict(analysis, host, observed, job.spans_other_nodes), fr, finding)
     failed = [c for c in captures if c.result != OK]
     if failed and not dumps:  # the reason belongs in the sentence every reader gets, not only in the bundle
-        decided = with_notes(decided, [f"No stack was captured ({len(failed)} of {len(captures)} ranks): "
-                                       f"{failed[0].message.split(' (')[0]}"])
+        decided = decided.noted([f"No stack was captured ({len(failed)} of {len(captures)} ranks): "
+                                 f"{failed[0].message.split(' (')[0]}"])
     return StackPicture(job.key, job.world_size, job.spans_other_nodes, analysis, decided, captures, host, observed,
                         [f for f in recorders if f.result != "not_configured"], traces, fr, finding)
 
