@@ -269,7 +269,8 @@ class Verdict:
     @property
     def sentence(self) -> str:
         """The whole picture, rendered from the reason and the notes (the one place they are joined)."""
-        return ". ".join([self.reason.rstrip("."), *self.notes]) if self.notes else self.reason
+        parts = [self.reason, *self.notes]
+        return ". ".join([*(part.rstrip(".") for part in parts[:-1]), parts[-1]])
 
     def noted(self, notes: Sequence[str]) -> Verdict:
         """The verdict with `notes` after its own (each said once)."""
