@@ -138,6 +138,12 @@ def _on_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen[
         Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
         child = subprocess.Popen(argv, env=env)
         if child.pid == pid:
+            # Popen may return while the child is still inside execve (the parent of a vfork resumes once the
+            # child's new memory is in place, before its environment is): /proc/<pid>/environ reads empty until
+            # then, and a description taken in that moment has no rank.
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{pid}/environ").read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
             return child
         child.kill()
         child.wait()
