@@ -234,6 +234,26 @@ def test_check_config_loads_the_endpoints_certificate_as_run_does(tmp_path: Path
         done.stderr, done.stderr
 
 
+def test_check_config_lists_every_secret_it_cannot_read_at_once(tmp_path: Path) -> None:
+    """run stops at the first part it cannot build; check-config tries each on its own, so one pass shows every
+    fix: two receivers' URL files, the endpoint's password, the dump token and the TLS key, all missing."""
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "alerts:\n  receivers:\n"
+        f"    - {{type: webhook, name: one, url_file: '{tmp_path / 'one.url'}'}}\n"
+        f"    - {{type: webhook, name: two, url_file: '{tmp_path / 'two.url'}'}}\n"
+        f"export: {{listen_address: '127.0.0.1:1', basic_auth_user: me, basic_auth_password_file: "
+        f"'{tmp_path / 'password'}', tls_cert_file: '{tmp_path / 'cert.pem'}', "
+        f"tls_key_file: '{tmp_path / 'key.pem'}'}}\n"
+        f"dump: {{token_file: '{tmp_path / 'token'}'}}\n")
+    done = cli("check-config", str(config))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    for missing in ("one.url", "two.url", "password", "token", "key.pem"):
+        assert str(tmp_path / missing) in done.stderr, (missing, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == len(set(done.stderr.strip().splitlines())), done.stderr
+
+
 def test_a_receiver_typo_lists_the_receivers_keys(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("alerts:\n  receivers:\n    - {type: webhook, name: h, url: 'http://x/', tokn_file: /x}\n")

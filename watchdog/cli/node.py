@@ -9,6 +9,7 @@ from pathlib import Path
 
 from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
+from watchdog.act.alerts import build_receiver
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.cli.coordinate import NotReady, ready
 from watchdog.cli.stacks import describe_pids, proven_jobs
@@ -18,7 +19,7 @@ from watchdog.doctor.facts import gather
 from watchdog.doctor.finding import ERROR, WARNING
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
-from watchdog.export.server import EndpointError, endpoint_credentials
+from watchdog.export.server import EndpointError, endpoint_problems
 from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
 from watchdog.sample.nvml_inventory import Inventory
@@ -98,13 +99,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     problems = []
     try:
         service = build(config, source_for(config), args.file, discovery=RankDiscovery())
-    except (ValueError, EndpointError) as exc:
+    except (ValueError, EndpointError) as exc:  # run stops at the first: each part is tried on its own, to list all
         problems.append(str(exc))
-        if isinstance(exc, ValueError):  # a receiver stopped it before the endpoint: its credentials and TLS too
+        for receiver in config.alerts.receivers:
             try:
-                endpoint_credentials(config.export, config.dump)
-            except EndpointError as later:
-                problems.append(str(later))
+                build_receiver(receiver)
+            except ValueError as bad:
+                problems.append(f"alerts: {bad}")
+        problems += endpoint_problems(config.export, config.dump)
+        problems = list(dict.fromkeys(problems))
     else:
         service.close(0)
     problems += action_problems(config.actions)  # what the responder holds as unready

@@ -52,6 +52,20 @@ def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
     return Auth(cfg.basic_auth_user, password, _token(dump))
 
 
+def endpoint_problems(cfg: ExportConfig, dump: DumpConfig) -> list[str]:
+    """Everything the endpoint would refuse, each part tried on its own (its password, the dump token, its TLS
+    pair): check-config lists them all where `run` stops at the first."""
+    parts: list[Callable[[], object]] = [lambda: endpoint_secrets(cfg, DumpConfig()), lambda: _token(dump),
+                                         lambda: endpoint_tls(cfg)]
+    problems = []
+    for part in parts:
+        try:
+            part()
+        except EndpointError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def endpoint_tls(cfg: ExportConfig) -> ssl.SSLContext | None:
     """The endpoint's TLS context with its certificate and key loaded, or None without export.tls_cert_file."""
     if not cfg.tls_cert_file:
