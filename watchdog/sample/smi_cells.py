@@ -64,7 +64,7 @@ _SCALES: dict[str, dict[str, float]] = {
     "C": {"C": 1.0},
     "": {"": 1.0},
 }
-_ANY_SCALE = {unit: scale for scales in _SCALES.values() for unit, scale in scales.items()}
+_ANY_UNIT = {unit for scales in _SCALES.values() for unit in scales}
 MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
 LOST = {"[gpu is lost]", "gpu is lost", "[gpu requires reset]"}
 _NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
@@ -157,7 +157,7 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
         raise ValueError(f"negative value {text.strip()!r}")
     said = written or unit or default_unit
     scale = scales.get(said)
-    if scale is None and said in _ANY_SCALE:
+    if scale is None and said in _ANY_UNIT:
         raise ValueError(f"{text.strip()!r} is in {said or 'no unit'}, where this field is measured in "
                          f"{default_unit or 'no unit'}: are the columns what the header (or --csv-fields) says?")
     if scale is None:
@@ -176,6 +176,9 @@ def as_count(text: str, value: float) -> int:
     if not _COUNT.fullmatch(text):
         raise ValueError(f"{text.strip()[:40]!r} is not a count (a whole number)")
     return int(value)
+
+
+_IDENTITY = ("timestamp", "index", "uuid", "name")  # the fields that say when a row is and which GPU
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,8 @@ def misspelt_fields(columns: list[Column]) -> list[str]:
     """Field names given by hand (--csv-fields) that are not fields this reader uses but close to one: a typo
     would otherwise leave the column unread and the verdict without it. Names far from every field are fields
     nvidia-smi has and the reader does not use (pstate, fan.speed): those are left alone."""
-    known = [*NUMERIC, "timestamp", "index", "uuid", "name",
-             *(prefix + reason for prefix in REASON_PREFIXES for reason in (*REASON_BITS, "active"))]
+    reasons = (prefix + reason for prefix in REASON_PREFIXES for reason in (*REASON_BITS, "active"))
+    known = [*NUMERIC, *_IDENTITY, *reasons]
     said = []
     for col in columns:
         if col.name not in known:
@@ -212,22 +215,7 @@ def misspelt_fields(columns: list[Column]) -> list[str]:
 
 def looks_like_header(fields: list[str]) -> bool:
     names = {c.name for c in parse_header(fields)}
-    return bool(names & (set(NUMERIC) | {"timestamp", "index", "uuid", "name"}))
-
-
-def _numeric_columns(columns: list[Column]) -> list[tuple[int, str, str, str, str]]:
-    """(position, GpuSample field, unit, default unit, header) of the numeric columns: where two
-    columns fill the same field, the one PREFERENCE lists first."""
-    numeric: list[tuple[int, str, str, str, str]] = []
-    claimed: dict[str, str] = {}
-    for col in sorted(columns, key=lambda c: PREFERENCE.index(c.name) if c.name in PREFERENCE else 99):
-        if col.name in NUMERIC:
-            target, default_unit = NUMERIC[col.name]
-            if target in claimed:
-                continue
-            claimed[target] = col.name
-            numeric.append((col.position, target, col.unit, default_unit, col.header))
-    return numeric
+    return bool(names & {*NUMERIC, *_IDENTITY})
 
 
 _MINUTE, _SECONDS = operator.itemgetter(slice(0, 17)), operator.itemgetter(slice(17, None))
@@ -248,8 +236,6 @@ def column_times(texts: list[str], stamps: Cells) -> list[float]:
     if total != total or min(seconds) < 0 or max(seconds) >= 61:  # NaN, or not a second of a minute
         return list(map(stamps.__getitem__, texts))
     return list(map(operator.add, minutes, seconds))
-
-
 
 
 class GpuLost(ValueError):
@@ -327,8 +313,11 @@ class Layout:
 
     @classmethod
     def of(cls, columns: list[Column]) -> Layout:
-        numeric = [Rule(position, target, number_cell(unit, default_unit, target), header)
-                   for position, target, unit, default_unit, header in _numeric_columns(columns)]
+        numeric: list[Rule] = []  # where two columns fill the same field, the one PREFERENCE lists first
+        for col in sorted(columns, key=lambda c: PREFERENCE.index(c.name) if c.name in PREFERENCE else 99):
+            if col.name in NUMERIC and all(rule.target != NUMERIC[col.name][0] for rule in numeric):
+                target, default_unit = NUMERIC[col.name]
+                numeric.append(Rule(col.position, target, number_cell(col.unit, default_unit, target), col.header))
         reasons: list[Rule] = []
         for col in columns:
             for prefix in REASON_PREFIXES:
@@ -340,4 +329,4 @@ class Layout:
                         reasons.append(Rule(col.position, "clock_event_reasons", reason_cell(REASON_BITS[reason]),
                                             col.header))
         by_name = {c.name: c.position for c in columns}
-        return cls(len(columns), numeric, reasons, *(by_name.get(k) for k in ("timestamp", "index", "uuid", "name")))
+        return cls(len(columns), numeric, reasons, *(by_name.get(k) for k in _IDENTITY))
