@@ -60,10 +60,10 @@ class Incident:
         return f"{stamp}-{self.event.signature.value}-gpu{gpus}"
 
     def summary(self) -> dict[str, object]:
+        told = self.telling or Telling(self.event.summary)
         return {
             "event": self.event.to_json(), "severity": (self.severity or self.event.severity).value,
-            "headline": self.event.headline, "verdict": (self.telling or Telling(self.event.summary)).sentence(),
-            "telling": (self.telling or Telling(self.event.summary)).to_json(),
+            "headline": self.event.headline, "verdict": told.sentence(), "telling": told.to_json(),
             "partial": self.partial, "notes": self.notes,
             "ranks": [{"pid": r.pid, "rank": r.rank, "gpus": list(r.gpus), "job": r.job_key,
                        **({"workload": r.workload.to_json()} if r.workload else {})} for r in self.ranks],

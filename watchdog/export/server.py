@@ -28,10 +28,17 @@ class EndpointError(Exception):
 
 
 def _password(cfg: ExportConfig) -> str | None:
+    """The basic-auth password, None without export.basic_auth_user (EndpointError: a user without one)."""
+    if not cfg.basic_auth_user:
+        return None
     try:
-        return secrets.read(cfg.basic_auth_password_file, cfg.basic_auth_password_env, "export.basic_auth_password")
+        password = secrets.read(cfg.basic_auth_password_file, cfg.basic_auth_password_env,
+                                "export.basic_auth_password")
     except secrets.SecretError as exc:
         raise EndpointError(str(exc)) from None
+    if password is None:
+        raise EndpointError("export.basic_auth_user is set: give basic_auth_password_file or _env too")
+    return password
 
 
 def _token(cfg: DumpConfig) -> str | None:
@@ -44,21 +51,14 @@ def _token(cfg: DumpConfig) -> str | None:
 
 def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
     """The endpoint's credentials, read as the endpoint reads them."""
-    password = None
-    if cfg.basic_auth_user:
-        password = _password(cfg)
-        if password is None:
-            raise EndpointError("export.basic_auth_user is set: give basic_auth_password_file or _env too")
-    return Auth(cfg.basic_auth_user, password, _token(dump))
+    return Auth(cfg.basic_auth_user, _password(cfg), _token(dump))
 
 
 def endpoint_problems(cfg: ExportConfig, dump: DumpConfig) -> list[str]:
     """Everything the endpoint would refuse, each part tried on its own (its password, the dump token, its TLS
     pair): check-config lists them all where `run` stops at the first."""
-    parts: list[Callable[[], object]] = [lambda: endpoint_secrets(cfg, DumpConfig()), lambda: _token(dump),
-                                         lambda: endpoint_tls(cfg)]
     problems = []
-    for part in parts:
+    for part in (lambda: _password(cfg), lambda: _token(dump), lambda: endpoint_tls(cfg)):
         try:
             part()
         except EndpointError as exc:
