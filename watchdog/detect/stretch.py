@@ -293,9 +293,11 @@ def active(cells: Cells, ctx: Context) -> np.ndarray:
         memory = cells.subset(np.flatnonzero(missing)).window(np.inf, ctx.short_seconds).readings(
             "memory_used_bytes")
         there = ~np.isnan(memory)
-        last = memory.shape[1] - 1 - np.argmax(there[:, ::-1], axis=1)
-        newest = np.take_along_axis(memory, last[:, None], axis=1)[:, 0] if memory.shape[1] else np.full(
-            len(memory), np.nan)
+        if memory.shape[1]:
+            last = memory.shape[1] - 1 - np.argmax(there[:, ::-1], axis=1)
+            newest = np.take_along_axis(memory, last[:, None], axis=1)[:, 0]
+        else:  # no sample in the window at all: nothing stands in for the [N/A]
+            newest = np.full(len(memory), np.nan)
         used = used.copy()
         used[missing] = np.where(there.any(axis=1), newest, np.nan)
     health = cells.stretch.health[cells.end, cells.cols]
