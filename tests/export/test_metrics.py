@@ -66,7 +66,8 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
     values that need escaping (a job name with a quote, a backslash and a newline), counters."""
     snapshots = sim.run(sim.Scenario("wide", "", "h100", 64, 600, ((0, None, "train"), (40, None, "spin")), gpm=True))
     snapshot = [next(snapshots) for _ in range(60)][-1]
-    sampled = snapshot.gpus[0]._replace(rank_waits=(7, 0, 960, 288, 0, 960, 290))
+    sampled = snapshot.gpus[0]._replace(rank_waits=(7, 0, 960, 288, 0, 960, 290),
+                                        nccl_waits=(7, 0, 90_500, 27_150, 0, 60_000, 18_600))
     snapshot = type(snapshot)(snapshot.time_seconds, (sampled, *snapshot.gpus[1:]))
     counters = new_counters()
     counters.inc("episodes_total", "busy_spin", "critical")
@@ -89,6 +90,9 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte() -> None:
     assert ours.count(b"\n") > 1500 and b'training_job="job \\"a\\\\b\\"\\nx"' in ours
     assert b'stall_watchdog_rank_wait_ratio{gpu="5"} 0.06' in ours
     assert b'stall_watchdog_rank_stack_waits_total{gpu="0",uuid="' in ours
+    assert re.search(rb'stall_watchdog_rank_nccl_seconds_total\{gpu="0",uuid="[^"]*"\} 27.15\n', ours)
+    assert re.search(rb'stall_watchdog_rank_nccl_wall_seconds_total\{gpu="0",uuid="[^"]*"\} 90.5\n', ours)
+    assert b'stall_watchdog_rank_first_nccl_ratio{gpu="0"} 0.31' in ours
     assert b'stall_watchdog_uneven_work_ratio{gpu="2",why="from_start"} 0.12' in ours
 
 

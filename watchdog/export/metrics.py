@@ -105,6 +105,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("rank_stack_waits_total", "counter", "Of rank_stack_samples_total, those inside a collective or a "
                "sync: their ratio over a window is the rank's wait share, comparable across nodes (the job-wide "
                "straggler rule).", GPU),
+    MetricSpec("rank_nccl_wall_seconds_total", "counter", "Wall time covered by the reads of the NCCL Inspector log "
+               "of the GPU's rank (where its job writes one) since the daemon first read it.", GPU),
+    MetricSpec("rank_nccl_seconds_total", "counter", "Of rank_nccl_wall_seconds_total, the time inside collectives by "
+               "NCCL's own timing: their ratio over a window is the rank's share in collectives, comparable across "
+               "nodes (the job-wide straggler rule).", GPU),
     MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
                "slowdown.", GPU),
     MetricSpec("gpu_health", "gauge", "1 for the GPU's current NVML health: ok, lost (fell off the bus) or hung "
@@ -129,6 +134,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("rank_first_wait_ratio", "gauge", "The wait share of the GPU's rank in its first look "
                "(stacks.sample_learn_seconds): how it was before, for the job-wide straggler rule to tell a rank "
                "that became slow from uneven work.", ("gpu",)),
+    MetricSpec("rank_first_nccl_ratio", "gauge", "The share of its time the GPU's rank spent inside collectives "
+               "by its NCCL Inspector log in its first look (stacks.sample_learn_seconds).", ("gpu",)),
     MetricSpec("uneven_work_ratio", "gauge", "Share of each step the other ranks of its job on the node wait for "
                "the GPU's rank where that is a standing difference, not a straggler (`why`: from_start, as since "
                "it was first sampled; planned, while it saves a checkpoint or evaluates).", ("gpu", "why")),
@@ -324,12 +331,13 @@ class WatchdogCollector(Collector):
                 out[metric].append((labels, value))  # type: ignore[arg-type]  # READINGS are numbers
         if gpu.energy_joules is not None:
             out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
-        if gpu.rank_waits:
-            counts = gpu.rank_waits
-            out["rank_stack_samples_total"].append((labels, counts[_SAMPLES]))
-            out["rank_stack_waits_total"].append((labels, counts[_WAITS]))
-            if counts[_FIRST_SAMPLES]:
-                out["rank_first_wait_ratio"].append(((labels[0],), counts[_FIRST_WAITS] / counts[_FIRST_SAMPLES]))
+        for counts, (total, waits, first), unit in ((gpu.rank_waits, _STACK_SERIES, 1),
+                                                    (gpu.nccl_waits, _NCCL_SERIES, 1000)):  # samples; milliseconds
+            if counts:
+                out[total].append((labels, counts[_SAMPLES] / unit))
+                out[waits].append((labels, counts[_WAITS] / unit))
+                if counts[_FIRST_SAMPLES]:
+                    out[first].append(((labels[0],), counts[_FIRST_WAITS] / counts[_FIRST_SAMPLES]))
         if gpu.clock_event_reasons is not None:
             out["gpu_throttle"].append((labels, 1 if gpu.throttle_reasons else 0))
         health = out["gpu_health"]
@@ -361,6 +369,9 @@ class WatchdogCollector(Collector):
 
 _SAMPLES, _WAITS, _FIRST_SAMPLES, _FIRST_WAITS = (RANK_WAITS.index(name) for name in
                                                   ("samples", "waits", "first_samples", "first_waits"))
+# A rank's counts (GpuSample.rank_waits, nccl_waits): the series of all of them, of its waits, and its first look.
+_STACK_SERIES = ("rank_stack_samples_total", "rank_stack_waits_total", "rank_first_wait_ratio")
+_NCCL_SERIES = ("rank_nccl_wall_seconds_total", "rank_nccl_seconds_total", "rank_first_nccl_ratio")
 _REMEMBERED = 1 << 15
 # Iterated for every GPU at every scrape: each member with its label value, and each reading's slot.
 _HEALTHS = tuple((health, health.value) for health in GpuHealth)
