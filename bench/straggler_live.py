@@ -217,8 +217,10 @@ def main() -> None:
     if shutil.which(str(TORCHRUN)) is None and not TORCHRUN.exists():
         raise SystemExit("torchrun not found beside this Python: pip install torch")
     print(__doc__.split("\n\n")[0].strip(), "\n")
-    print(f"stacks.sample_rate_hz 8, sample_seconds 15, sample_learn_seconds {args.learn:g}; machine: "
-          f"{os.cpu_count()} cores\n")
+    stacks, straggler = parse_config({}).stacks, parse_config({}).detectors.straggler
+    print(f"stacks.sample_rate_hz {stacks.sample_rate_hz:g}, sample_seconds {stacks.sample_seconds:g}, "
+          f"sample_learn_seconds {args.learn:g}; detectors.straggler.wait_window_seconds "
+          f"{straggler.wait_window_seconds:g}; machine: {os.cpu_count()} cores\n")
     print("1. A rank made slower after the first look")
     print(f"  {'ranks':>5} {'slower':>6} {'named in':>9} {'rank':>5} {'estimate':>9} {'error':>6} "
           f"{'1 min on':>9} {'error':>6} {'true':>7}")

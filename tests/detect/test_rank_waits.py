@@ -19,7 +19,7 @@ from watchdog.model import CLOCK_EVENT_HW_SLOWDOWN, EpisodeEvent, EventKind, Nod
 from watchdog.sample import sim
 
 RECORD = 15  # seconds of one py-spy record: the counts move once per record
-RATE = 8  # samples a second (stacks.sample_rate_hz)
+RATE = round(Config().stacks.sample_rate_hz)  # samples a second, as the sampler takes them by default
 
 
 def stream(wait: dict[int, float], seconds: int = 900, onset: int = 300, after: dict[int, float] | None = None,
@@ -207,15 +207,29 @@ def test_nothing_is_named_while_the_first_look_lasts() -> None:
     assert [e.gpu for e in ledger.judge(RECORD * 2)] == [5]
 
 
+def test_a_rank_named_just_after_it_slowed_is_sized_by_the_windows_newest_part() -> None:
+    """Every rank waited 30% at its first look; half a minute ago rank 5 came to wait 5% while its peers wait 40%.
+    The minute's window is named (half of it from before), but its figures would say the job runs 1.08x slower;
+    its newest half, where the gap is larger by far more than chance, says what it is now: 0.7 / 0.6 = 1.17x."""
+    first = [{g: (240, 72) for g in range(8)} for _ in range(10)]
+    slowed = [{**{g: (240, 96) for g in range(8)}, 5: (240, 12)} for _ in range(2)]
+    found = ledger_of(first + slowed).judge(RECORD * 12)
+    assert [e.gpu for e in found] == [5]
+    assert found[0].facts["slowdown"] == pytest.approx(0.7 / 0.6, rel=0.01)
+    assert found[0].facts["wait_ratio"] == 0.05 and found[0].facts["wait_samples"] == 480
+    steady = ledger_of(first + slowed * 3).judge(RECORD * 16)  # a minute on, the whole window says the same
+    assert steady[0].facts["slowdown"] == pytest.approx(0.7 / 0.6, rel=0.01) and steady[0].facts["wait_samples"] == 960
+
+
 def test_a_spread_seen_over_the_last_half_hour_holds_when_the_last_minutes_look_steady() -> None:
-    """Twenty minutes of shares moving +-0.15 from record to record, then a steady three minutes: a gap of 0.15 in
-    the last 45 s is within what this job's shares do (the longer window's records alone would say it is not)."""
+    """Twenty minutes of shares moving +-0.15 from record to record, then a steady four minutes: a gap of 0.15 in
+    the last minute is within what this job's shares do (the longer window's records alone would say it is not)."""
     rng = random.Random(4)
     moving = [{g: (120, round(120 * (0.4 + rng.uniform(-0.15, 0.15)))) for g in range(8)} for _ in range(80)]
-    steady = [{g: (120, 48) for g in range(8)} for _ in range(12)]
-    last = [{**{g: (120, 48) for g in range(8)}, 5: (120, 30)} for _ in range(3)]
-    assert [e.gpu for e in ledger_of(steady + steady + last).judge(RECORD * 27)] == [5]
-    assert ledger_of(moving + steady + last).judge(RECORD * 95) == []
+    steady = [{g: (120, 48) for g in range(8)} for _ in range(16)]
+    last = [{**{g: (120, 48) for g in range(8)}, 5: (120, 30)} for _ in range(4)]
+    assert [e.gpu for e in ledger_of(steady + steady + last).judge(RECORD * 36)] == [5]
+    assert ledger_of(moving + steady + last).judge(RECORD * 100) == []
 
 
 def timed(share: dict[int, float], seconds: int = 900, onset: int = 300, after: dict[int, float] | None = None,

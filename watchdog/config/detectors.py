@@ -162,9 +162,9 @@ class StragglerConfig(EpisodeTiming):
     window_seconds: Seconds = Field(
         120.0, description="Trailing window over which a GPU's median SM clock is compared with its peers'.")
     wait_window_seconds: Seconds = Field(
-        45.0, description="Trailing window over which each rank's share of stack samples spent waiting in a "
+        60.0, description="Trailing window over which each rank's share of stack samples spent waiting in a "
         "collective or a sync is compared with its job's other ranks' (stacks.sample_rate_hz); the rule also looks "
-        "over five times it, where a smaller gap stands out of chance.")
+        "over four times it, where a smaller gap stands out of chance.")
     wait_gap_ratio: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.05, description="A rank that waits at least this share of its time less than the median of its job's "
         "other ranks on the node, beyond chance, is the one they wait for, once the job runs at least this much "

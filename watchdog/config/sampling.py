@@ -82,7 +82,7 @@ class StacksConfig(_Section):
     nccl_ras_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
         5.0, description="How long RAS may gather the job's data for one query.")
     sample_rate_hz: Annotated[float, Field(ge=0, le=50)] = Field(
-        8.0, description="Straggler sampling: stack samples per second of each rank's main thread, taken all the time "
+        16.0, description="Straggler sampling: stack samples per second of each rank's main thread, taken all the time "
         "with py-spy record --nonblocking (the rank is never paused), to tell which rank its peers wait for. "
         "0: off.")
     sample_seconds: Annotated[float, Field(ge=2, le=300)] = Field(

@@ -3,12 +3,14 @@
 In a synchronous job every rank waits inside the step's collectives (or a sync) until the slowest arrives; the
 slowest waits only for the communication itself. So each rank's share of stack samples spent waiting
 (GpuSample.rank_waits, counted by stacks/sampling.py) is compared with the median share of its job's other
-ranks on the node over wait_window_seconds, and over five times that (a smaller gap needs more samples to
-stand out of chance). A rank that waits at least wait_gap_ratio less, by wait_sigmas
+ranks on the node over wait_window_seconds, and over four times that (a smaller gap needs more samples to
+stand out of chance; the short window is as long as the straggler's for_seconds, so what it names has held
+that long and is warned of at once). A rank that waits at least wait_gap_ratio less, by wait_sigmas
 standard errors of the two shares (each a proportion of its samples), is the one they wait for; once named it
 stays named while the gap holds by half as many (so that a gap near the line does not come and go). The gap g is
 the share of each step the others spend waiting for it: without it the step would take (1 - g) of the time,
-so the job runs about 1 / (1 - g) slower than without it (or less: see WaitLedger._slowdown). A rank is named
+so the job runs about 1 / (1 - g) slower than without it (or less: see WaitLedger._slowdown); a gap that grew
+within the window is sized by the window's newest half (SIZED_SHARE), what it is now. A rank is named
 only where the job runs at least wait_gap_ratio slower for it by that estimate, which also asks whether its
 peers wait more than at their first look: a gap that chance alone drew among ranks that wait as they always
 did (a few in a thousand GPU-days at wait_sigmas) leaves the peers' waits where they were.
@@ -43,7 +45,7 @@ from watchdog.detect.evidence import Evidence
 from watchdog.model import RANK_WAITS, Signature
 
 _JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))
-LONG_WINDOWS = 5  # the longer window, in short ones: a 10% slower rank stands out of chance there
+LONG_WINDOWS = 4  # the longer window, in short ones: a 10% slower rank stands out of chance there
 REJUDGE_SECONDS = 5.0  # with no new counts, judged again this long after the last time
 _STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is not compared (its rank left)
 MIN_SPREAD_DEGREES = 4  # differences between records, across the job, for their spread to count
@@ -56,6 +58,11 @@ _KEPT_MEAN = math.sqrt(2 / math.pi) * (1 - math.exp(-_KEPT_EDGE ** 2 / 2)) / SPR
 SPREAD_RECORDS = 120  # of each GPU's records (30 minutes of 15 s ones) for the spread, besides the recent window's
 _BEFORE_SIGMAS = 2.0
 _PLANNED_SHARE = 0.5  # a rank whose working samples are mostly planned work is uneven work, not a straggler
+# A named rank's figures (its gap, the slowdown) come from the whole short window, which decides whether it is
+# beyond chance, unless the gap over the window's newest SIZED_SHARE is larger by SIZED_SIGMAS of its errors: right
+# after a rank slows most of the window is from before, and would say half the slowdown (a 1.18x job as 1.07x).
+SIZED_SHARE = 0.5
+SIZED_SIGMAS = 2.0
 
 
 @dataclass(frozen=True)
@@ -215,8 +222,10 @@ class WaitLedger:
         window = self.cfg.wait_window_seconds
         long_recent, noise = self._recent(t, LONG_WINDOWS * window)
         spreads: dict[int, Spread | None] = {}  # each job's, found over the longer window and kept for the shorter
-        found, uneven, _ = self._judge_over(t, LONG_WINDOWS * window, long_recent, noise, spreads)
-        short, short_uneven, self.shares = self._judge_over(t, window, self._recent(t, window)[0], noise, spreads)
+        newest = self._recent(t, window * SIZED_SHARE)[0]
+        found, uneven, _ = self._judge_over(t, LONG_WINDOWS * window, long_recent, noise, spreads, newest)
+        short, short_uneven, self.shares = self._judge_over(t, window, self._recent(t, window)[0], noise, spreads,
+                                                            newest)
         found.update(short)
         uneven.update(short_uneven)
         for gpu in found:
@@ -248,7 +257,8 @@ class WaitLedger:
         return MIN_TIMED_MS if self.timed else self.cfg.wait_min_samples
 
     def _judge_over(self, t: float, window: float, recent: dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]],
-                    noise: dict[int, list[tuple[int, int]]], spreads: dict[int, Spread | None]
+                    noise: dict[int, list[tuple[int, int]]], spreads: dict[int, Spread | None],
+                    newest: dict[int, tuple[float, tuple[int, ...], tuple[int, ...]]]
                     ) -> tuple[dict[int, Evidence], dict[int, Uneven], dict[int, float]]:
         """(stragglers, uneven work, every compared rank's wait share) over the trailing `window`. The chance a gap
         must beat is the larger spread (Spread.of) of two: of the job's records in the longer window (`noise`: it
@@ -289,9 +299,15 @@ class WaitLedger:
                     continue
                 if g not in self.named and not now.beyond(cfg.wait_sigmas):
                     continue
-                slowdown = self._slowdown(g, gpus, now)
-                if g not in self.named and slowdown < 1 + cfg.wait_gap_ratio:
+                if g not in self.named and self._slowdown(g, gpus, now) < 1 + cfg.wait_gap_ratio:
                     continue  # its peers wait hardly more than at their first look: the job is not slower for it
+                if all(o in newest for o in gpus):  # a gap that grew within the window: sized by its newest part
+                    part = {o: _delta(newest[o][1], newest[o][2]) for o in gpus}
+                    latest = gap(part[g][1], part[g][0], [(part[o][1], part[o][0]) for o in gpus if o != g], 0.0, 0.0,
+                                 spread, counted=not self.timed)
+                    if latest.size - now.size >= SIZED_SIGMAS * latest.error:
+                        now, samples = latest, part[g][0]
+                slowdown = self._slowdown(g, gpus, now)
                 facts: dict[str, float | str] = {"rank": counts[_RANK], "slowdown": slowdown}
                 if self.timed:
                     facts.update(nccl_ratio=round(now.share, 3), peers_nccl_ratio=round(now.peers, 3),

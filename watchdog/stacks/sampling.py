@@ -137,7 +137,9 @@ class RankSampler:
                 self.sample_once()
             except Exception as exc:  # the sampler's boundary: one bad window never ends the sampling
                 self.on_problem(0, f"{type(exc).__name__}: {exc}")
-            self._stop.wait(max(1.0, self.cfg.sample_seconds - (self.monotonic() - started)))
+            # The next record starts as this one ends (the samples cover the rank's time with no gap); one that
+            # ended early (py-spy failed) waits out the rest of its length, so a failing rank is not retried in a loop.
+            self._stop.wait(max(0.0, self.cfg.sample_seconds - (self.monotonic() - started)))
 
     def sample_once(self) -> None:
         """One record of every target, at most stacks.max_parallel at once; their counts added."""
