@@ -21,10 +21,12 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, TARGETS, need_tool, wait_for
+from tests.fakes.nccl_inspector import line
 from watchdog.act import fleet
 from watchdog.config import FleetConfig
 
@@ -69,8 +71,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         processes.append(process)
         return process
 
+    inspector, writing = tmp / "nccl-inspector", threading.Event()
+    inspector.mkdir()
     try:
-        # Real processes standing in for node B's ranks (one per GPU), launched with rank variables.
+        # Real processes standing in for node B's ranks (one per GPU), launched with rank variables; they enable
+        # NCCL's Inspector, whose lines a thread writes for them (the plugin needs NCCL and a GPU).
         readies = []
         pids: dict[int, list[int]] = {}
         for gpu in range(8):
@@ -79,9 +84,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
             rank = start([sys.executable, str(TARGETS / "stuck.py"), "queue", str(ready)], f"rank{gpu}.log",
                          {"RANK": str(gpu), "WORLD_SIZE": "8", "LOCAL_RANK": str(gpu),
                           "TORCHELASTIC_RUN_ID": "llm-42",  # torchrun under srun: Slurm's variables too
-                          "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice"})
+                          "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice",
+                          "NCCL_INSPECTOR_ENABLE": "1", "NCCL_INSPECTOR_DUMP_DIR": str(inspector)})
             pids[gpu] = [rank.pid]
         wait_for(readies, processes=processes)
+        logs = {gpu: inspector / f"{socket.gethostname()}-pid{pid}.log" for gpu, (pid,) in pids.items()}
+        threading.Thread(target=collectives, args=(logs, writing), daemon=True).start()
 
         sink = Sink()
         shipped = (REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
@@ -120,8 +128,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
               60, "Prometheus to start")
         yield {"prom": prom_url, "am": am_url, "tmp": tmp, "node_a": f"127.0.0.1:{ports['a']}", "sink": sink}
     finally:
+        writing.set()
         stop_all(processes)
         sink.close()
+
+
+def collectives(logs: dict[int, Path], done: threading.Event) -> None:
+    """Each rank's NCCL Inspector log gains a collective a second, 300 ms of it inside the collective."""
+    sn = 0
+    while not done.wait(1.0):
+        sn += 1
+        for gpu, log in logs.items():
+            with log.open("a") as out:
+                out.write(line(gpu, sn, 300_000))
 
 
 class Sink:
@@ -274,6 +293,7 @@ def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> Non
     until(lambda: query(prom, "stall_watchdog_episode_culprit == 1"), 120, "node B's culprit series")
     until(lambda: query(prom, "stall_watchdog_stack_captures_total"), 60, "node B's stack captures")
     until(lambda: query(prom, "stall_watchdog_rank_wait_ratio"), 120, "node B's ranks' wait shares")
+    until(lambda: query(prom, "stall_watchdog:rank_nccl_share:5m"), 120, "node B's ranks' NCCL Inspector shares")
     dashboard = json.loads((REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())
     empty = []
     for panel in dashboard["panels"]:

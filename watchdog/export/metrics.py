@@ -105,11 +105,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("rank_stack_waits_total", "counter", "Of rank_stack_samples_total, those inside a collective or a "
                "sync: their ratio over a window is the rank's wait share, comparable across nodes (the job-wide "
                "straggler rule).", GPU),
-    MetricSpec("rank_nccl_wall_seconds_total", "counter", "Wall time covered by the reads of the NCCL Inspector log "
-               "of the GPU's rank (where its job writes one) since the daemon first read it.", GPU),
+    MetricSpec("rank_nccl_wall_seconds_total", "counter", "Wall time the GPU's rank's NCCL Inspector log covered, "
+               "where its job writes one.", GPU),
     MetricSpec("rank_nccl_seconds_total", "counter", "Of rank_nccl_wall_seconds_total, the time inside collectives by "
-               "NCCL's own timing: their ratio over a window is the rank's share in collectives, comparable across "
-               "nodes (the job-wide straggler rule).", GPU),
+               "NCCL's own timing (the job-wide straggler rule compares their ratio across nodes).", GPU),
     MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
                "slowdown.", GPU),
     MetricSpec("gpu_health", "gauge", "1 for the GPU's current NVML health: ok, lost (fell off the bus) or hung "
@@ -247,8 +246,7 @@ class WatchdogCollector(Collector):
     generate_latest, at a fraction of its cost: 64 GPUs are 1,500 lines)."""
 
     def __init__(self, published: Callable[[], Published], counters: Counters):
-        self._published = published
-        self._counters = counters
+        self._published, self._counters = published, counters
         # A scrape repeats the last one's series with mostly the same values: each line's name and labels,
         # and each value's text, are written once and remembered (64 GPUs: 1,600 lines every scrape).
         self._names: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -331,13 +329,12 @@ class WatchdogCollector(Collector):
                 out[metric].append((labels, value))  # type: ignore[arg-type]  # READINGS are numbers
         if gpu.energy_joules is not None:
             out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
-        for counts, (total, waits, first), unit in ((gpu.rank_waits, _STACK_SERIES, 1),
-                                                    (gpu.nccl_waits, _NCCL_SERIES, 1000)):  # samples; milliseconds
-            if counts:
-                out[total].append((labels, counts[_SAMPLES] / unit))
-                out[waits].append((labels, counts[_WAITS] / unit))
+        for counts, names, unit in ((gpu.rank_waits, _STACK_SERIES, 1), (gpu.nccl_waits, _NCCL_SERIES, 1000)):
+            if counts:  # samples, or milliseconds
+                out[names[0]].append((labels, counts[_SAMPLES] / unit))
+                out[names[1]].append((labels, counts[_WAITS] / unit))
                 if counts[_FIRST_SAMPLES]:
-                    out[first].append(((labels[0],), counts[_FIRST_WAITS] / counts[_FIRST_SAMPLES]))
+                    out[names[2]].append(((labels[0],), counts[_FIRST_WAITS] / counts[_FIRST_SAMPLES]))
         if gpu.clock_event_reasons is not None:
             out["gpu_throttle"].append((labels, 1 if gpu.throttle_reasons else 0))
         health = out["gpu_health"]
@@ -367,11 +364,9 @@ class WatchdogCollector(Collector):
                 rows.append(((label, value), state.get((gpu, signature), 0)))
 
 
-_SAMPLES, _WAITS, _FIRST_SAMPLES, _FIRST_WAITS = (RANK_WAITS.index(name) for name in
-                                                  ("samples", "waits", "first_samples", "first_waits"))
-# A rank's counts (GpuSample.rank_waits, nccl_waits): the series of all of them, of its waits, and its first look.
-_STACK_SERIES = ("rank_stack_samples_total", "rank_stack_waits_total", "rank_first_wait_ratio")
-_NCCL_SERIES = ("rank_nccl_wall_seconds_total", "rank_nccl_seconds_total", "rank_first_nccl_ratio")
+_JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))  # its order
+_STACK_SERIES = ("rank_stack_samples_total", "rank_stack_waits_total", "rank_first_wait_ratio")  # a rank's counts:
+_NCCL_SERIES = ("rank_nccl_wall_seconds_total", "rank_nccl_seconds_total", "rank_first_nccl_ratio")  # all, waits, first
 _REMEMBERED = 1 << 15
 # Iterated for every GPU at every scrape: each member with its label value, and each reading's slot.
 _HEALTHS = tuple((health, health.value) for health in GpuHealth)
