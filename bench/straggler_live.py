@@ -1,7 +1,7 @@
 """Stragglers from the ranks' stacks, live: real torch.distributed ranks (gloo, CPU, started by torchrun), the
 daemon sampling them with py-spy as it does on a node, one rank made slower while the job runs.
 
-    python bench/straggler_live.py [--ranks 4 8 16] [--learn SECONDS] [--quick] [--only PART]
+    python bench/straggler_live.py [--ranks 4 8 16] [--learn SECONDS] [--quick] [--only PART] [--rounds N]
 
 1. Named: N ranks (each standing for one GPU of a simulated node: GPU i holds rank i's process) train; after
    the daemon's first look (--learn, stacks.sample_learn_seconds) one rank's work is made 20% or 10% larger
@@ -13,8 +13,8 @@ daemon sampling them with py-spy as it does on a node, one rank made slower whil
    half the ranks doing 10% more from the start (an uneven pipeline), rank 0 saving a checkpoint of 5 s every
    30 s, and a random rank doing 30% more each step (experts that get more tokens): straggler warnings
    (false, goal 0) and uneven-work notes per class.
-3. Cost: the job's mean step time with the daemon's sampler off and on in turns (8 ranks, three turns of each),
-   and py-spy's CPU per rank.
+3. Cost: the job's mean step time with the daemon's sampler off and on in turns (8 ranks, --rounds turns of
+   each, 3 by default), the change with its standard error over the pairs of turns, and py-spy's CPU per rank.
 
 Goals (issue 42): a rank 20% slower named within 60 s, 10% within 5 minutes, the estimated slowdown within
 25% of the true one, for 4, 8 and 16 ranks; no false straggler; the sampling under 0.1% of a rank's time.
@@ -178,7 +178,7 @@ def cost(ranks: int, seconds: float, folder: Path, rounds: int = 3) -> dict:
     sampler = watchdog.daemon.sampler
     assert sampler is not None
     on_cfg = sampler.cfg
-    off_cfg = on_cfg.model_copy(update={"sample_rate_hz": 0.0})
+    off_cfg = on_cfg.model_copy(update={"sample_rate_hz": 0})
     steps: dict[str, list[float]] = {"off": [], "on": []}
     spy = 0.0
     try:
@@ -211,8 +211,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--learn", type=float, default=60.0, help="stacks.sample_learn_seconds (default 60)")
-    parser.add_argument("--quick", action="store_true", help="20%% at 4 ranks and the healthy class only")
+    parser.add_argument("--quick", action="store_true", help="20%% at 4 ranks, the healthy class, a shorter cost part")
     parser.add_argument("--only", choices=("named", "not-named", "cost"), help="one part only")
+    parser.add_argument("--rounds", type=int, default=3, help="3.: turns of the sampler off and on (default 3)")
     args = parser.parse_args()
     if shutil.which(str(TORCHRUN)) is None and not TORCHRUN.exists():
         raise SystemExit("torchrun not found beside this Python: pip install torch")
@@ -256,10 +257,13 @@ def main() -> None:
     if args.only not in (None, "cost"):
         return
     with tempfile.TemporaryDirectory() as folder:
-        c = cost(8, 30 if args.quick else 45, Path(folder))
+        c = cost(8, 30 if args.quick else 45, Path(folder), max(1, args.rounds))
     each = ", ".join(f"{off * 1000:.1f}/{on * 1000:.1f}" for off, on in zip(c["each"]["off"], c["each"]["on"]))
+    changes = [on / off - 1 for off, on in zip(c["each"]["off"], c["each"]["on"])]
+    error = statistics.stdev(changes) / len(changes) ** 0.5 if len(changes) > 1 else float("nan")
     print(f"\n3. Cost (8 ranks, the sampler off and on in turns): mean step {c['off'] * 1000:.2f} ms off, "
-          f"{c['on'] * 1000:.2f} ms on ({(c['on'] / c['off'] - 1):+.2%}; each turn off/on ms: {each}); py-spy used "
+          f"{c['on'] * 1000:.2f} ms on ({(c['on'] / c['off'] - 1):+.2%}, standard error {error:.2%} over "
+          f"{len(changes)} pairs of turns; each turn off/on ms: {each}); py-spy used "
           f"{c['spy_core_per_rank']:.3%} of a core per rank")
 
 

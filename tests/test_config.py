@@ -41,6 +41,8 @@ def test_every_leaf_key_is_documented_in_the_example() -> None:
      "detectors.busy_spin.utilization_min_ratio: expected a number <= 1, got 99"),
     ({"detectors": {"busy_spin": {"min_legs": 1.5}}},
      "detectors.busy_spin.min_legs: expected a whole number, got 1.5"),
+    ({"stacks": {"sample_rate_hz": 12.5}},  # py-spy's --rate takes whole numbers: 12.5 would stop every record
+     "stacks.sample_rate_hz: expected a whole number, got 12.5"),
     ({"detectors": {"busy_spn": {}}},
      "detectors.busy_spn: unknown key; valid keys here: busy_spin, zero_util, waiting, underuse, throttle, gpu_lost"),
     ({"sample": {"interval_seconds": 1, "bogus": 2}}, "sample.bogus: unknown key; valid keys here:"),

@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stall-watchdog",
         description="Catch stalled multi-GPU training jobs: busy-spin hangs (100% util at idle power), "
-                    "zero-util hangs, ranks waiting on one odd GPU, chronic under-use.",
+                    "zero-util hangs, ranks waiting on one odd GPU, chronic under-use; and before a wedge, the "
+                    "straggler rank and the GPU that reports hardware faults.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error.",
     )
     parser.add_argument("--version", action="version", version=f"stall-watchdog {__version__}")

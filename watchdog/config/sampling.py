@@ -81,10 +81,10 @@ class StacksConfig(_Section):
         3.0, description="Time between the two RAS queries: counts unchanged across it mean stuck.")
     nccl_ras_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
         5.0, description="How long RAS may gather the job's data for one query.")
-    sample_rate_hz: Annotated[float, Field(ge=0, le=50)] = Field(
-        16.0, description="Straggler sampling: stack samples per second of each rank's main thread, taken all the time "
-        "with py-spy record --nonblocking (the rank is never paused), to tell which rank its peers wait for. "
-        "0: off.")
+    sample_rate_hz: Annotated[int, Field(ge=0, le=50)] = Field(
+        16, description="Straggler sampling: stack samples per second of each rank's main thread, taken all the time "
+        "with py-spy record --nonblocking (the rank is never paused), to tell which rank its peers wait for; a whole "
+        "number (py-spy's --rate takes no other). 0: off.")
     sample_seconds: Annotated[float, Field(ge=2, le=300)] = Field(
         15.0, description="Straggler sampling: the length of one py-spy record; its counts reach the detectors when "
         "it ends.")

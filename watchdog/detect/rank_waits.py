@@ -62,7 +62,7 @@ _PLANNED_SHARE = 0.5  # a rank whose working samples are mostly planned work is 
 # beyond chance, unless the gap over the window's newest SIZED_SHARE is larger by SIZED_SIGMAS of its errors: right
 # after a rank slows most of the window is from before, and would say half the slowdown (a 1.18x job as 1.07x).
 SIZED_SHARE = 0.5
-SIZED_SIGMAS = 2.0
+SIZED_SIGMAS = 1.0
 
 
 @dataclass(frozen=True)
