@@ -218,7 +218,8 @@ def main() -> None:
     if shutil.which(str(TORCHRUN)) is None and not TORCHRUN.exists():
         raise SystemExit("torchrun not found beside this Python: pip install torch")
     print(__doc__.split("\n\n")[0].strip(), "\n")
-    stacks, straggler = parse_config({}).stacks, parse_config({}).detectors.straggler
+    defaults = parse_config({})
+    stacks, straggler = defaults.stacks, defaults.detectors.straggler
     print(f"stacks.sample_rate_hz {stacks.sample_rate_hz:g}, sample_seconds {stacks.sample_seconds:g}, "
           f"sample_learn_seconds {args.learn:g}; detectors.straggler.wait_window_seconds "
           f"{straggler.wait_window_seconds:g}; machine: {os.cpu_count()} cores\n")
