@@ -88,3 +88,20 @@ def test_text_output_marks_the_outlier(tmp_path: Path) -> None:
     marked = [line for line in lines if line.startswith(" *")]
     assert len(marked) == 1 and "[rank 0]" in marked[0] and "data loading" in marked[0]
     assert "captured 4 of 4 ranks" in result.stdout
+
+
+def test_a_healthy_fast_job_is_never_paged_from_looks_at_its_stacks(tmp_path: Path) -> None:
+    """Two ranks stepping dozens of times a second sit inside all_reduce most of the time: one look often
+    finds both there. Neither a live dump (which looks again before it says hang) nor `analyze` of the saved
+    dumps (one look) may call that a critical hang."""
+    out = tmp_path / "out"
+    (tmp_path / "job").mkdir()
+    with gloo_job("healthy", tmp_path / "job", ranks=2) as ranks:
+        looks = [stacks("dump", "--json", *pid_args(ranks), *(["--out", str(out)] if n == 0 else []))
+                 for n in range(3)]
+    for code, (report,), _ in looks:
+        assert code == 0 and report["verdict"]["severity"] != "critical", report["verdict"]
+    code, (saved,), _ = stacks("analyze", str(out), "--json")
+    assert code == 0 and saved["verdict"]["severity"] != "critical", saved["verdict"]
+    if saved["verdict"]["kind"] == "hang":
+        assert "One look" in saved["verdict"]["sentence"]

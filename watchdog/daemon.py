@@ -160,12 +160,16 @@ class Daemon:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
             key, verdict = self.verdicts.get_nowait()
             self.engine.note_stacks(key, verdict)
-        steps = self.engine.clock_steps
+        clock = self.engine.clock
+        steps, jumps = clock.steps, clock.jumps
         events = self.engine.observe(snapshot)
         self._say_uneven()
-        if self.engine.clock_steps != steps:
-            logfmt.event("clock_stepped_back", level=logfmt.WARNING, seconds=round(self.engine.last_step_seconds, 1),
-                         action="detection continues on a shifted timeline")
+        if clock.steps != steps:
+            logfmt.event("clock_stepped_back", level=logfmt.WARNING, seconds=round(clock.last_step_seconds, 1),
+                         action="detection continues from where the clock was")
+        if clock.jumps != jumps:
+            logfmt.event("clock_jumped_forward", level=logfmt.WARNING, seconds=round(clock.last_jump_seconds, 1),
+                         action="the jump is a gap, not time observed: no stall is older for it")
         return events
 
     def _say_uneven(self) -> None:

@@ -267,6 +267,11 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
     @property
+    def title(self) -> str:
+        """The kind as a reader sees it: a hang that no second look or timeout confirmed is a suspected one."""
+        return "suspected hang" if self.kind == "hang" and self.severity is not Severity.CRITICAL else self.kind
+
+    @property
     def sentence(self) -> str:
         """The whole picture, rendered from the reason and the notes (the one place they are joined)."""
         parts = [self.reason, *self.notes]

@@ -84,8 +84,8 @@ def assert_same_state(a: DetectorEngine, b: DetectorEngine) -> None:
     for name in ("idle", "busy", "busy_at", "block_count", "host", "newest", "_running"):
         np.testing.assert_allclose(getattr(la, name), getattr(lb, name), rtol=1e-9, equal_nan=True, err_msg=name)
     assert a.frames.gpus == b.frames.gpus
-    assert (a._last_evaluation, a.frames._step, a.frames._last_stamp) == (
-        b._last_evaluation, b.frames._step, b.frames._last_stamp)
+    assert (a._last_evaluation, a.frames.clock.interval, a.frames.clock.now) == (
+        b._last_evaluation, b.frames.clock.interval, b.frames.clock.now)
 
 
 @pytest.mark.parametrize(("cls", "seed"), [(cls, 3 * n) for n, cls in enumerate(HEALTHY + HANGS)])

@@ -81,7 +81,22 @@ def test_the_rank_outside_the_collective_is_the_outlier() -> None:
     assert a.outliers == ("rank 3",)
     assert a.summary == ("3 of 4 ranks wait in all_reduce (train.py:1); rank 3 (pid 103, GPU 3) is in "
                          "Loader.__next__ -> Queue.get, idle for 312 s")
-    assert verdict(a).severity is Severity.CRITICAL
+    assert verdict(a).severity is Severity.WARNING  # one look: a suspicion until a second look agrees
+
+
+def test_one_look_is_never_a_critical_verdict() -> None:
+    """A healthy job spends much of every step inside a collective: one look that finds every rank in
+    all_reduce is what a fast healthy job looks like, so it is a suspected hang (a warning), never critical;
+    a live look whose ranks moved I/O meanwhile is no hang at all."""
+    a = analyze(dumps((2, WAIT)))
+    one = verdict(a)
+    assert (one.kind, one.severity, one.title) == ("hang", Severity.WARNING, "suspected hang")
+    moving = {f"rank {r}": HostActivity(0.9, 60 * 2**20, 60 * 2**20) for r in range(2)}
+    live = verdict(a, moving, observed_seconds=1.0)
+    assert (live.kind, live.severity) == ("no_stall", None), live.sentence
+    assert "moved 120.0 MiB of I/O in 1.0 s" in live.sentence
+    still = {f"rank {r}": HostActivity(0.9, 0, 0) for r in range(2)}  # spinning: CPU, no I/O
+    assert verdict(a, still, observed_seconds=1.0).severity is Severity.WARNING
 
 
 def test_a_checkpoint_writer_making_progress_is_a_wait() -> None:

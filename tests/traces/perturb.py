@@ -12,6 +12,10 @@ alone and combined; tests/traces/corpus.py applies a mild mix by default.
     power_noise  +- a few watts on every power reading
     wander       training utilization wandering between 80% and 99% (a sample of real work, not pinned)
     slow         sampled every 5 s or 10 s instead (nvidia-smi -l 5, -l 10)
+    dst          the wall clock jumps an hour forward at a random sample (spring DST on a local-time log)
+    ntp          the wall clock steps forward 2-15 minutes at one or more random samples (NTP, a resumed VM)
+    day_off      a few single samples stamped a day ahead or behind
+    writers      a second writer appends the same samples a few seconds behind (two nvidia-smi on one file)
 """
 
 from __future__ import annotations
@@ -108,9 +112,41 @@ def slow(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> I
             yield snap
 
 
+def _shifted_after(stream: Iterable[NodeSnapshot], shifts: dict[int, float]) -> Iterator[NodeSnapshot]:
+    """The stream with every sample from index `n` on moved by `shifts[n]` (added up)."""
+    moved = 0.0
+    for n, snap in enumerate(stream):
+        moved += shifts.get(n, 0.0)
+        yield NodeSnapshot(snap.time_seconds + moved, snap.gpus) if moved else snap
+
+
+def dst(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    snaps = list(stream)
+    return _shifted_after(snaps, {rng.randrange(1, max(2, len(snaps))): 3600.0})
+
+
+def ntp(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    snaps = list(stream)
+    count = (1, 2, 4)[strength]
+    return _shifted_after(snaps, {rng.randrange(1, max(2, len(snaps))): rng.uniform(120, 900) for _ in range(count)})
+
+
+def day_off(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    snaps = list(stream)
+    odd = {rng.randrange(len(snaps)): rng.choice((86400.0, -86400.0)) for _ in range((1, 2, 4)[strength])}
+    return (NodeSnapshot(s.time_seconds + odd[n], s.gpus) if n in odd else s for n, s in enumerate(snaps))
+
+
+def writers(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    behind = rng.uniform(*((1.5, 3.0), (3.0, 6.0), (6.0, 20.0))[strength])
+    for snap in stream:
+        yield snap
+        yield NodeSnapshot(snap.time_seconds - behind, snap.gpus)
+
+
 PERTURBATIONS: dict[str, Perturbation] = {
     "blips": blips, "drops": drops, "rows": rows, "na": na, "jitter": jitter, "power_noise": power_noise,
-    "wander": wander, "slow": slow,
+    "wander": wander, "slow": slow, "dst": dst, "ntp": ntp, "day_off": day_off, "writers": writers,
 }
 COMBINED = ("blips", "drops", "rows", "na", "jitter", "power_noise", "wander")
 

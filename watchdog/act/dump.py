@@ -40,7 +40,8 @@ from watchdog.counters import Counters
 from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.picture import StackPicture, capture_job
+from watchdog.stacks.confirm import look_twice
+from watchdog.stacks.picture import StackPicture
 from watchdog.webhook import PayloadError, dump_target
 from watchdog.words import iso_time
 
@@ -197,12 +198,9 @@ class DumpService:
             pictures = [picture for picture, _ in ended]
             members = [ranks for _, ranks in ended]
         else:
-            pictures = [capture_job(job, self.capturer, self.discovery, self.config.stacks, self.node)
-                        for job in chosen]
+            pictures = [look_twice(job, self.capturer, self.discovery, self.config.stacks, self.node,
+                                   seen=self._count) for job in chosen]
             members = [job.ranks for job in chosen]
-            for picture in pictures:
-                for capture in picture.captures:
-                    self.counters.inc("stack_captures_total", capture.result)
         pace = self.pace()
         body: dict[str, object] = {"node": self.node, "captured_at": iso_time(started), "shared": False,
                                    "seconds": round(time.time() - started, 3),
@@ -223,6 +221,10 @@ class DumpService:
         logfmt.event("dump", jobs=",".join(p.job for p in pictures), bundle=body["bundle"],
                      verdict=pictures[0].verdict.headline, seconds=body["seconds"])
         return Answer(200, body)
+
+    def _count(self, picture: StackPicture) -> None:
+        for capture in picture.captures:
+            self.counters.inc("stack_captures_total", capture.result)
 
     def close(self) -> None:
         self.capturer.abort()

@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import replace
 from typing import Any
 
 from watchdog import logfmt
@@ -44,10 +43,10 @@ from watchdog.doctor.checks import examine, top_finding
 from watchdog.doctor.facts import gather
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict
 from watchdog.sample.nvml_inventory import Inventory
-from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
+from watchdog.sample.ranks import RankDiscovery, RankInfo
 from watchdog.sample.workload import common
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.confirm import BLOCKED, confirm
+from watchdog.stacks.confirm import look_twice
 from watchdog.stacks.picture import StackPicture, capture_job
 
 _MAX_PENDING = 4
@@ -216,38 +215,23 @@ class IncidentHandler:
     # -- off the loop ------------------------------------------------------------------------------
     def _capture(self, key: str, state: OpenIncident, on_gpus: NodeSnapshot, done: Future[None]) -> None:
         try:
-            read_at = time.monotonic()  # the ranks' host activity is read now: a second look counts from here
             ranks = self.discovery.from_snapshot(on_gpus)
             s = self.config.stacks
             jobs = membership.pictured(ranks, self.slurm_check)
-            pictures = [capture_job(job, self.capturer, self.discovery, s, self.node) for job in jobs]
-            self.count(pictures)
+            # The first job's look is the episode's: a hang there is only a candidate until a second look
+            # decides what is handed back (a confirmed hang, or what it saw instead: ranks that moved were not hung).
+            pictures = [look_twice(job, self.capturer, self.discovery, s, self.node, wait=self.stopping.wait,
+                                   seen=lambda picture: self.count([picture])) if n == 0 else
+                        capture_job(job, self.capturer, self.discovery, s, self.node) for n, job in enumerate(jobs)]
+            self.count(pictures[1:])
             state.ranks, state.pictures = ranks, pictures
             if ranks:
                 state.job = ranks[0].job_key
                 state.workload = common(r.workload for r in ranks)
-            if pictures and pictures[0].verdict.kind in BLOCKED and s.confirm_seconds > 0:
-                # A first look's hang is only a candidate: the second look decides what is handed back (a
-                # confirmed hang, or what it saw instead: a rank that moved meanwhile was not hung).
-                if self.stopping.wait(s.confirm_seconds):
-                    return
-                pictures = [self._look_again(jobs[0], pictures[0], read_at), *pictures[1:]]
-                state.pictures = pictures
-            if pictures and self.on_verdict is not None:
+            if pictures and self.on_verdict is not None and not self.stopping.is_set():
                 self.on_verdict(key, pictures[0].verdict)
         finally:
             done.set_result(None)
-
-    def _look_again(self, job: Job, first: StackPicture, read_at: float) -> StackPicture:
-        """The second look at a hang (stacks/confirm.py): the stacks only, the host activity counted since
-        the first look read it. The first look's picture with the confirmed verdict, or with the second
-        look's own verdict when it does not confirm."""
-        again = self.config.stacks.model_copy(update={"observe_seconds": 0.0, "flight_recorder": False,
-                                                      "nccl_ras": False})
-        second = capture_job(job, self.capturer, self.discovery, again, self.node, read_at=read_at)
-        self.count([second])
-        verdict = confirm(first, second, time.monotonic() - read_at)
-        return replace(first, verdict=verdict if verdict is not None else second.verdict)
 
     def count(self, pictures: Sequence[StackPicture]) -> None:
         for picture in pictures:

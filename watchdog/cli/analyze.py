@@ -14,6 +14,7 @@ The output is `stacks analyze`'s contract: `groups`, `outliers` ("rank N" / "pid
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.evidence import Evidence, gather
@@ -21,6 +22,7 @@ from watchdog.cli.stacks import print_pictures
 from watchdog.model import Severity, Verdict
 from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report, timeout_verdict
 from watchdog.stacks.analysis import Analysis, analyze
+from watchdog.stacks.confirm import ONE_LOOK
 from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence
 from watchdog.stacks.verdict import verdict
 
@@ -50,6 +52,8 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
         others = _stuck_elsewhere(timeouts, fr, ras, frt)
         if decided.kind in ("unknown", "no_stall") and others:
             decided = Verdict("hang", Severity.CRITICAL, decided.sentence, _headline(found, timeouts, fr, ras, frt))
+        elif decided.kind == "hang":  # saved stacks are one look: a hang only with evidence that spans the time
+            decided = replace(decided, severity=Severity.CRITICAL) if others else decided.noted([ONE_LOOK])
         decided = decided.noted([n for n in notes if n not in decided.sentence])
         return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
     culprits = _culprits(timeouts, fr, ras, frt)

@@ -167,11 +167,16 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
                     out.write(line + "\n")
                 else:
                     timeline.event(event)
-        if engine.clock_steps:
-            where = f"{spec}: " if options.label else ""
-            say(f"warning: {where}the trace's clock stepped back {engine.clock_steps} time(s) (the last by "
-                f"{engine.last_step_seconds:.0f} s: DST or an NTP step?); later samples were read as following "
-                "on, so event times after a step are shifted by the step")
+        clock = engine.clock
+        where = f"{spec}: " if options.label else ""
+        if clock.steps:
+            say(f"warning: {where}the trace's clock stepped back {clock.steps} time(s) (the last by "
+                f"{clock.last_step_seconds:.0f} s: DST, an NTP step, or two writers on one file?); later samples "
+                "were read as following on, so event times after a step are shifted by the step")
+        if clock.jumps:
+            say(f"warning: {where}the trace's clock jumped forward {clock.jumps} time(s) (the last by "
+                f"{clock.last_jump_seconds:.0f} s: DST, an NTP step, or samples missing); the time across a jump "
+                "was not observed and counts as one sample interval, so event times after it are shifted")
         if trace.skips.count:
             say(f"warning: {trace.skips.count} line(s) or sample(s) skipped; first: "
                 + "; ".join(trace.skips.first[:3]))

@@ -15,7 +15,8 @@ from watchdog.config import Config, load_config
 from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
-from watchdog.stacks.picture import StackPicture, capture_job, write_captures
+from watchdog.stacks.confirm import look_twice
+from watchdog.stacks.picture import StackPicture, write_captures
 from watchdog.stacks.text import render as render_stacks
 
 
@@ -58,10 +59,10 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
     s = config.stacks
     capturer = StackCapturer.from_config(s)
     jobs = proven_jobs(ranks, config)
-    # Each job's evidence waits on its own (the Flight Recorder's dumps, NCCL RAS): all at once, so a
-    # machine running several jobs costs the slowest job's wait, not the sum of them.
+    # Each job's evidence waits on its own (the Flight Recorder's dumps, NCCL RAS, a second look where the first
+    # shows a hang): all at once, so a machine running several jobs costs the slowest job's wait, not the sum.
     with ThreadPoolExecutor(max_workers=min(8, len(jobs)), thread_name_prefix="job") as pool:
-        pictures = list(pool.map(lambda job: capture_job(job, capturer, discovery, s), jobs))
+        pictures = list(pool.map(lambda job: look_twice(job, capturer, discovery, s), jobs))
     print_pictures(pictures, args.json)
     if args.out:
         for picture in pictures:

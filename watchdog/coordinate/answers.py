@@ -39,6 +39,7 @@ class NodeEvidence:
     ranks: list[dict[str, object]] = field(default_factory=list)  # rank, pid, gpus, capture
     traces: list[RankTrace] = field(default_factory=list)
     ras: dict[str, Any] | None = None
+    confirmed: bool = False  # the node's own verdict of the job: a hang two looks agreed on (stacks/confirm.py)
     problem: str | None = None
 
     def members(self) -> set[str]:
@@ -122,6 +123,9 @@ def _read(job: str, body: object, instance: str, groups: SharedGroups) -> NodeEv
                 found.traces.append(RankTrace.for_matching(raw, "", groups))
             except FlightRecorderError:
                 continue
+        said = _optional(picture.get("verdict"), dict, f"{where}.verdict", "an object") or {}
+        found.confirmed = found.confirmed or bool(
+            _optional(said.get("confirmed"), bool, f"{where}.verdict.confirmed", "true/false"))
         ras = _ras(picture.get("nccl_ras"), f"{where}.nccl_ras")
         if found.ras is None and ras is not None and not ras.get("problem"):
             found.ras = ras

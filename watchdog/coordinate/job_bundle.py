@@ -139,7 +139,7 @@ def render(result: JobVerdict) -> str:
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}.critical{{color:#b00}}
 .warning{{color:#a60}}</style></head><body>
 <h1>Training job {html.escape(result.job)}</h1>
-<p class="{severity}"><b>{html.escape(v.kind)} ({severity})</b>: {html.escape(v.headline)}</p>
+<p class="{severity}"><b>{html.escape(v.title)} ({severity})</b>: {html.escape(v.headline)}</p>
 <p>{html.escape(v.sentence)}</p>
 <h2>Odd ranks</h2>{odd if result.odd else "<p>none named</p>"}
 <h2>Stacks across nodes</h2>{groups}

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchdog.model import Verdict
+from watchdog.model import Severity, Verdict
 from watchdog.stacks import fr_matching
 from watchdog.stacks.analysis import Analysis, analyze
+from watchdog.stacks.confirm import ONE_LOOK
 from watchdog.stacks.fr_dumps import SharedGroups
 from watchdog.stacks.fr_matching import FlightRecorderAnalysis
 from watchdog.stacks.picture import corroborated, corroborations
@@ -246,6 +247,13 @@ def _decide(job: str, answered: Sequence[NodeAnswer], read: Sequence[NodeEvidenc
         # Nothing was read: not an all-clear. Unknown is said as unknown.
         why = problem or ("no node answered" if answered else "no node exports ranks of this job")
         decided = Verdict("unknown", None, f"Unknown: no evidence was gathered ({why})", "unknown: no evidence")
+    if decided.kind == "hang":  # the nodes' stacks joined are one look: critical on evidence that spans time
+        looked = [r for r in read if r.dumps]
+        twice = bool(looked) and all(r.confirmed for r in looked)  # every node's own second look agreed
+        if twice or (fr and (fr.culprits or fr.stuck)) or (conclusive and ras and ras.get("stuck")):
+            decided = replace(decided, severity=Severity.CRITICAL, confirmed=twice)
+        else:
+            decided = decided.noted([ONE_LOOK])
     found = corroborations(fr, ras_culprits, str(ras.get("summary")) if ras is not None and conclusive else None)
     decided = corroborated(decided, found).noted(_silent_note(silent) + notes + _slow_note(ranks))
     where = analysis.group_by_member()

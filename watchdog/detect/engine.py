@@ -27,6 +27,7 @@ from watchdog.detect.node import GpuView, job_findings, underuse_finding
 from watchdog.detect.rank_waits import Uneven, WaitLedger
 from watchdog.detect.recovery import recovered
 from watchdog.detect.severity import STACK_SIGNATURES
+from watchdog.detect.stream_clock import StreamClock
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
 from watchdog.model import (
     HEALTH_COUNTERS,
@@ -115,13 +116,9 @@ class DetectorEngine:
         return {**self.nccl_waits.uneven, **self.waits.uneven}
 
     @property
-    def clock_steps(self) -> int:
-        """Backward steps of the stream's clock, survived (see Frames.timeline)."""
-        return self.frames.clock_steps
-
-    @property
-    def last_step_seconds(self) -> float:
-        return self.frames.last_step_seconds
+    def clock(self) -> StreamClock:
+        """The stream's own time, with the wall clock's steps back and jumps forward it took out."""
+        return self.frames.clock
 
     def observe(self, ticks: NodeSnapshot | Sequence[NodeSnapshot] | SnapshotBlock) -> list[EpisodeEvent]:
         """The events of these ticks, in order: one snapshot (the daemon), or a stretch of them (a replay)."""

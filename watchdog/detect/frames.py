@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from watchdog.detect.levels import LEARNT, LEVELS, Levels
+from watchdog.detect.stream_clock import StreamClock
 from watchdog.detect.stretch import HEALTH_CODES, NUMERIC, Stretch, no_pids
 from watchdog.model import GpuSample, NodeSnapshot, SnapshotBlock
 
-_STEP_TOLERANCE_SECONDS = 0.5  # nvidia-smi prints a sample's GPUs milliseconds apart, not always in order
 _KEEP_ROWS = 64  # kept whatever their age: a window of -l 5 samples still has enough to judge
 _SLOT = {name: slot for slot, name in enumerate(GpuSample._fields)}
 _HEALTH = {health: code for code, health in enumerate(HEALTH_CODES)}
@@ -123,35 +123,15 @@ class Frames:
         self.gpus: list[int] = []
         self.stretch: Stretch | None = None  # the rows kept, as the last add left them
         self.first_row = 0  # the absolute number of the stretch's first row (errors are keyed by it)
-        self.clock_steps = 0  # backward steps of the stream's clock, survived
-        self.last_step_seconds = 0.0
-        self._last_stamp: float | None = None
-        self._offset = 0.0
-        self._step = 1.0
+        self.clock = StreamClock()  # the stream's own time: the wall clock's steps taken out
         self.pending = 0  # the newest rows whose learnt levels are not worked out yet (catch_up)
 
     def timeline(self, stamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The stream's time for each stamp, kept in order, and the sampling step as of each. When the clock
-        steps back (DST on a local-time nvidia-smi log, an NTP step live), later samples are shifted to
-        continue where the clock was; the step is counted (clock_steps) for the caller to say once. A step
-        back within the tolerance (a sample's rows printed out of order) holds the time where it was."""
-        times, steps = [], []
-        last, offset, step, floor = self._last_stamp, self._offset, self._step, -np.inf
-        if self.stretch is not None and len(self.stretch.times):
-            floor = float(self.stretch.times[-1])
-        for stamp in stamps.tolist():  # a loop, not arrays: a tick is one stamp, and a day is 30 ms of them
-            if last is not None and stamp < last - _STEP_TOLERANCE_SECONDS:  # rare: the clock stepped back
-                self.clock_steps += 1
-                self.last_step_seconds = last - stamp
-                offset += last - stamp + step
-            elif last is not None and stamp > last:
-                step = min(stamp - last, 60.0)
-            last = stamp
-            floor = max(floor, stamp + offset)
-            times.append(floor)
-            steps.append(step)
-        self._last_stamp, self._offset, self._step = last, offset, step
-        return np.array(times), np.array(steps)
+        """The stream's time for each stamp, kept in order, and the sampling step as of each: the wall
+        clock's steps back and jumps forward taken out (detect/stream_clock.py), counted for the caller to say
+        once. A loop, not arrays: a tick is one stamp, and a day is milliseconds of them."""
+        times, steps = self.clock.read(stamps.tolist())
+        return np.array(times, dtype=float), np.array(steps, dtype=float)
 
     def add(self, ticks: Ticks) -> tuple[Stretch, int]:
         """The stretch of the kept rows and these ticks, and the row the new ticks start at."""

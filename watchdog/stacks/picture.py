@@ -157,11 +157,6 @@ def capture_job(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg
                         [f for f in recorders if f.result != "not_configured"], traces, fr, finding)
 
 
-def picture_saved(dumps: Sequence[StackDump], name: str = "saved dumps") -> StackPicture:
-    analysis = analyze(dumps)
-    return StackPicture(name, None, False, analysis, verdict(analysis))
-
-
 def capture_file_name(target: Target) -> str:
     """One name for a rank's raw py-spy JSON, in `stacks dump --out` folders and in bundles."""
     return f"rank-{target.rank}-pid-{target.pid}.json" if target.rank is not None else f"pid-{target.pid}.json"

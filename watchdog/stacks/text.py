@@ -15,7 +15,7 @@ def render(report: StackPicture) -> str:
         title += f" (world size {report.world_size}{', ranks on other nodes too' if report.spans_other_nodes else ''})"
     lines.append(title)
     severity = f" ({v.severity.value})" if v.severity else ""
-    lines.append(f"  {v.kind.upper()}{severity}: {v.sentence}")
+    lines.append(f"  {v.title.upper()}{severity}: {v.sentence}")
     odd = set(a.outliers)
     for group in a.groups:
         marker = "*" if odd & set(group.members) else " "

@@ -1,4 +1,10 @@
-"""The stacks' verdict: hang (critical), waiting (warning), remote, or not a stall."""
+"""The stacks' verdict from one look: a suspected hang, waiting, remote, or not a stall (all warnings at most).
+
+One look shows where the ranks were, not whether they move: a healthy job spends much of every step inside a
+collective, so one look that finds every rank in all_reduce is what a fast job looks like as often as a hung
+one. A hang is critical only when a second look agrees with nothing moving between (stacks/confirm.py), or
+when the evidence itself spans the time (a NCCL watchdog's timeout, stacks/timeout_verdict.py).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +31,11 @@ _PROGRESS_BYTES = 64 * 1024  # written during the observation: a checkpoint writ
 _PROGRESS_CPU = 0.2  # CPU seconds per second: real host work (compute on the host, decoding, copying)
 _IDLE_ACTIVITIES = {DATA_LOADING, IDLE_WAIT, UNKNOWN}
 _HOST_WORK = {CHECKPOINT_IO, EVALUATION, GENERATION, COMPILE, FORWARD, BACKWARD}
+
+
+def _suspected(reason: str, headline: str) -> Verdict:
+    """A hang as far as one look can tell: a warning until a second look confirms it (stacks/confirm.py)."""
+    return Verdict("hang", Severity.WARNING, reason, headline)
 
 
 def _headline(analysis: Analysis, stuck: bool) -> str:
@@ -82,8 +93,7 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
                            f"({evidence} in {observed_seconds:.1f} s): the others wait on {'it' if one else 'them'}",
                            _headline(analysis, stuck=False))
         if odd_activities == {COLLECTIVE}:
-            return Verdict("hang", Severity.CRITICAL,
-                           f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} in another collective "
+            return _suspected(f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} in another collective "
                            "than the rest: the two will never match", _headline(analysis, stuck=True))
         if saved and odd_activities <= {CHECKPOINT_IO, EVALUATION}:
             return Verdict("waiting", Severity.WARNING,
@@ -92,34 +102,40 @@ def verdict(analysis: Analysis, host: Mapping[str, HostActivity] | None = None, 
                            "in a minute (`stall-watchdog stacks dump`), a hang if it is still there",
                            _headline(analysis, stuck=False))
         if not host:  # saved stacks: where the odd rank is, not whether it moves
-            return Verdict("hang", Severity.CRITICAL,
-                           f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} not where the others "
+            return _suspected(f"{analysis.summary}. The odd {'rank is' if one else 'ranks are'} not where the others "
                            f"are, and they wait on {plural(len(odd), 'it', 'them')}; whether "
                            f"{plural(len(odd), 'it moves', 'they move')} was not measured (saved stacks)",
                            _headline(analysis, stuck=True))
-        return Verdict("hang", Severity.CRITICAL,
-                       f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving (no CPU or "
+        return _suspected(f"{analysis.summary}. Nothing on the odd {'rank' if one else 'ranks'} is moving (no CPU or "
                        f"I/O progress in {observed_seconds:.1f} s): the others will wait forever",
                        _headline(analysis, stuck=True))
     collectives = [g for g in groups if g.activity.name == COLLECTIVE]
     if collectives and sum(g.count for g in collectives) == analysis.total:
         kinds = {g.activity.collective for g in collectives}
+        moving = sorted((m for m, delta in host.items() if delta.io_bytes >= _PROGRESS_BYTES),
+                        key=lambda m: -host[m].io_bytes)
+        if moving:  # bytes through the ranks' sockets or files while they sat there: the collectives complete
+            moved = host[moving[0]].io_bytes
+            return Verdict("no_stall", None,
+                           f"{analysis.summary}, but {analysis.member_label.get(moving[0], moving[0])} moved "
+                           f"{moved / 2**20:.1f} MiB of I/O in {observed_seconds:.1f} s"
+                           + (f" ({len(moving)} ranks moved)" if len(moving) > 1 else "")
+                           + ": the collectives complete; a healthy job spends much of each step inside one",
+                           _headline(analysis, stuck=False) + ", moving")
         if spans_other_nodes:
             return Verdict("remote", Severity.WARNING,
                            f"{analysis.summary}. Every local rank waits, and the job has ranks on other nodes: the "
                            "culprit is likely there; look at the other nodes' verdicts",
                            _headline(analysis, stuck=False) + ": the culprit is likely on another node")
         if analysis.total == 1:
-            return Verdict("hang", Severity.CRITICAL,
-                           f"{analysis.summary}. One process's stack, in a collective: it waits on peers whose "
+            return _suspected(f"{analysis.summary}. One process's stack, in a collective: it waits on peers whose "
                            "stacks are not here; theirs show which one never arrived",
                            _headline(analysis, stuck=True) + "; the peers' stacks are not here")
         if len(kinds) == 1:
-            return Verdict("hang", Severity.CRITICAL,
-                           f"{analysis.summary}. Every rank is in the same collective and none returns: a peer "
+            return _suspected(f"{analysis.summary}. Every rank is in the same collective and none returns: a peer "
                            "never arrived (network, P2P or a rank stuck in C code; py-spy --native shows more)",
                            _headline(analysis, stuck=True) + " and none returns")
-        return Verdict("hang", Severity.CRITICAL, f"{analysis.summary}. Every rank waits in a collective",
+        return _suspected(f"{analysis.summary}. Every rank waits in a collective",
                        _headline(analysis, stuck=True))
     members = list(analysis.member_activity)
     if members and all(analysis.member_activity[m].name in _HOST_WORK for m in members) and all(
