@@ -5,6 +5,7 @@ alert receivers, the bundle and its summary."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -62,6 +63,8 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
     for line in info:
         assert 'namespace="ml",pid=' in line and 'pod="trainer-0"' in line and 'container="main"' in line
         assert 'slurm_job_id="9001"' in line and 'slurm_step="0"' in line and 'slurm_user="alice"' in line
+        # the Slurm variables are the ranks' claims; what proves their job is their launcher (this test), as us
+        assert 'proof="launcher"' in line and f'uid="{os.getuid()}"' in line
     assert len(hook.requests) == 1, [b["alert"]["status"] + " " + b["alert"]["summary"] for _, b in hook.requests]
     (_, body), = hook.requests
     alert = body["alert"]

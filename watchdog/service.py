@@ -103,7 +103,9 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                         slurm_check=actions.slurm_job_runs_as, pace=lambda: board.published.slow_gpus())
 
     # export
-    daemon = Daemon(config, source, host=host, sampler=sampler, labels=RankLabels(discovery, host.start_of, counters),
+    labels = RankLabels(discovery, host.start_of, counters,
+                        prove=lambda found: membership.proofs(found, actions.slurm_job_runs_as))
+    daemon = Daemon(config, source, host=host, sampler=sampler, labels=labels,
                     engine=engine, guard=guard, incidents=incidents, responder=responder, dumps=dumps, board=board,
                     counters=counters, verdicts=verdicts, notifier=notifier or SystemdNotifier(), monotonic=monotonic,
                     wall=wall, config_path=config_path)

@@ -87,19 +87,55 @@ def test_a_process_py_spy_cannot_read_is_told_once(tmp_path: Path) -> None:
     assert s.annotate(NodeSnapshot(0.0, (GpuSample(0),))).gpus[0].rank_waits == ()
 
 
-def test_only_the_main_thread_counts_and_odd_lines_count_for_nothing() -> None:
+def test_only_the_main_thread_counts_and_odd_lines_are_not_believed() -> None:
     raw = "\n".join([
         "thread (42): MainThread;<module> (train.py:9);all_reduce (torch/distributed/distributed_c10d.py:3252) 30",
         "thread (42): MainThread;<module> (train.py:9);save (torch/serialization.py:600) 5",
-        "thread (42): MainThread;<module> (train.py:9);forward (model.py:10) 65",
+        "thread (42);<module> (train.py:9);forward (model.py:10) 65",  # a thread with no name
         "thread (43): pin_memory;all_reduce (torch/distributed/distributed_c10d.py:1) 1000",  # another thread
         "thread (4242): MainThread;forward (model.py:10) 1000",  # another process's id
-        "thread (42): a;b (c:1) many",  # not a count
-        "thread (42): x;y (z:1) 99999999999999999999",  # a count past any record: capped
-        "garbage without a count",
     ]).encode()
-    found = main_thread_samples(raw, 42)
-    assert found[WAITING] == 30 and found[PLANNED] == 5 and found[WORKING] == 65 + 10**8
+    assert main_thread_samples(raw, 42, most=100) == {WAITING: 30, PLANNED: 5, WORKING: 65}
+    # A line that does not parse is what a thread name with a new line leaves: nothing of the record is believed.
+    for odd in ("thread (42): a;b (c:1) many", "thread (42): a;b (c:1) \u00b2", "garbage without a count",
+                "thread (42): x;y (z:1) 99999999999999999999"):
+        assert main_thread_samples(raw + b"\n" + odd.encode(), 42, most=100) is None, odd
+    # a count past what the record took (100 samples) is not believed either
+    assert main_thread_samples(raw + b"\nthread (42): x;y (z:1) 999999", 42, most=100) is None
+
+
+def test_a_thread_name_that_forges_main_thread_lines_is_not_believed(tmp_path: Path) -> None:
+    """A real process names a worker thread with a new line and a main-thread line after it, and its main thread
+    with a non-ASCII digit and a new line: py-spy prints both names as they are. The forged line would put the
+    worker's samples on the main thread, in all_reduce; the sampler refuses the record (and says so once), and a
+    rank beside it keeps its counts (the digit ended every rank's sampling round before)."""
+    script = tmp_path / "forger.py"
+    script.write_text(
+        "import os, threading, time\n"
+        "threading.current_thread().name = 'Main \u00b2\\nx'\n"
+        "def spin():\n"
+        "    while True: sum(range(100))\n"
+        "threading.Thread(target=spin, name='w 1\\nthread (%d): MainThread;all_reduce "
+        "(torch/distributed/distributed_c10d.py)' % os.getpid()).start()\n"
+        "while True: sum(range(1000))\n")
+    honest = tmp_path / "honest.py"
+    honest.write_text("while True: sum(range(1000))\n")
+    forger = subprocess.Popen([sys.executable, str(script)])
+    plain = subprocess.Popen([sys.executable, str(honest)])
+    problems: list[tuple[int, str]] = []
+    try:
+        time.sleep(1.0)
+        s = sampler([SampleTarget(forger.pid, 1.0, (0,), 0, "j"), SampleTarget(plain.pid, 1.0, (1,), 1, "j")],
+                    problems)
+        s.cfg = StacksConfig(sample_rate_hz=20, sample_seconds=3)
+        s.sample_once()
+    finally:
+        for p in (forger, plain):
+            p.kill()
+            p.wait()
+    counts = {key[0]: c for key, c in s.counts.items()}
+    assert forger.pid not in counts and [pid for pid, _ in problems] == [forger.pid], problems
+    assert counts[plain.pid].samples >= 20 and counts[plain.pid].waits == 0
 
 
 def test_the_daemon_samples_the_proven_ranks_on_its_gpus(tmp_path: Path) -> None:
@@ -112,7 +148,7 @@ def test_the_daemon_samples_the_proven_ranks_on_its_gpus(tmp_path: Path) -> None
         targets = list(daemon.sampler.targets())
         service.close(2)
     assert sorted((t.pid, t.gpus, t.rank) for t in targets) == [(p.pid, (n,), n) for n, p in enumerate(ranks)]
-    assert len({t.job for t in targets}) == 1 and targets[0].job.startswith("run:steady-")
+    assert len({t.job for t in targets}) == 1 and targets[0].job.startswith("launcher:")  # its proof, not its claim
 
 
 def _stand_in(tmp: Path, body: str) -> str:

@@ -207,10 +207,18 @@ def sorted_out(ranks: Sequence[RankInfo], slurm_check: SlurmCheck) -> tuple[list
     return proven, claimed, left
 
 
+def proofs(found: Sequence[RankInfo], slurm_check: SlurmCheck) -> dict[int, tuple[str, int]]:
+    """pid -> (how its job is proven: slurm, pod or launcher; the user the job runs as) of the proven ranks
+    among `found`, for rank_info's labels (sample/rank_labels.py)."""
+    jobs, _ = prove(found, float("inf"), slurm_check)
+    return {r.pid: (job.key.split(":", 1)[0], r.uid) for job in jobs for r in job.ranks if r.uid is not None}
+
+
 def sample_targets(found: Sequence[RankInfo], slurm_check: SlurmCheck) -> list[SampleTarget]:
     """The ranks among `found` (those on the GPUs now) that are proven members of a job (never a claim), for the
-    stack sampler, with where each one's NCCL Inspector log lies if its job writes one."""
-    proven, _, _ = sorted_out(found, slurm_check)
+    stack sampler, with where each one's NCCL Inspector log lies if its job writes one. Each names its job by what
+    proves it (ProvenJob.key: the Slurm job, the pod's UID, the launcher's process), never by a name it claims."""
+    proven, _ = prove(found, float("inf"), slurm_check)
     return [SampleTarget(r.pid, r.create_time, r.gpus, r.rank, job.key, folder,
                          nccl_inspector.host_of(r.pid, r.env.get("HOSTNAME")) if folder else None)
             for job in proven for r in job.ranks if r.rank is not None

@@ -143,8 +143,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
                "run id, rendezvous address or Slurm job (not `job`, which Prometheus gives the scrape job); "
                "`namespace`, `pod`, `container` are the Kubernetes pod holding the GPU and `slurm_job_id`, "
-               "`slurm_step`, `slurm_user` the Slurm job, where the rank runs in one.",
-               ("gpu", "pid", "rank", "training_job", *WORKLOAD_LABELS)),
+               "`slurm_step`, `slurm_user` the Slurm job, where the rank runs in one: all claims, shown. `proof` "
+               "(slurm, pod or launcher) and `uid` (the user the job runs as) are set only where the rank's job is "
+               "proven by what its process cannot choose; the fleet's rules join a job's nodes on those alone.",
+               ("gpu", "pid", "rank", "training_job", *WORKLOAD_LABELS, "proof", "uid")),
     MetricSpec("stack_captures_total", "counter", "py-spy stack captures by result.", ("result",)),
     MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
     MetricSpec("bundles_total", "counter", "Incident bundles by result (written, partial, failed).", ("result",)),
@@ -192,6 +194,8 @@ class RankRow(NamedTuple):
     rank: int | None
     job: str
     workload: Workload
+    proof: str = ""  # slurm, pod or launcher where the rank's job is proven (act/membership.py), else ""
+    uid: str = ""  # the user the proven job runs as
 
 
 @dataclass(frozen=True)
@@ -261,9 +265,9 @@ class WatchdogCollector(Collector):
                 self._gpu(out, sample)
         indexes = [g.index for g in snapshot.gpus] if snapshot is not None else []
         self._episodes(out, state.episodes, indexes)
-        for gpu, pid, rank, job, workload in state.ranks:
+        for gpu, pid, rank, job, workload, proof, uid in state.ranks:
             out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job,
-                                      *workload.labels()), 1))
+                                      *workload.labels(), proof, uid), 1))
         out["rank_wait_ratio"] += [((str(gpu),), share) for gpu, share in state.waits]
         out["uneven_work_ratio"] += [((str(gpu), why), gap) for gpu, why, gap in state.uneven]
         for identity, severity, culprit in state.alerts:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ class SampleTarget:
     start: float
     gpus: tuple[int, ...]
     rank: int
-    job: str
+    job: str  # what proves its job (act/membership.py ProvenJob.key): the Slurm job, the pod's UID, the launcher
     inspector: str | None = None  # the folder of its NCCL Inspector log, where it enables one
     host: str | None = None  # the host name it sees (names that log: nccl_inspector.host_of)
 
@@ -69,27 +68,44 @@ class _Counts:
             self.first_waits += kinds.get(WAITING, 0)
         self.at = now
 
-    def reading(self) -> tuple[int, ...]:
-        """Its counts as GpuSample.rank_waits holds them (model.RANK_WAITS, in that order)."""
-        values = {"job": zlib.crc32(self.target.job.encode()) & 0x7FFFFFFF, "rank": self.target.rank,
+    def reading(self, job: int) -> tuple[int, ...]:
+        """Its counts as GpuSample.rank_waits holds them (model.RANK_WAITS, in that order); `job` the number
+        this daemon gave its proven job."""
+        values = {"job": job, "rank": self.target.rank,
                   "samples": self.samples, "waits": self.waits, "planned": self.planned,
                   "first_samples": self.first_samples, "first_waits": self.first_waits}
         return tuple(values[name] for name in RANK_WAITS)
 
 
-def main_thread_samples(data: bytes, pid: int) -> dict[str, int]:
-    """The samples of a raw record (`<thread>;<frame>;...;<frame> <count>` lines, outermost frame first) of
-    the thread whose id is `pid`, by what they show: waiting, planned or working."""
+# "thread (<id>)", then ": <name>" where the thread has one, then ";<frame>" each, then " <count>"
+_LINE = re.compile(r"thread \((?P<tid>[0-9]{1,10})\)(?P<stack>[:;].*) (?P<count>[0-9]{1,12})", re.ASCII)
+
+
+def main_thread_samples(data: bytes, pid: int, most: int) -> dict[str, int] | None:
+    """The samples of a raw record (`thread (<id>): <name>;<frame>;...;<frame> <count>` lines, outermost frame
+    first, the name only where the thread has one) of the thread whose id is `pid`, by what they show: waiting,
+    planned or working. None (nothing of the record believed) where a line does not parse, or its main thread holds
+    more than `most` samples (the record's length at its rate): both are what a thread name with a new line in it
+    leaves, and such a name can make another thread's stacks read as the main thread's. What a rank's own names
+    can still do is misreport its own counts (as calling a function named all_reduce could), never another's."""
     out: dict[str, int] = {}
-    head = f"thread ({pid})"
+    total = 0
     for line in data.decode("utf-8", "replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack.startswith(head) or not count.isdigit():
+        m = _LINE.fullmatch(line)
+        if m is None:
+            if line.strip():
+                return None  # a thread's name broke a line: any line after it may be the name's
             continue
-        frames = tuple(Frame(m["function"], m["file"], int(m["line"]) if m["line"] else None)
-                       for part in reversed(stack.split(";")) if (m := _FRAME.match(part)))
+        if int(m["tid"]) != pid:
+            continue
+        count = int(m["count"])
+        total += count
+        if total > most:
+            return None
+        frames = tuple(Frame(f["function"], f["file"], int(f["line"]) if f["line"] else None)
+                       for part in reversed(m["stack"].split(";")) if (f := _FRAME.match(part)))
         kind = what_it_shows(ThreadStack(pid, None, None, frames, pid))
-        out[kind] = out.get(kind, 0) + min(int(count[:9]), 10**8)
+        out[kind] = out.get(kind, 0) + count
     return out
 
 
@@ -113,6 +129,8 @@ class RankSampler:
         self._tails: dict[tuple[int, float], InspectorTail] = {}
         self._told: set[tuple[int, float]] = set()
         self._told_logs: set[tuple[int, float]] = set()
+        self._jobs: dict[str, int] = {}  # each proven job's number in the readings: given in turn, never reused
+        self._numbered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,6 +170,13 @@ class RankSampler:
                     del kept[gone]
         self._told &= live
         self._told_logs &= live  # a process is told of once while it is a target, and forgotten when it is not
+        jobs = {t.job for t in targets}
+        with self._lock:
+            for ended in self._jobs.keys() - jobs:
+                del self._jobs[ended]
+            for job in sorted(jobs - self._jobs.keys()):
+                self._numbered += 1
+                self._jobs[job] = self._numbered
         if not targets or cfg.sample_rate_hz <= 0:
             return
         with ThreadPoolExecutor(max_workers=min(cfg.max_parallel, len(targets)),
@@ -166,7 +191,18 @@ class RankSampler:
                     self._told.add(key)
                     self.on_problem(target.pid, message)
                 continue
-            self._add(self.counts, target, main_thread_samples(data, target.pid), now)
+            try:  # one rank's record is its own: what it holds never ends another's
+                kinds = main_thread_samples(data, target.pid, _most(cfg))
+            except Exception as exc:
+                kinds, message = None, f"its record was not read ({type(exc).__name__}: {exc})"
+            else:
+                message = "its record holds more main-thread samples than it took: a thread's name forges lines"
+            if kinds is None:
+                if key not in self._told and not self._stop.is_set():
+                    self._told.add(key)
+                    self.on_problem(target.pid, message)
+                continue
+            self._add(self.counts, target, kinds, now)
         for target in targets:
             if target.inspector:
                 self._time(target, now)
@@ -199,10 +235,10 @@ class RankSampler:
             self._add(self.timed, target, {WAITING: timed.busy_ms, WORKING: timed.span_ms - timed.busy_ms}, now)
 
     def annotate(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """The snapshot with each GPU's rank_waits (and nccl_waits, from its Inspector log): the counts of the one
-        sampled rank on it (a GPU shared by several ranks, or by none, gets none)."""
+        """The snapshot with each GPU's rank_waits (and nccl_waits, from its Inspector log): the counts of its
+        sampled rank (_per_gpu: of several, the rank of the job with the most ranks here)."""
         with self._lock:
-            waits, timed = _per_gpu(self.counts), _per_gpu(self.timed)
+            waits, timed = _per_gpu(self.counts, self._jobs), _per_gpu(self.timed, self._jobs)
         if not waits and not timed:
             return snapshot
         gpus = tuple(g._replace(rank_waits=waits.get(g.index, g.rank_waits),
@@ -210,11 +246,26 @@ class RankSampler:
         return NodeSnapshot(snapshot.time_seconds, gpus)
 
 
-def _per_gpu(kept: dict[tuple[int, float], _Counts]) -> dict[int, tuple[int, ...]]:
+def _most(cfg: StacksConfig) -> int:
+    """The most samples of one thread a record can hold: its length at its rate, with room for py-spy's rounding."""
+    return int(cfg.sample_rate_hz * max(1, round(cfg.sample_seconds)) * 1.1) + 2
+
+
+def _per_gpu(kept: dict[tuple[int, float], _Counts], jobs: dict[str, int]) -> dict[int, tuple[int, ...]]:
+    """Each GPU's reading: its one sampled rank's, or where several share it (MPS, time-slicing), the rank of the
+    job with the most ranks on the node (another job's process on its GPU leaves the training job's judgement
+    alone); a tie gives none."""
+    size: dict[str, int] = {}
+    for counts in kept.values():
+        size[counts.target.job] = size.get(counts.target.job, 0) + 1
     per_gpu: dict[int, list[_Counts]] = {}
     for counts in kept.values():
-        if counts.samples:
+        if counts.samples and counts.target.job in jobs:
             for gpu in counts.target.gpus:
                 per_gpu.setdefault(gpu, []).append(counts)
-    return {gpu: found[0].reading() for gpu, found in per_gpu.items() if len(found) == 1}
-
+    out = {}
+    for gpu, found in per_gpu.items():
+        found.sort(key=lambda c: -size[c.target.job])
+        if len(found) == 1 or size[found[0].target.job] > size[found[1].target.job]:
+            out[gpu] = found[0].reading(jobs[found[0].target.job])
+    return out
