@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from tests.conftest import TARGETS, wait_for
@@ -172,3 +173,36 @@ def test_a_record_that_never_ends_is_killed(tmp_path: Path) -> None:
     started = time.monotonic()
     result, message, _ = StackCapturer([hung], timeout_seconds=0.5).record(os.getpid(), 8, 1)
     assert result == "timeout" and "killed" in message and time.monotonic() - started < 5
+
+
+class _Canned:
+    """Stands in for py-spy's record: each pid's main thread in all_reduce for `waits` of 100 samples."""
+
+    def __init__(self, waits: dict[int, int]):
+        self.waits = waits
+
+    def record(self, pid: int, rate: float, seconds: float) -> tuple[str, str, bytes]:
+        w = self.waits[pid]
+        return "ok", "ok", (f"thread ({pid}): MainThread;all_reduce (torch/distributed/distributed_c10d.py) {w}\n"
+                            f"thread ({pid}): MainThread;forward (model.py) {100 - w}\n").encode()
+
+
+def test_jobs_are_told_apart_by_their_proof_and_a_shared_gpu_keeps_its_training_job() -> None:
+    """Two proven jobs are never one in the readings, whatever their names hash to (a CRC32 of the claimed name
+    put a twin's ranks in the victim's job); a process of a small job on the training job's GPU (MPS,
+    time-slicing) leaves that GPU's reading to the training job's rank (it removed the GPU before)."""
+    targets = [SampleTarget(100 + n, 1.0, (n,), n, "launcher:7@1.00") for n in range(4)]
+    targets.append(SampleTarget(200, 1.0, (2,), 0, "launcher:9@2.00"))  # another user's job, on GPU 2
+    cfg = StacksConfig(sample_rate_hz=20, sample_seconds=5)
+    s = RankSampler(_Canned({100: 60, 101: 60, 102: 10, 103: 60, 200: 50}), cfg,  # type: ignore[arg-type]
+                    lambda: targets)
+    s.sample_once()
+    gpus = {g.index: dict(zip(RANK_WAITS, g.rank_waits))
+            for g in s.annotate(NodeSnapshot(0.0, tuple(GpuSample(g) for g in range(4)))).gpus}
+    assert {gpus[g]["job"] for g in range(4)} == {gpus[0]["job"]}  # the training job's four ranks, one job
+    assert gpus[2]["rank"] == 2 and gpus[2]["waits"] == 10  # GPU 2 keeps the training job's rank
+    again = RankSampler(_Canned({100: 60, 200: 50}), cfg, lambda: [targets[0], replace(targets[4], gpus=(5,))])
+    again.sample_once()
+    numbers = {g.index: g.rank_waits[RANK_WAITS.index("job")]
+               for g in again.annotate(NodeSnapshot(0.0, (GpuSample(0), GpuSample(5)))).gpus}
+    assert numbers[0] != numbers[5]
