@@ -63,10 +63,11 @@ class FakeDaemon:
     ranks it publishes, POST /v1/dump answering `answers[training_job]`; every POST's Authorization kept."""
 
     node: str
-    published: dict[str, list[int]]  # training_job -> ranks in rank_info
+    published: dict[str, list[int]]  # training_job -> ranks in rank_info (proven, as uid 1000)
     answers: dict[str, object] = field(default_factory=dict)  # training_job -> the whole answer body
     seen: list[str | None] = field(default_factory=list)
     instance: str = ""
+    uid: int = 1000  # the user its ranks' jobs are proven to run as
 
     def handler(self) -> type[Quiet]:
         daemon = self
@@ -74,7 +75,8 @@ class FakeDaemon:
         class Handler(Quiet):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 lines = ["# TYPE stall_watchdog_rank_info gauge"] + [
-                    f'stall_watchdog_rank_info{{gpu="{r % 8}",pid="{1000 + r}",rank="{r}",training_job="{job}"}} 1'
+                    f'stall_watchdog_rank_info{{gpu="{r % 8}",pid="{1000 + r}",rank="{r}",training_job="{job}",'
+                    f'proof="launcher",uid="{daemon.uid}"}} 1'
                     for job, ranks in daemon.published.items() for r in ranks]
                 data = ("\n".join(lines) + "\n").encode()
                 self.send_response(200)
@@ -117,6 +119,7 @@ RAS = {"stuck": True, "conclusive": False, "queries": 2, "nccl_version": "2.23.4
 # run:v: a (0, 1), b (2, 3) in all_reduce; m (9) in all_reduce adds 12 rank-less processes in broadcast.
 # run:u: as run:v but rank 3 on b in its data loader; m invents rank 99 in its data loader and 20 more in broadcast.
 # run:t: t's rank 2 in a data loader whose function and file names carry terminal escapes.
+# run:k: k1's ranks 0-3 wait in all_reduce; k2, another user's job (uid 2000) claiming run:k, has a "rank 4" stuck.
 # run:r: r1 sends a bundle path of 1 MiB; r2 a RAS finding with unknown keys of 1 MiB; r3 one of a 1 MiB summary.
 DAEMONS = {
     "x": FakeDaemon("node-x", {"run:x": [0]}, {"run:x": {"node": "node-x", "jobs": [
@@ -150,6 +153,10 @@ DAEMONS = {
                                                                  "summary": "rank 5"})]}}),
     "t": FakeDaemon("node-t", {"run:t": [0, 1, 2]}, {"run:t": {"node": "node-t", "jobs": [
         picture("run:t", [rank_row(0, "all_reduce"), rank_row(1, "all_reduce"), rank_row(2, "evil")])]}}),
+    "k1": FakeDaemon("node-k1", {"run:k": [0, 1, 2, 3]}, {"run:k": {"node": "node-k1", "jobs": [
+        picture("run:k", [rank_row(r, "all_reduce") for r in range(4)])]}}),
+    "k2": FakeDaemon("node-k2", {"run:k": [4]}, {"run:k": {"node": "node-k2", "jobs": [
+        picture("run:k", [rank_row(4, "loader")])]}}, uid=2000),
     "r1": FakeDaemon("node-r1", {"run:r": [0]}, {"run:r": {"node": "node-r1", "bundle": "/var/lib/" + "B" * 2**20,
                                                            "jobs": [picture("run:r", [rank_row(0, "all_reduce")])]}}),
     "r2": FakeDaemon("node-r2", {"run:r": [1]}, {"run:r": {"node": "node-r2", "bundle": "/var/lib/stall-watchdog/b1",
@@ -167,7 +174,8 @@ EXPORTER = textwrap.dedent('''
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            data = b'stall_watchdog_rank_info{gpu="0",pid="7",rank="0",training_job="run:x"} 1\\n'
+            data = (b'stall_watchdog_rank_info{gpu="0",pid="7",rank="0",training_job="run:x",proof="launcher",'
+                    b'uid="1000"} 1\\n')
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -470,6 +478,18 @@ def test_where_placement_is_unknown_every_answer_still_counts() -> None:
                                                              2: frozenset({"b:1"})}))
     assert placed.odd == [] and "b:1 answered for pid 4242 (no rank), which Prometheus places on no instance" \
         in placed.verdict.sentence
+
+
+# Case 5b: a job's name is any user's claim.
+
+def test_another_users_claimed_rank_is_never_the_jobs_culprit(fleet: Fleet) -> None:
+    """Another user's job on node-k2 claims run:k and a rank 4 stuck in its data loader. Before, the coordinator
+    asked node-k2 and named its "rank 4" the job's culprit; the job's own ranks (uid 1000) are all it speaks for."""
+    result = investigate(fleet, "run:k")
+    assert result["odd_ranks"] == [] and "rank 4" not in result["verdict"]["headline"], result["verdict"]
+    assert {r["rank"] for r in result["ranks"]} == {0, 1, 2, 3}
+    assert not DAEMONS["k2"].seen  # not asked: it was never given the node token for this job
+    assert "1 rank claiming this job runs as another user (uid 2000" in result["verdict"]["sentence"]
 
 
 # Case 6: a node's names reach the terminal raw.

@@ -121,7 +121,7 @@ class JobEvidence:
         ras, ras_note = _ras([(a.instance, e.ras) for a, e in pairs if a.answered and e.ras is not None],
                              sum(a.answered for a, _ in pairs))
         return _decide(self.job, [a for a, _ in pairs], read, ras, placement, problem,
-                       notes + ([ras_note] if ras_note else []), unheard)
+                       notes + [n for n in (placement.note, ras_note) if n], unheard)
 
 
 def merge(job: str, answered: Sequence[NodeAnswer], placement: Placement | None = None,

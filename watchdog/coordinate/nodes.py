@@ -15,6 +15,7 @@ import resource
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class Placement:
 
     instances: list[str]
     ranks: dict[int, frozenset[str]] = field(default_factory=dict)
+    note: str | None = None  # what was left out of the job, and why (ranks that run as another user)
 
     def to_json(self) -> dict[str, list[int]]:
         """instance -> its ranks, as the job bundle keeps it for `analyze`."""
@@ -81,12 +83,14 @@ class Placement:
 
 
 def placement_of(prometheus: str, job: str, scrape_job: str, timeout_seconds: float = 10.0) -> Placement:
-    """The instances of scrape job `scrape_job` (the daemons: Prometheus's `job` label) exporting ranks of
-    `job` (stall_watchdog_rank_info), and the ranks each exports. Only they are asked, and given the node
-    token: another exporter scraped by the same Prometheus may publish such a series too. Labels that are
-    not host:port are left out (and named in the error when nothing else is left)."""
-    expr = (f"count by (instance, rank) (stall_watchdog_rank_info{{training_job={promql_string(job)}, "
-            f"job={promql_string(scrape_job)}}})")
+    """The instances of scrape job `scrape_job` (the daemons: Prometheus's `job` label) exporting proven ranks of
+    `job` (stall_watchdog_rank_info with `proof`), and the ranks each exports. Only they are asked, and given the
+    node token: another exporter scraped by the same Prometheus may publish such a series too. A job's name is a
+    claim: its ranks are those of the user most of its proven ranks run as (`uid`); ranks of another user that
+    claim the name are left out (their nodes are not asked unless they hold the job's ranks too) and said so.
+    Labels that are not host:port are left out (and named in the error when nothing else is left)."""
+    expr = (f"count by (instance, rank, uid) (stall_watchdog_rank_info{{training_job={promql_string(job)}, "
+            f"job={promql_string(scrape_job)}, proof!=\"\"}})")
     url = prometheus.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
         answer = http_client.request("GET", url, timeout=timeout_seconds, max_bytes=MAX_PROMETHEUS_BYTES)
@@ -96,20 +100,41 @@ def placement_of(prometheus: str, job: str, scrape_job: str, timeout_seconds: fl
     if not isinstance(data, dict) or data.get("status") != "success":
         raise PrometheusError(f"{prometheus}: query failed (HTTP {answer.status}): {str(data)[:200]}")
     try:
-        rows = [(str(r["metric"]["instance"]), str(r["metric"].get("rank", ""))) for r in data["data"]["result"]]
+        rows = [(str(r["metric"]["instance"]), str(r["metric"].get("rank", "")), str(r["metric"].get("uid", "")))
+                for r in data["data"]["result"]]
     except (KeyError, TypeError, AttributeError) as exc:
         raise PrometheusError(f"{prometheus}: unexpected answer shape ({exc})") from None
-    found = sorted({instance for instance, _ in rows})
+    owner, note = _owner(rows)
+    rows = [row for row in rows if row[2] == owner]
+    found = sorted({instance for instance, _, _ in rows})
     bad = [i for i in found if not valid_instance(i)]
     if bad and len(bad) == len(found):
         raise PrometheusError(f"{prometheus}: no instance label is host:port (e.g. {bad[0][:80]!r})")
     instances = [i for i in found if valid_instance(i)][:MAX_NODES]
     kept = set(instances)
     ranks: dict[int, set[str]] = {}
-    for instance, rank in rows:
+    for instance, rank, _ in rows:
         if instance in kept and rank.isdigit() and len(rank) < 10:
             ranks.setdefault(int(rank), set()).add(instance)
-    return Placement(instances, {r: frozenset(i) for r, i in ranks.items()})
+    return Placement(instances, {r: frozenset(i) for r, i in ranks.items()}, note)
+
+
+def _owner(rows: Sequence[tuple[str, str, str]]) -> tuple[str, str | None]:
+    """The user a job's proven ranks run as: the one most of them run as (on a tie, the one running the lowest
+    rank); and what is said of the others."""
+    count: Counter[str] = Counter(uid for _, _, uid in rows)
+    if len(count) <= 1:
+        return (next(iter(count)) if count else ""), None
+    lowest = {uid: min((int(r) for _, r, u in rows if u == uid and r.isdigit() and len(r) < 10), default=1 << 40)
+              for uid in count}
+    owner = min(count, key=lambda uid: (-count[uid], lowest[uid]))
+    others = sorted(set(count) - {owner})
+    where = sorted({instance for instance, _, uid in rows if uid != owner})
+    claimants = sum(count[u] for u in others)
+    return owner, (f"{claimants} {'rank claiming this job runs' if claimants == 1 else 'ranks claiming this job run'}"
+                   f" as another user (uid "
+                   f"{', '.join(others[:4])}, on {', '.join(where[:4])}{' and more' if len(where) > 4 else ''}) than "
+                   f"its {count[owner]} ranks (uid {owner}): said as claimed, never asked or blamed")
 
 
 class NodeAllowList:
