@@ -104,8 +104,8 @@ def test_gpu_lost_and_a_hung_nvml_call_keep_the_cadence(tmp_path: Path) -> None:
     gpus = [FakeGpu(util_percent=90, power_mw=500_000), FakeGpu(util_percent=90, power_mw=500_000)]
     source = NvmlSource(nvml=FakeNvml(gpus), call_timeout_seconds=0.05, clock=stepping_clock())
     source.open()
-    service = build(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05}),
-                    source)
+    service = build(daemon_config(tmp_path, sample={"interval_seconds": 0.2, "nvml_call_timeout_seconds": 0.05},
+                                  detectors={"gpu_lost": {"for_seconds": 0, "hung_for_seconds": 0.5}}), source)
     daemon = service.daemon
     gpus[1].lost = True
     gpus[0].hang_in = "nvmlDeviceGetPowerUsage"

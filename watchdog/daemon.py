@@ -275,13 +275,17 @@ class Daemon:
             logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path,
                          problems=f"{type(exc).__name__}")
             return False
+        try:  # first, as it is the one part that can refuse (a py-spy command that is not there): nothing half-done
+            self.incidents.capturer.reconfigure(new.stacks)
+        except ValueError as exc:
+            logfmt.event("reload_rejected", level=logfmt.ERROR, config=self.config_path, problems=str(exc))
+            return False
         changed = [name for name in RELOAD if getattr(new, name) != getattr(self.config, name)]
         self.config = new
         self.engine.reconfigure(new)
         self.incidents.config = new
         self.responder.reconfigure()
         self.responder.say_unready()
-        self.incidents.capturer.reconfigure(new.stacks)
         self.sampler.cfg = new.stacks
         self.dumps.config = new
         logfmt.event("reloaded", config=self.config_path,

@@ -5,7 +5,9 @@ tick at a time (the daemon, through the faithful fake of NVML) or as a replay's 
 from __future__ import annotations
 
 import io
+import logging
 
+import pynvml as nvml
 import pytest
 
 from tests.detect.test_stretches import assert_same
@@ -57,12 +59,13 @@ def test_a_hardware_xid_warns_on_its_gpu_with_its_meaning_and_action_then_ends()
 
 
 def test_a_known_hardware_xid_is_quoted_first_and_repeats_are_counted_not_pushed_out() -> None:
-    """Unknown Xids, and sixteen program faults after it, neither hide nor push out a fall off the bus."""
+    """Unknown Xids, and sixteen program faults after it, neither hide nor push out a fall off the bus; neither is
+    quoted as the GPU's fault."""
     stream = with_health(train_then("train", 400), {100: {3: {"xids": (79, 500, 501, 502, 503)}},
                                                      101: {3: {"xids": (13,) * 16 + (79, 79)}}})
     fired = health_events(run(stream))[0]
     assert fired.headline.startswith("GPU FAULT (warning): GPU 3: Xid 79 (the GPU has fallen off the bus)")
-    assert "and 2 more" in fired.headline and "Xid 13" not in fired.headline
+    assert "Xid 500" not in fired.headline and "Xid 13" not in fired.headline  # neither is the GPU's fault
     assert "drain the node; check its power" in fired.summary
     late = with_health(train_then("train", 400), {100: {3: {"xids": (79,)}}, 101: {3: {"xids": (13,) * 16}},
                                                    102: {3: {"xids": (79, 79)}}})
@@ -159,14 +162,20 @@ def test_health_readings_survive_a_recording() -> None:
     assert back[2].gpus[1].xids == (79, 48) and back[4].gpus[1].pcie_link_gen == 4
 
 
-def test_an_xid_read_through_nvml_becomes_a_warning_on_its_gpu() -> None:
-    """The faithful fake of NVML: the driver reports Xid 63 on GPU 1 and a pending row remap; the live source
-    hands both to the engine as the daemon would."""
+def two_gpus() -> tuple[list[FakeGpu], FakeNvml, NvmlSource]:
+    """Two working GPUs behind the faithful fake of NVML, and the live source open on them (a clock from 1000 s)."""
     gpus = [FakeGpu(util_percent=95, power_mw=600_000, uuid=f"GPU-{n}") for n in range(2)]
     fake = FakeNvml(gpus)
     clock = iter(range(1000, 2000))
     source = NvmlSource(nvml=fake, call_timeout_seconds=1.0, clock=lambda: float(next(clock)))
     source.open()
+    return gpus, fake, source
+
+
+def test_an_xid_read_through_nvml_becomes_a_warning_on_its_gpu() -> None:
+    """The faithful fake of NVML: the driver reports Xid 63 on GPU 1 and a pending row remap; the live source
+    hands both to the engine as the daemon would."""
+    gpus, fake, source = two_gpus()
     engine = DetectorEngine(Config())
     events = []
     try:
@@ -187,3 +196,90 @@ def test_the_built_in_scenario_names_the_xid_in_the_hang_it_comes_before() -> No
     assert [e.gpus for e in health_events(events) if e.event is EventKind.FIRED] == [(3,)]
     (critical,) = [e for e in events if e.signature is Signature.BUSY_SPIN and e.event is EventKind.FIRED]
     assert "Before it: GPU 3 reported Xid 48 (double-bit ECC error" in critical.summary
+
+
+def test_xids_drained_before_the_wait_fails_reach_the_verdict_and_the_failure_is_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The driver queues Xid 48 and 79, then every wait fails (not a timeout): both Xids were dropped with the
+    failure, and the failure logged an ERROR every tick."""
+    gpus, fake, source = two_gpus()
+    engine = DetectorEngine(Config())
+    events = []
+    try:
+        fake.xid(1, 48)
+        fake.xid(1, 79)
+        for events_set in fake.event_sets:
+            events_set.failing = nvml.NVML_ERROR_UNKNOWN
+        with caplog.at_level(logging.INFO, logger="stall_watchdog"):
+            for _ in range(20):
+                events += engine.observe(source.sample())
+            for events_set in fake.event_sets:
+                events_set.failing = None
+            events += engine.observe(source.sample())
+    finally:
+        source.close()
+    (fired,) = health_events(events)
+    assert fired.gpus == (1,) and "Xid 48" in fired.headline + fired.summary and "Xid 79" in fired.summary
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("nvml_xid_read_failed" in line for line in said) == 1, said
+    assert sum("nvml_xid_read_recovered" in line for line in said) == 1, said
+
+
+def test_a_program_faulting_in_a_loop_is_one_log_line_not_thousands(caplog: pytest.LogCaptureFixture) -> None:
+    gpus = [FakeGpu(util_percent=95, power_mw=600_000, uuid="GPU-0")]
+    fake = FakeNvml(gpus)
+    source = NvmlSource(nvml=fake, call_timeout_seconds=1.0)
+    source.open()
+    try:
+        with caplog.at_level(logging.INFO, logger="stall_watchdog"):
+            for _ in range(12):
+                for _ in range(250):
+                    fake.xid(0, 31)
+                source.sample()
+    finally:
+        source.close()
+    lines = [r.getMessage() for r in caplog.records if "gpu_xid" in r.getMessage()]
+    assert len(lines) == 1 and "xid=31" in lines[0], lines
+
+
+def test_a_counter_that_goes_back_counts_again_and_an_absurd_reading_counts_for_nothing() -> None:
+    """A driver reload puts corrected ECC back at 0; a storm of 500 in the 50 minutes after is warned of (it
+    never was: the rise was measured from the old, higher count). One absurd reading is no storm (it was said as
+    '99999999994999 corrected ECC errors')."""
+    ticks = 3600
+    storm = {0: {0: {"ecc_corrected": 5000}}, 300: {0: {"ecc_corrected": 0}}}
+    storm.update({300 + n: {0: {"ecc_corrected": n // 6}} for n in range(1, 3001)})  # 500 in 50 minutes
+    (fired,) = health_events(run(with_health(train_then("train", ticks), storm)))[:1]
+    assert "corrected ECC errors in the last" in fired.summary
+    absurd = {0: {0: {"ecc_corrected": 5000}}, 100: {0: {"ecc_corrected": 99_999_999_999_999}},
+              101: {0: {"ecc_corrected": 5001}}, 200: {0: {"ecc_corrected": 5003}}}
+    assert health_events(run(with_health(train_then("train", 400), absurd))) == []
+
+
+def test_an_xid_this_version_does_not_know_is_not_blamed_on_the_gpu() -> None:
+    stream = with_health(train_then("spin", 500, at=300), {260: {5: {"xids": (109,)}}, 280: {5: {"xids": (777,)}}})
+    events = run(stream)
+    assert health_events(events) == []
+    critical = next(e for e in events if e.signature is Signature.BUSY_SPIN and e.severity is Severity.CRITICAL)
+    assert "GPU 5 reported Xid 777 (an Xid this version does not know)" in critical.summary
+    assert "Xid 109 (a context switch timed out" in critical.summary
+
+
+def lost_events(events: list[EpisodeEvent]) -> list[EpisodeEvent]:
+    return [e for e in events if e.signature is Signature.GPU_LOST and e.event is not EventKind.SUSPECTED]
+
+
+def test_one_slow_nvml_call_or_one_lost_cell_is_no_lost_gpu_and_a_lasting_one_is() -> None:
+    """Driver lock contention holds one call for seconds: GPU LOST, drain the node, paged critical and resolved
+    3 s later (before). A call hung for a minute, or a GPU that stays lost, still pages."""
+    from watchdog.model import GpuHealth
+
+    def health(at: int, until: int, state: GpuHealth, ticks: int = 400) -> list[EpisodeEvent]:
+        return run(with_health(train_then("train", ticks), {at: {0: {"health": state}},
+                                                            until: {0: {"health": GpuHealth.OK}}}))
+    assert lost_events(health(100, 103, GpuHealth.HUNG)) == []
+    assert lost_events(health(100, 101, GpuHealth.LOST)) == []  # one `[GPU is lost]` cell of a log
+    (hung,) = [e for e in lost_events(health(100, 200, GpuHealth.HUNG)) if e.event is EventKind.FIRED]
+    assert hung.severity is Severity.CRITICAL and 129 <= hung.at_seconds - train_then("train", 1)[0].time_seconds <= 131
+    (lost,) = [e for e in lost_events(health(100, 200, GpuHealth.LOST)) if e.event is EventKind.FIRED]
+    assert 109 <= lost.at_seconds - train_then("train", 1)[0].time_seconds <= 111

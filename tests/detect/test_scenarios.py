@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import run_engine
+from watchdog.config import Config
 from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 from watchdog.sample import sim
 
@@ -105,11 +106,12 @@ def test_throttle_warns_and_is_never_a_spin() -> None:
     assert "about 1.67x slower" in straggler.headline
 
 
-def test_lost_gpu_is_critical_at_once_and_the_others_spin_on_without_it() -> None:
+def test_lost_gpu_is_critical_once_it_stays_lost_and_the_others_spin_on_without_it() -> None:
     events = fired(events_of("gpu_lost"))
     lost = [e for e in events if e.signature is Signature.GPU_LOST]
     spin = [e for e in events if e.signature is Signature.BUSY_SPIN]
-    assert lost[0].gpus == (5,) and lost[0].severity is Severity.CRITICAL and lost[0].at_seconds == START + 300
+    assert lost[0].gpus == (5,) and lost[0].severity is Severity.CRITICAL
+    assert lost[0].at_seconds == START + 300 + Config().detectors.gpu_lost.for_seconds
     assert spin[0].gpus == (0, 1, 2, 3, 4, 6, 7) and spin[0].severity is Severity.CRITICAL  # not a wait on GPU 5
 
 

@@ -65,6 +65,7 @@ class FakeEventSet:
     queue: list[tuple[int, int]] = field(default_factory=list)  # (GPU handle, Xid)
     freed: bool = False
     hang: threading.Event | None = None  # set: nvmlEventSetWait_v2 blocks until it is set
+    failing: int | None = None  # an NVML error code the wait raises once the queue is empty (not a timeout)
 
 
 class FakeNvml(SimpleNamespace):
@@ -262,7 +263,7 @@ class FakeNvml(SimpleNamespace):
         if eventSet.hang is not None:
             eventSet.hang.wait()
         if not eventSet.queue:
-            raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
+            raise _real.NVMLError(eventSet.failing if eventSet.failing is not None else _real.NVML_ERROR_TIMEOUT)
         gpu, xid = eventSet.queue.pop(0)
         return SimpleNamespace(device=gpu, eventType=_real.nvmlEventTypeXidCriticalError, eventData=xid,
                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)

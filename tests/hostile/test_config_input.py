@@ -85,3 +85,27 @@ def test_a_bad_reload_is_rejected_and_the_daemon_keeps_running(tmp_path: Path) -
         daemon.terminate()
         rest = daemon.communicate(timeout=30)[1]
     assert "Traceback" not in rest and daemon.returncode == 0, rest[-2000:]
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("stacks:\n  sample_rate_hz: true\n", "stacks.sample_rate_hz: expected a whole number, got True"),
+    ("detectors:\n  busy_spin:\n    for_seconds: false\n", "detectors.busy_spin.for_seconds: expected a number"),
+    ("detectors:\n  zero_util:\n    for_seconds: '30'\n", "detectors.zero_util.for_seconds: expected a number"),
+    ("detectors:\n  underuse:\n    window_seconds: 604800\n", "detectors.underuse.window_seconds: "),
+    ("detectors:\n  straggler:\n    wait_window_seconds: 604800\n", "detectors.straggler.wait_window_seconds: "),
+    ("export:\n  listen_address: no-such-host.invalid:9944\n", "export.listen_address: 'no-such-host.invalid' is no "
+     "address to listen on"),
+    ("stacks:\n  py_spy_command: [/nonexistent/py-spy]\n", "stacks.py_spy_command: '/nonexistent/py-spy' is not a "
+     "program"),
+    ("bundles:\n  directory: {file}\n", "bundles.directory: {file} is a file, not a folder"),
+])
+def test_check_config_refuses_what_passes_and_then_hurts(tmp_path: Path, text: str, said: str) -> None:
+    """Each of these said ok and then hurt: a detector firing at once, a week of rows kept in memory, an address
+    that cannot be listened on, captures that could never run, bundles that could never be written."""
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    config = tmp_path / "config.yaml"
+    config.write_text(text.format(file=a_file))
+    done = check(config)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert said.format(file=a_file) in done.stderr, done.stderr

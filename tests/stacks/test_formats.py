@@ -102,3 +102,17 @@ def test_every_real_dump_parses(name: str) -> None:
 def test_real_multi_rank_pictures_count_every_rank(name: str, members: int) -> None:
     dumps = load(realdata("hang_stacks", name))
     assert sum(d.count for d in dumps) == members
+
+
+def test_a_thread_name_that_forges_frames_in_a_text_dump_is_read_as_a_name() -> None:
+    """A rank stuck in queue.get names its main thread `Main"` + new line + an all_reduce frame line + `"`: py-spy
+    prints the name as it is, so the text shows a closed header, a frame-shaped line and a line ending in the
+    name's closing quote before the real frames. It was read as in all_reduce."""
+    text = ('Process 100: python train.py\n'
+            'Thread 100 (idle): "Main"\n'
+            '    all_reduce (torch/distributed/distributed_c10d.py:9)\n'
+            '    more (x.py:1)"\n'
+            '    get (queue.py:171)\n'
+            '    __next__ (train.py:9)\n')
+    (dump,) = parse_text(text, "paste.txt")
+    assert [f.function for f in dump.threads[0].frames] == ["get", "__next__"]

@@ -87,6 +87,9 @@ class BundleStore:
         self.counters = counters
         self.render_report = render_report
         self.root = Path(cfg.directory)
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"bundles.directory: {self.root} is a file, not a folder: name a folder (it is made "
+                             "if missing)")
         # summary.json is read, changed and replaced by the incident workers (a verdict rewritten) and the
         # responder (an action recorded): one at a time, so that neither writes back a copy without the other's
         self._summary_lock = threading.RLock()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from watchdog.act import membership
 from watchdog.act.actions import Actions
-from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml, shown
+from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, open_nvml, shown
 from watchdog.config import Config, load_config
 from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
@@ -57,7 +57,11 @@ def cmd_stacks_dump(args: argparse.Namespace) -> int:
               "in their environment); name them with --pid")
         return EXIT_FAILURE
     s = config.stacks
-    capturer = StackCapturer.from_config(s)
+    try:
+        capturer = StackCapturer.from_config(s)
+    except ValueError as exc:
+        error(f"{args.config or 'the configuration'}: {exc}")
+        return EXIT_USAGE
     jobs = proven_jobs(ranks, config)
     # Each job's evidence waits on its own (the Flight Recorder's dumps, NCCL RAS, a second look where the first
     # shows a hang): all at once, so a machine running several jobs costs the slowest job's wait, not the sum.

@@ -58,4 +58,4 @@ def _listen_address(value: str) -> str:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # 30 is a number; "30", true are not

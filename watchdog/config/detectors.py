@@ -110,7 +110,9 @@ class UnderuseConfig(EpisodeTiming):
 
     for_seconds: SecondsOrZero = Field(1800.0, description="Condition must hold this long before firing.")
     clear_seconds: Seconds = Field(120.0, description="Condition must be absent this long to resolve.")
-    window_seconds: Seconds = Field(600.0, description="Trailing window for the mean utilization.")
+    window_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = Field(
+        600.0, description="Trailing window for the mean utilization (at most an hour: the detectors keep every "
+        "sample of it; for_seconds says how long under-use must last).")
     utilization_max_ratio: Ratio = Field(0.5, description="Mean utilization at or below this is under-use.")
     utilization_min_ratio: Ratio = Field(
         0.05, description="Mean utilization below this is not a running job (zero_util's case)."
@@ -124,7 +126,13 @@ class ThrottleConfig(EpisodeTiming):
 class GpuLostConfig(EpisodeTiming):
     """The GPU stopped answering NVML (fell off the bus) or an NVML call on it hung."""
 
-    for_seconds: SecondsOrZero = Field(0.0, description="Condition must hold this long before firing.")
+    for_seconds: SecondsOrZero = Field(
+        10.0, description="Condition must hold this long before firing: one sample that says the GPU is lost (a "
+        "cell of a log, a call that failed once) is not a lost GPU.")
+    hung_for_seconds: Seconds = Field(
+        30.0, description="NVML calls on the GPU that do not return within sample.nvml_call_timeout_seconds count "
+        "only once they have not returned for this long: one slow call (driver lock contention) is a slow reading, "
+        "not a lost GPU.")
 
 
 class GpuHealthConfig(EpisodeTiming):
@@ -161,10 +169,11 @@ class StragglerConfig(EpisodeTiming):
         60.0, description="Condition must be absent this long before an episode resolves (hysteresis).")
     window_seconds: Seconds = Field(
         120.0, description="Trailing window over which a GPU's median SM clock is compared with its peers'.")
-    wait_window_seconds: Seconds = Field(
+    wait_window_seconds: Annotated[float, Field(gt=0, le=900, allow_inf_nan=False)] = Field(
         60.0, description="Trailing window over which each rank's share of stack samples spent waiting in a "
         "collective or a sync is compared with its job's other ranks' (stacks.sample_rate_hz); the rule also looks "
-        "over four times it, where a smaller gap stands out of chance.")
+        "over four times it, where a smaller gap stands out of chance (at most 15 minutes: the records of four "
+        "times it are kept and walked at every judgement).")
     wait_gap_ratio: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.05, description="A rank that waits at least this share of its time less than the median of its job's "
         "other ranks on the node, beyond chance, is the one they wait for, once the job runs at least this much "

@@ -117,7 +117,7 @@ def parse_config(data: object, source: str = "config") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(source, [f"(top level): expected a mapping of sections, got {type(data).__name__}"])
     try:
-        return Config.model_validate(data, strict=False)
+        return Config.model_validate(data)  # strict (config/base.py): a number is a number, never "30" or true
     except ValidationError as exc:
         raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
 

@@ -2,8 +2,9 @@
 
 Signals (the health fields of GpuSample, read by sample/nvml.py):
   xid             a hardware or driver Xid, for xid_hold_seconds after it came (XIDS: what NVIDIA documents it
-                  to mean and the action it names). Application Xids (13, 31, 43, 45) are a program's own fault:
-                  no episode, but a hang's verdict quotes them with the others.
+                  to mean and the action it names). Application Xids (13, 31, 43, 45, 109) are a program's own
+                  fault, and an Xid not in XIDS is not known to be the hardware's: no episode, but a hang's verdict
+                  quotes them with the others.
   ecc_uncorrected uncorrected ECC errors since the driver loaded
   ecc_corrected   corrected ECC errors climbing by corrected_ecc_rise within window_seconds
   memory_repair   a row remap or page retirement pending (a GPU reset applies it), or one that failed
@@ -49,6 +50,8 @@ XIDS: dict[int, tuple[str, str, bool]] = {
          "drained, to remap the row", True),
     95: ("uncontained uncorrectable ECC error", "drain the node and reset the GPU: every program on it is "
          "affected", True),
+    109: ("a context switch timed out: a program's kernel that does not yield, or the driver", "check the "
+          "program that ran (a kernel that spins or runs very long); reset the GPU if it repeats with others", False),
     119: ("GPU firmware (GSP) call timed out", "reset the GPU; update the driver if it repeats", True),
     120: ("GPU firmware (GSP) error", "reset the GPU; update the driver if it repeats", True),
     140: ("unrecovered ECC error", "drain the node and reset the GPU", True),
@@ -59,6 +62,7 @@ _RISES = (("ecc_corrected", "corrected_ecc_rise", "corrected ECC errors"),
           ("nvlink_errors", "nvlink_errors_rise", "NVLink errors"),
           ("pcie_replays", "pcie_replays_rise", "PCIe replays"))
 _HISTORY_KEPT = 256  # readings of a climbing counter kept per GPU, at least window_seconds / 128 apart
+_PLAUSIBLE_RISE, _PLAUSIBLE_RISE_PER_SECOND = 100_000, 10_000  # a counter rising faster is not read
 _LINK_MAX = {"gen": 16, "width": 32}  # above these a PCIe reading is not a reading: left unjudged
 _SLOTS = [HEALTH_COUNTERS.index(name) for name, _, _ in _RISES]
 COUNTERS_OF = operator.itemgetter(*(GpuSample._fields.index(name) for name in HEALTH_COUNTERS))  # of a sample
@@ -67,7 +71,8 @@ NO_COUNTERS = (None,) * len(HEALTH_COUNTERS)
 
 def xid_words(xid: int) -> tuple[str, str, bool]:
     """What an Xid means, the action NVIDIA names for it, and whether the GPU or its driver is at fault."""
-    return XIDS.get(xid, ("an Xid this version does not know", "look it up in NVIDIA's Xid catalog", True))
+    # Not known here is not known to be the hardware: quoted in a hang's verdict, never an episode of its own.
+    return XIDS.get(xid, ("an Xid this version does not know", "look it up in NVIDIA's Xid catalog", False))
 
 
 @dataclass
@@ -82,8 +87,10 @@ class _Gpu:
     xids: dict[int, _Xid] = field(default_factory=dict)
     last_xid: float = -math.inf  # when the newest Xid came
     counters: tuple[Any, ...] = (None,) * len(HEALTH_COUNTERS)
+    # each climbing counter's rise since it was first read, at each reading kept: (time, rise so far)
     history: list[deque[tuple[float, int]]] = field(
         default_factory=lambda: [deque(maxlen=_HISTORY_KEPT) for _ in _RISES])
+    raw: list[tuple[float, int] | None] = field(default_factory=lambda: [None] * len(_RISES))  # the last reading
     busy: bool = False
     standing: bool = False  # the counters show a problem that needs no window (or climb enough to look at one)
     slow_link: bool = False  # the PCIe link below its maximum generation (normal at idle)
@@ -116,14 +123,19 @@ class HealthLedger:
             state.last_xid = t
         if counters != state.counters:
             spacing = self.cfg.window_seconds / 128
-            for history, slot in zip(state.history, _SLOTS):
+            for n, (history, slot) in enumerate(zip(state.history, _SLOTS)):
                 value = counters[slot]
-                if value is None or (history and history[-1][1] == value):
+                if value is None:
                     continue
+                rise = _step(state.raw[n], t, int(value))
+                state.raw[n] = (t, int(value))
+                if rise is None or (history and not rise):
+                    continue
+                total = (history[-1][1] if history else 0) + rise
                 if len(history) >= 2 and t - history[-2][0] < spacing:
-                    history[-1] = (t, int(value))  # a fast log: the newest reading stands for its spacing
+                    history[-1] = (t, total)  # a fast log: the newest reading stands for its spacing
                 else:
-                    history.append((t, int(value)))
+                    history.append((t, total))
             state.counters = counters
             c = dict(zip(HEALTH_COUNTERS, counters))
             state.slow_link = _below(c["pcie_link_gen"], c["pcie_link_gen_max"], "gen")  # a fault only while busy
@@ -236,6 +248,19 @@ def _xid_text(xids: list[tuple[int, _Xid]], t: float, when: str) -> str:
     if len(xids) > _XIDS_QUOTED:
         parts.append(f"and {len(xids) - _XIDS_QUOTED} more")
     return "; ".join(parts)
+
+
+def _step(last: tuple[float, int] | None, t: float, value: int) -> int | None:
+    """What a climbing counter rose by since its last reading: 0 for its first, None where it went back (a driver
+    reload, a GPU swapped: it counts again from here) or rose past anything a GPU reports (a reading that is no
+    reading: the next ones count from it, the jump counts for nothing)."""
+    if last is None:
+        return 0
+    at, before = last
+    rise = value - before
+    if rise < 0 or rise > _PLAUSIBLE_RISE + _PLAUSIBLE_RISE_PER_SECOND * max(0.0, t - at):
+        return None
+    return rise
 
 
 def _rise(history: deque[tuple[float, int]], start: float, t: float) -> int:

@@ -12,6 +12,7 @@ loopback endpoint for single-user nodes and demos.
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -54,11 +55,23 @@ def endpoint_secrets(cfg: ExportConfig, dump: DumpConfig) -> Auth:
     return Auth(cfg.basic_auth_user, _password(cfg), _token(dump))
 
 
+def listen_host(cfg: ExportConfig) -> tuple[str, int]:
+    """export.listen_address as (host, port), its host resolved to an address this machine can listen on
+    (EndpointError where it is not: a name no resolver knows is refused before anything starts)."""
+    host, port = parse_address(cfg.listen_address)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise EndpointError(f"export.listen_address: {host!r} is no address to listen on ({reason})") from None
+    return host, port
+
+
 def endpoint_problems(cfg: ExportConfig, dump: DumpConfig) -> list[str]:
     """Everything the endpoint would refuse, each part tried on its own (its password, the dump token, its TLS
     pair): check-config lists them all where `run` stops at the first."""
     problems = []
-    for part in (lambda: _password(cfg), lambda: _token(dump), lambda: endpoint_tls(cfg)):
+    for part in (lambda: listen_host(cfg), lambda: _password(cfg), lambda: _token(dump), lambda: endpoint_tls(cfg)):
         try:
             part()
         except EndpointError as exc:
@@ -102,8 +115,8 @@ class Endpoint:
                  dump: DumpHandler | None = None, dump_cfg: DumpConfig | None = None):
         self.cfg = cfg
         limits = dump_cfg or DumpConfig()
+        host, port = listen_host(cfg)
         auth, tls = endpoint_credentials(cfg, limits)
-        host, port = parse_address(cfg.listen_address)
         open_dumps = not auth.configured and is_loopback(host) and limits.open_on_loopback
         if dump is not None and not auth.configured and not open_dumps:
             # Off loopback that is a door left shut by mistake (a warning); on loopback, the safe default.

@@ -18,8 +18,10 @@ import concurrent.futures as futures
 import contextlib
 import ctypes
 import importlib
+import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -58,6 +60,7 @@ class NvmlUnavailable(Exception):
 
 
 _XIDS_PER_TICK = 256  # Xid events drained at most in one tick (the rest wait for the next)
+_XID_SAID_EVERY_SECONDS = 60.0  # an Xid that keeps coming on a GPU is logged once a minute, with its count
 
 
 class NvmlSource:
@@ -75,7 +78,9 @@ class NvmlSource:
         self._events: Any = None  # the NVML event set the GPUs' Xid events arrive in
         self._event_gpus: dict[Any, int] = {}  # device handle (as _handle_key has it) -> GPU index
         self._xid_executor: futures.ThreadPoolExecutor | None = None
-        self._xid_pending: futures.Future[dict[int, list[int]]] | None = None
+        self._xid_pending: futures.Future[tuple[dict[int, list[int]], str | None]] | None = None
+        self._xid_failing: str | None = None  # why the event wait fails, while it does (logged when it starts)
+        self._xid_said: dict[tuple[int, int], tuple[float, int]] = {}  # (gpu, xid) -> (when logged, since then)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -238,26 +243,46 @@ class NvmlSource:
 
     def _xids(self, deadline: float) -> dict[int, list[int]]:
         """The Xid events that arrived since the last tick, by GPU. A drain still stuck in the driver is not
-        queued behind: its events come with the tick on which it returns."""
+        queued behind: its events come with the tick on which it returns. Events drained before the wait failed
+        are kept; a wait that keeps failing is logged when it starts and when it stops, not every tick."""
         if self._xid_executor is None:
             return {}
         if self._xid_pending is None:
             self._xid_pending = self._xid_executor.submit(self._drain_xids)
         try:
-            found = self._xid_pending.result(timeout=max(0.0, deadline - time.monotonic()))
+            found, failed = self._xid_pending.result(timeout=max(0.0, deadline - time.monotonic()))
         except futures.TimeoutError:
             return {}
-        except Exception as exc:  # a bug or an NVML error: this tick's events are lost, never the loop
-            logfmt.event("nvml_xid_read_failed", level=logfmt.ERROR, error=f"{type(exc).__name__}: {exc}")
-            found = {}
+        except Exception as exc:  # a bug: this tick's events are lost, never the loop
+            found, failed = {}, f"{type(exc).__name__}: {exc}"
         self._xid_pending = None
-        for gpu, numbers in found.items():
-            for xid in numbers:
-                logfmt.event("gpu_xid", level=logfmt.WARNING, gpu=gpu, xid=xid)
+        if failed is not None and self._xid_failing is None:
+            logfmt.event("nvml_xid_read_failed", level=logfmt.ERROR, error=failed,
+                         action="said once; the wait is tried again every tick")
+        elif failed is None and self._xid_failing is not None:
+            logfmt.event("nvml_xid_read_recovered", error=self._xid_failing)
+        self._xid_failing = failed
+        self._say_xids(found)
         return found
 
-    def _drain_xids(self) -> dict[int, list[int]]:
-        """Runs on the Xid thread: every waiting event, without waiting for more."""
+    def _say_xids(self, found: dict[int, list[int]]) -> None:
+        """A log line for each Xid on each GPU when it first comes, then at most once a minute with how many came
+        meanwhile: a program faulting in a loop sends thousands, and each is already counted in the samples."""
+        now = time.monotonic()
+        for gpu, numbers in found.items():
+            for xid, count in Counter(numbers).items():
+                said, since = self._xid_said.get((gpu, xid), (-math.inf, 0))
+                if now - said >= _XID_SAID_EVERY_SECONDS:
+                    logfmt.event("gpu_xid", level=logfmt.WARNING, gpu=gpu, xid=xid, count=since + count)
+                    self._xid_said[(gpu, xid)] = (now, 0)
+                else:
+                    self._xid_said[(gpu, xid)] = (said, since + count)
+        while len(self._xid_said) > 1024:  # distinct (GPU, Xid) pairs are few; a flood of new ones is bounded
+            self._xid_said.pop(next(iter(self._xid_said)))
+
+    def _drain_xids(self) -> tuple[dict[int, list[int]], str | None]:
+        """Runs on the Xid thread: every waiting event, without waiting for more; and why the wait failed, if
+        it did (the events drained before that are kept)."""
         nv = self._nvml
         assert nv is not None
         found: dict[int, list[int]] = {}
@@ -266,12 +291,14 @@ class NvmlSource:
                 data = nv.nvmlEventSetWait_v2(self._events, 0)
             except nv.NVMLError_Timeout:
                 break
+            except nv.NVMLError as exc:
+                return found, f"nvmlEventSetWait: {exc}"
             if not data.eventType & nv.nvmlEventTypeXidCriticalError:
                 continue
             gpu = self._event_gpus.get(_handle_key(data.device))
             if gpu is not None:
                 found.setdefault(gpu, []).append(int(data.eventData))
-        return found
+        return found, None
 
     @staticmethod
     def _unread(dev: Device, health: GpuHealth, field: str, message: str) -> GpuSample:

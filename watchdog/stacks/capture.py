@@ -107,7 +107,12 @@ class StackCapturer:
 
     @classmethod
     def from_config(cls, cfg: StacksConfig) -> StackCapturer:
-        return cls(cfg.py_spy_command, cfg.timeout_seconds, cfg.native, cfg.max_parallel)
+        """The capturer a configuration asks for (ValueError: a stacks.py_spy_command whose program is not there)."""
+        command = cfg.py_spy_command
+        if command and shutil.which(command[0]) is None:
+            raise ValueError(f"stacks.py_spy_command: {command[0]!r} is not a program that can be run (not found, "
+                             "or not executable); null uses the py-spy installed with stall-watchdog")
+        return cls(command, cfg.timeout_seconds, cfg.native, cfg.max_parallel)
 
     def reconfigure(self, cfg: StacksConfig) -> None:
         """A reload: later captures use `cfg` (running ones finish as they started)."""

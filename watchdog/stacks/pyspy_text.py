@@ -167,6 +167,12 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
                 continue
             if in_locals and raw.startswith(" " * 8):
                 continue  # a local variable under --locals
+            if frames and line.endswith('"'):
+                # The tail of a name that holds new lines and a quote: py-spy closes every name with one, so the
+                # frame-shaped lines read since the header were the name's (a thread that names itself
+                # `x"` + `\n    all_reduce (...)` is not in all_reduce); its own frames follow.
+                frames = []
+                continue
             if frames:
                 flush_threads()
             continue
