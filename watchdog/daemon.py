@@ -26,11 +26,11 @@ from watchdog.counters import Counters
 from watchdog.detect import busy_spin
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.severity import STACK_SIGNATURES
-from watchdog.export.metrics import AlertRow, EpisodeView, Published, RankRow
+from watchdog.export.metrics import AlertRow, EpisodeView, Published
 from watchdog.export.systemd import SystemdNotifier
 from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature, Verdict
 from watchdog.sample.host_progress import HostProgress
-from watchdog.sample.rank_labels import RankLabels
+from watchdog.sample.rank_labels import RankLabels, RankRow
 from watchdog.schedule import Ticker
 from watchdog.stacks.sampling import RankSampler
 from watchdog.words import gpu_list
@@ -230,7 +230,7 @@ class Daemon:
         """gpu, pid, rank, job and workload for rank_info (sample/rank_labels.py)."""
         if snapshot is None:
             return self.published.ranks
-        return tuple(RankRow(*label) for label in self.labels.of(snapshot))
+        return tuple(self.labels.of(snapshot))
 
     # -- health --------------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:

@@ -76,9 +76,7 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
     actions = Actions(config.actions)  # its Slurm check proves a Slurm job's ranks, for sampling and acting
 
     def targets() -> list[SampleTarget]:  # the proven ranks on the GPUs of the loop's last sample
-        snapshot = board.published.snapshot
-        found = discovery.from_snapshot(snapshot) if snapshot is not None else []
-        return membership.sample_targets(found, actions.slurm_job_runs_as)
+        return membership.sample_targets(labels.described, actions.slurm_job_runs_as)  # described once, kept
 
     sampler = RankSampler(capturer, config.stacks, targets, on_problem=lambda pid, problem: logfmt.event(
         "rank_not_sampled", level=logfmt.WARNING, pid=pid or None, problem=problem))

@@ -20,13 +20,13 @@ from watchdog.export.metrics import (
     AlertRow,
     EpisodeView,
     Published,
-    RankRow,
     WatchdogCollector,
     metric_list_markdown,
     new_counters,
 )
 from watchdog.model import Severity, Signature, Workload
 from watchdog.sample import sim
+from watchdog.sample.rank_labels import RankRow
 from watchdog.service import build
 
 GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"

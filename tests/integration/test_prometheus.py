@@ -294,6 +294,8 @@ def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> Non
     until(lambda: query(prom, "stall_watchdog_stack_captures_total"), 60, "node B's stack captures")
     until(lambda: query(prom, "stall_watchdog_rank_wait_ratio"), 120, "node B's ranks' wait shares")
     until(lambda: query(prom, "stall_watchdog:rank_nccl_share:5m"), 120, "node B's ranks' NCCL Inspector shares")
+    # increase() needs two scrapes of a counter: the episodes' is born when the first episode fires
+    until(lambda: query(prom, "increase(stall_watchdog_episodes_total[1h])"), 60, "two scrapes of episodes_total")
     dashboard = json.loads((REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())
     empty = []
     for panel in dashboard["panels"]:

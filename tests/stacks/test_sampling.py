@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import TARGETS, wait_for
 from watchdog.config import StacksConfig, parse_config
 from watchdog.model import RANK_WAITS, GpuSample, NodeSnapshot
 from watchdog.sample import sim
+from watchdog.sample.ranks import RankDiscovery, RankInfo
 from watchdog.service import build
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.sampling import PLANNED, WAITING, WORKING, RankSampler, SampleTarget, main_thread_samples
@@ -139,17 +141,35 @@ def test_a_thread_name_that_forges_main_thread_lines_is_not_believed(tmp_path: P
     assert counts[plain.pid].samples >= 20 and counts[plain.pid].waits == 0
 
 
-def test_the_daemon_samples_the_proven_ranks_on_its_gpus(tmp_path: Path) -> None:
+class _CountingDiscovery(RankDiscovery):
+    def __init__(self) -> None:
+        super().__init__()
+        self.described: list[int] = []
+
+    def describe(self, pid: int, *args: Any, **kwargs: Any) -> RankInfo | None:
+        self.described.append(pid)
+        return super().describe(pid, *args, **kwargs)
+
+
+def test_the_daemon_samples_the_proven_ranks_on_its_gpus_described_once(tmp_path: Path) -> None:
+    """The sampler's ranks are the descriptions the loop keeps by pid and start time: a rank with a huge
+    command line is read once, not at every round (each round described every rank again before)."""
+    discovery = _CountingDiscovery()
     with steady_job(tmp_path, {}) as ranks:
         scenario = sim.Scenario("t", "", "h100", 4, 600, ((0, None, "train"),))
         config = parse_config({"bundles": {"directory": str(tmp_path / "b"), "capture_stacks": False}})
-        service = build(config, sim.SimSource(scenario, pids={n: [p.pid] for n, p in enumerate(ranks)}))
+        service = build(config, sim.SimSource(scenario, pids={n: [p.pid] for n, p in enumerate(ranks)}),
+                        discovery=discovery)
         daemon = service.daemon
         daemon.tick()
         targets = list(daemon.sampler.targets())
+        for _ in range(5):
+            daemon.tick()
+            daemon.sampler.targets()
         service.close(2)
     assert sorted((t.pid, t.gpus, t.rank) for t in targets) == [(p.pid, (n,), n) for n, p in enumerate(ranks)]
     assert len({t.job for t in targets}) == 1 and targets[0].job.startswith("launcher:")  # its proof, not its claim
+    assert sorted(discovery.described) == sorted(p.pid for p in ranks), discovery.described
 
 
 def _stand_in(tmp: Path, body: str) -> str:
@@ -206,3 +226,40 @@ def test_jobs_are_told_apart_by_their_proof_and_a_shared_gpu_keeps_its_training_
     numbers = {g.index: g.rank_waits[RANK_WAITS.index("job")]
                for g in again.annotate(NodeSnapshot(0.0, (GpuSample(0), GpuSample(5)))).gpus}
     assert numbers[0] != numbers[5]
+
+
+class _Counting(_Canned):
+    """_Canned, counting each round's records; the pids in `slow` are records py-spy cannot finish."""
+
+    def __init__(self, waits: dict[int, int], slow: set[int]):
+        super().__init__(waits)
+        self.slow, self.recorded = slow, []
+
+    def record(self, pid: int, rate: float, seconds: float) -> tuple[str, str, bytes]:
+        self.recorded.append(pid)
+        if pid in self.slow:
+            return "timeout", "py-spy record did not finish within 27.5 s; killed", b""
+        return super().record(pid, rate, seconds)
+
+
+def test_a_round_is_bounded_shared_by_jobs_and_a_rank_py_spy_cannot_keep_up_with_rests() -> None:
+    """32 small ranks of one user and a 2-rank training job on one node: a round records at most max_parallel
+    ranks (two waves of 16 stretched every round), the training job's ranks in every round, the 32 in turns; a
+    rank whose record never finishes sits out 1, then 2, then 4 rounds, and is said once."""
+    small = [SampleTarget(1000 + n, 1.0, (0,), n, "launcher:1@1.00") for n in range(32)]
+    training = [SampleTarget(2000 + n, 1.0, (1 + n,), n, "launcher:2@2.00") for n in range(2)]
+    slow = SampleTarget(3000, 1.0, (3,), 0, "launcher:3@3.00")
+    capturer = _Counting({t.pid: 50 for t in (*small, *training, slow)}, {slow.pid})
+    problems: list[tuple[int, str]] = []
+    s = RankSampler(capturer, StacksConfig(sample_rate_hz=20, sample_seconds=5, max_parallel=16),  # type: ignore[arg-type]
+                    lambda: [*small, *training, slow], on_problem=lambda pid, message: problems.append((pid, message)))
+    rounds = []
+    for _ in range(12):
+        capturer.recorded = []
+        s.sample_once()
+        rounds.append(list(capturer.recorded))
+    assert all(len(r) <= 16 for r in rounds)
+    assert all({2000, 2001} <= set(r) for r in rounds)
+    assert {t.pid for t in small} <= {pid for r in rounds[:8] for pid in r}  # every small rank within 8 rounds
+    assert [n for n, r in enumerate(rounds) if slow.pid in r] == [0, 2, 5, 10]  # rests 1, 2, 4 rounds
+    assert [pid for pid, _ in problems] == [slow.pid] and "sampled again after 1 round" in problems[0][1]

@@ -28,8 +28,8 @@ from watchdog.model import (
     NodeSnapshot,
     Severity,
     Signature,
-    Workload,
 )
+from watchdog.sample.rank_labels import RankRow
 
 PREFIX = "stall_watchdog_"
 
@@ -140,12 +140,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "it was first sampled; planned, while it saves a checkpoint or evaluates).", ("gpu", "why")),
     MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
                ("signature", "severity")),
-    MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` is the launcher's "
-               "run id, rendezvous address or Slurm job (not `job`, which Prometheus gives the scrape job); "
-               "`namespace`, `pod`, `container` are the Kubernetes pod holding the GPU and `slurm_job_id`, "
-               "`slurm_step`, `slurm_user` the Slurm job, where the rank runs in one: all claims, shown. `proof` "
-               "(slurm, pod or launcher) and `uid` (the user the job runs as) are set only where the rank's job is "
-               "proven by what its process cannot choose; the fleet's rules join a job's nodes on those alone.",
+    MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` (the run id, "
+               "rendezvous address or Slurm job), the pod (`namespace`, `pod`, `container`) and the Slurm job "
+               "(`slurm_*`) are claims; `proof` (slurm, pod, launcher) and `uid` (its user) are set only where the "
+               "rank's job is proven, and the fleet's rules join a job's nodes on those alone.",
                ("gpu", "pid", "rank", "training_job", *WORKLOAD_LABELS, "proof", "uid")),
     MetricSpec("stack_captures_total", "counter", "py-spy stack captures by result.", ("result",)),
     MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
@@ -186,16 +184,6 @@ class AlertRow(NamedTuple):
     identity: AlertIdentity
     severity: Severity
     culprit: str
-
-
-class RankRow(NamedTuple):
-    gpu: int
-    pid: int
-    rank: int | None
-    job: str
-    workload: Workload
-    proof: str = ""  # slurm, pod or launcher where the rank's job is proven (act/membership.py), else ""
-    uid: str = ""  # the user the proven job runs as
 
 
 @dataclass(frozen=True)

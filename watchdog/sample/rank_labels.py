@@ -5,21 +5,35 @@ proof and the user the job runs as. The fleet's rules join a job's nodes on prov
 name and that user, so another user's process that claims a job's name never joins it.
 
 A process is described once (psutil and /proc), then kept by pid and start time: a reused pid is described
-afresh. The pod holding its GPU is the kubelet's latest answer (a dictionary lookup). A process that cannot be
-described costs its own labels, never the node's metrics.
+afresh. The stack sampler takes its ranks from the same descriptions (`described`), with their GPUs and pods as
+of the last tick: a rank with 60,000 arguments is read once, not every sampling round. The pod holding its
+GPU is the kubelet's latest answer (a dictionary lookup). A process that cannot be described costs its own
+labels, never the node's metrics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import NamedTuple
 
 from watchdog import logfmt
 from watchdog.counters import Counters
-from watchdog.model import NodeSnapshot, Workload
+from watchdog.model import GpuSample, NodeSnapshot, Workload
 from watchdog.sample.ranks import RankDiscovery, RankInfo
 
-# (gpu, pid, rank, job, workload, proof, uid) of each process on each GPU; proof and uid "" when not proven
-Label = tuple[int, int, "int | None", str, Workload, str, str]
+
+class RankRow(NamedTuple):
+    """One process on one GPU, as rank_info labels it."""
+
+    gpu: int
+    pid: int
+    rank: int | None
+    job: str  # the job it claims
+    workload: Workload
+    proof: str = ""  # slurm, pod or launcher where its job is proven (act/membership.py); "" where not
+    uid: str = ""  # the user the proven job runs as
+
 # the proven among some described processes: pid -> (the kind of proof: slurm, pod or launcher; its job's uid)
 Prover = Callable[[Sequence[RankInfo]], Mapping[int, tuple[str, int]]]
 
@@ -34,8 +48,9 @@ class RankLabels:
         self.discovery, self.start_of, self.counters, self.prove = discovery, start_of, counters, prove
         self._known: dict[int, tuple[int | None, RankInfo | None]] = {}  # pid -> (its start, its description)
         self._proven: Mapping[int, tuple[str, int]] = {}
+        self.described: tuple[RankInfo, ...] = ()  # the processes on the GPUs at the last tick, with their GPUs
 
-    def of(self, snapshot: NodeSnapshot) -> list[Label]:
+    def of(self, snapshot: NodeSnapshot) -> list[RankRow]:
         known = self._known
         pids = {pid for g in snapshot.gpus for pid in g.pids}
         changed = False
@@ -47,16 +62,25 @@ class RankLabels:
         for gone in known.keys() - pids:
             del known[gone]
             changed = True
+        gpus_of: dict[int, list[GpuSample]] = {}
+        for g in snapshot.gpus:
+            for pid in g.pids:
+                gpus_of.setdefault(pid, []).append(g)
+        self.described = tuple(  # one reference swapped: the sampler's thread reads it whole
+            replace(info, gpus=tuple(g.index for g in on), workload=self.discovery.with_pod(
+                info.workload, tuple(g.uuid for g in on if g.uuid)))
+            for pid, on in sorted(gpus_of.items()) for info in (known[pid][1],) if info is not None)
         if changed:  # who is proven changes only with who is there (the Slurm check keeps its answers a while)
-            self._proven = self._prove([info for _, info in known.values() if info is not None])
-        out: list[Label] = []
+            self._proven = self._prove(list(self.described))
+        out: list[RankRow] = []
         for g in snapshot.gpus:
             for pid in g.pids:
                 info = known[pid][1]
                 proof, uid = self._proven.get(pid, ("", -1))
                 workload = info.workload if info is not None else Workload()
-                out.append((g.index, pid, info.rank if info is not None else None, info.job_key if info else "",
-                            self.discovery.with_pod(workload, (g.uuid or "",)), proof, str(uid) if proof else ""))
+                out.append(RankRow(g.index, pid, info.rank if info is not None else None,
+                                   info.job_key if info else "", self.discovery.with_pod(workload, (g.uuid or "",)),
+                                   proof, str(uid) if proof else ""))
         return out
 
     def _prove(self, infos: list[RankInfo]) -> Mapping[int, tuple[str, int]]:

@@ -1,8 +1,13 @@
 """Stack samples of every proven rank, all the time and cheaply: how much of its time each rank spends waiting
 for its peers (detect/rank_waits.py names the one they wait for).
 
-Every `stacks.sample_seconds`, one `py-spy record --nonblocking` per rank (stacks/capture.py) takes
-`stacks.sample_rate_hz` samples a second of it without pausing it. Each sample of the rank's main thread (the
+Every `stacks.sample_seconds`, one `py-spy record --nonblocking` per rank chosen for the round (stacks/capture.py)
+takes `stacks.sample_rate_hz` samples a second of it without pausing it. A round records at most
+`stacks.max_parallel` ranks, each job its share (a job with more ranks takes turns among them), so a node with
+hundreds of small ranks does not stretch every job's rounds; a rank whose record py-spy cannot finish (300 threads
+500 frames deep) sits out 1, 2, 4, up to 8 rounds after each such record, and is said once.
+
+Each sample of the rank's main thread (the
 thread whose id is the process's: not a name the rank chooses) is classified (stacks/classify.py): inside a
 collective or a sync (waiting), in planned extra work (checkpoint I/O, evaluation), or anything else. The
 counts add up per process (its pid and start time); the samples of its first `stacks.sample_learn_seconds`
@@ -28,12 +33,13 @@ from watchdog.config import StacksConfig
 from watchdog.model import RANK_WAITS, NodeSnapshot
 from watchdog.rank_files import RankFileError
 from watchdog.stack_model import Frame, ThreadStack
-from watchdog.stacks.capture import OK, StackCapturer
+from watchdog.stacks.capture import FAILED, OK, TIMEOUT, StackCapturer
 from watchdog.stacks.classify import CHECKPOINT_IO, COLLECTIVE, EVALUATION, classify
 from watchdog.stacks.nccl_inspector import InspectorTail
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")  # "f (file[:line])"
 _PLANNED = {CHECKPOINT_IO, EVALUATION}
+_MOST_RESTED = 8  # rounds a rank whose records py-spy cannot finish sits out, at most (doubling from 1)
 WAITING, PLANNED, WORKING = "waiting", "planned", "working"
 
 
@@ -130,6 +136,8 @@ class RankSampler:
         self._told: set[tuple[int, float]] = set()
         self._told_logs: set[tuple[int, float]] = set()
         self._jobs: dict[str, int] = {}  # each proven job's number in the readings: given in turn, never reused
+        self._resting: dict[tuple[int, float], tuple[int, int]] = {}  # rounds left to sit out, and the last rest
+        self._turns: dict[str, int] = {}  # where each job's turn among its ranks starts ("": among jobs)
         self._numbered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -160,7 +168,7 @@ class RankSampler:
             self._stop.wait(max(0.0, self.cfg.sample_seconds - (self.monotonic() - started)))
 
     def sample_once(self) -> None:
-        """One record of every target, at most stacks.max_parallel at once; their counts added."""
+        """One record of each rank chosen for this round (_this_round), all at once; their counts added."""
         cfg = self.cfg
         targets = list(self.targets())
         live = {(t.pid, t.start) for t in targets}
@@ -177,20 +185,27 @@ class RankSampler:
             for job in sorted(jobs - self._jobs.keys()):
                 self._numbered += 1
                 self._jobs[job] = self._numbered
+        for gone in self._resting.keys() - live:
+            del self._resting[gone]
         if not targets or cfg.sample_rate_hz <= 0:
             return
-        with ThreadPoolExecutor(max_workers=min(cfg.max_parallel, len(targets)),
-                                thread_name_prefix="py-spy-record") as pool:
+        chosen = self._this_round(targets)
+        with ThreadPoolExecutor(max_workers=max(1, len(chosen)), thread_name_prefix="py-spy-record") as pool:
             results = list(pool.map(lambda t: self.capturer.record(t.pid, cfg.sample_rate_hz, cfg.sample_seconds),
-                                    targets))
+                                    chosen))
         now = self.monotonic()
-        for target, (result, message, data) in zip(targets, results):
+        for target, (result, message, data) in zip(chosen, results):
             key = (target.pid, target.start)
             if result != OK:
+                if result in (TIMEOUT, FAILED) and not self._stop.is_set():  # py-spy cannot keep up with it
+                    rest = min(_MOST_RESTED, 2 * self._resting.get(key, (0, 0))[1] or 1)
+                    self._resting[key] = (rest, rest)
+                    message += f"; it is sampled again after {rest} round{'s' if rest > 1 else ''}, then less often"
                 if key not in self._told and not self._stop.is_set():
                     self._told.add(key)
                     self.on_problem(target.pid, message)
                 continue
+            self._resting.pop(key, None)
             try:  # one rank's record is its own: what it holds never ends another's
                 kinds = main_thread_samples(data, target.pid, _most(cfg))
             except Exception as exc:
@@ -206,6 +221,39 @@ class RankSampler:
         for target in targets:
             if target.inspector:
                 self._time(target, now)
+
+    def _this_round(self, targets: list[SampleTarget]) -> list[SampleTarget]:
+        """The ranks recorded this round: at most stacks.max_parallel, so a round lasts one record however many
+        ranks the node runs; each job gets its share (a job with more ranks than its share takes turns among
+        them), and a rank resting after a record py-spy could not finish sits out its rounds."""
+        ready = []
+        for target in targets:
+            key = (target.pid, target.start)
+            left, rest = self._resting.get(key, (0, 0))
+            if left > 0:
+                self._resting[key] = (left - 1, rest)
+            else:
+                ready.append(target)
+        by_job: dict[str, list[SampleTarget]] = {}
+        for target in ready:
+            by_job.setdefault(target.job, []).append(target)
+        jobs = sorted(by_job)
+        slots = self.cfg.max_parallel
+        if len(jobs) > slots:  # more jobs than slots: the jobs take turns, one rank each
+            first = self._turns.get("", 0) % len(jobs)
+            self._turns[""] = first + slots
+            jobs = (jobs[first:] + jobs[:first])[:slots]
+        share, chosen = max(1, slots // len(jobs)) if jobs else 0, []
+        for job in jobs:
+            ranks = by_job[job]
+            if len(ranks) > share:
+                first = self._turns.get(job, 0) % len(ranks)
+                self._turns[job] = first + share
+                ranks = (ranks[first:] + ranks[:first])[:share]
+            chosen += ranks
+        for ended in self._turns.keys() - set(by_job) - {""}:
+            del self._turns[ended]
+        return chosen
 
     def _add(self, kept: dict[tuple[int, float], _Counts], target: SampleTarget, kinds: dict[str, int],
              now: float) -> None:
