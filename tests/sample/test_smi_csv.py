@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from watchdog.model import GpuHealth
 from watchdog.sample import lines as lines_module
 from watchdog.sample import smi_csv
 from watchdog.sample.errors import SkipLog, TraceError
-from watchdog.sample.lines import TextLines
+from watchdog.sample.lines import MAX_GPUS, TextLines
 from watchdog.sample.smi_cells import parse_number
 from watchdog.sample.smi_csv import read_smi_csv
 
@@ -393,3 +394,100 @@ def test_a_misspelt_field_is_named_and_a_field_not_read_is_left_alone() -> None:
         read(text, fields=["timestamp", "index", "power.draw", "utilisation.gpu", "pstate"])
     sample, = read(text, fields=["timestamp", "index", "power.draw", "utilization.gpu", "pstate"])
     assert sample.gpus[0].utilization_ratio == 1.0
+
+
+# -- what a trace adds up to, and cells no GPU writes (issue 40) ---------------------------------------
+def test_a_log_names_at_most_max_gpus_and_reads_each_row_once() -> None:
+    """An index that never repeats is not one sample of 5,000 GPUs: the row naming the 65th GPU is malformed (the
+    error names it); under --lenient every such row is skipped, each looked at once, and the first 64 GPUs read."""
+    rows = 5_000
+    text = "timestamp, index, utilization.gpu [%]\n" + "".join(
+        f"2024/01/02 03:04:{n // 1000:02d}.{n % 1000:03d}, {n}, 99 %\n" for n in range(rows))
+    with pytest.raises(TraceError, match=rf"^log.csv:{MAX_GPUS + 2}: more than {MAX_GPUS} GPUs in one trace"):
+        read(text)
+    skips = SkipLog(lenient=True)
+    (sample,) = read(text, skips=skips)
+    assert [g.index for g in sample.gpus] == list(range(MAX_GPUS))
+    assert skips.count == rows - MAX_GPUS and skips.first[0].startswith(f"log.csv:{MAX_GPUS + 2}: ")
+
+
+def test_a_log_of_uuids_alone_names_at_most_max_gpus() -> None:
+    text = "timestamp, uuid, utilization.gpu [%]\n" + "".join(
+        f"2024/01/02 03:04:05.{n:03d}, GPU-{n}, 99 %\n" for n in range(MAX_GPUS + 1))
+    with pytest.raises(TraceError, match=rf"^log.csv:{MAX_GPUS + 2}: more than {MAX_GPUS} GPUs"):
+        read(text)
+
+
+@pytest.mark.parametrize(("mask", "bits"), [
+    ("0x0000000000000080", 0x80), (" 0x8 ", 0x8), ("0XFFFFFFFFFFFFFFFF", 2**64 - 1), ("0x" + "0" * 30 + "40", 0x40),
+    ("80", 0x80)])
+def test_a_mask_is_64_bits_of_hexadecimal(mask: str, bits: int) -> None:
+    text = f"timestamp, index, clocks_event_reasons.active\n2024/01/02 03:04:05.000, 0, {mask}\n"
+    (snap,) = read(text)
+    assert snap.gpus[0].clock_event_reasons == bits
+
+
+@pytest.mark.parametrize("mask", ["0x" + "f" * 400, "-0x8", "+0x8", "0x1_0", "0x10000000000000000", "0x", "0x 8"])
+def test_a_mask_that_is_not_64_bits_is_a_malformed_cell(mask: str) -> None:
+    text = (f"timestamp, index, clocks_event_reasons.active\n2024/01/02 03:04:05.000, 0, 0x0\n"
+            f"2024/01/02 03:04:06.000, 0, {mask}\n2024/01/02 03:04:07.000, 0, 0x0\n")
+    with pytest.raises(TraceError, match=r"^log.csv:3: column 'clocks_event_reasons.active': .* a bit mask"):
+        read(text)
+    skips = SkipLog(lenient=True)
+    assert [s.gpus[0].clock_event_reasons for s in read(text, skips=skips)] == [0, 0] and skips.count == 1
+
+
+@pytest.mark.parametrize(("column", "cell"), [
+    ("utilization.gpu [%]", "100.5 %"), ("utilization.gpu [%]", "540"), ("utilization.gpu", "1e11"),
+    ("utilization.memory [%]", "1e13"), ("power.draw [W]", "10001 W"), ("enforced.power.limit [W]", "2e4"),
+    ("clocks.sm [MHz]", "10001 MHz"), ("clocks.max.sm [MHz]", "11 GHz"), ("memory.used [MiB]", "5 TiB"),
+    ("memory.used [MiB]", "4194305"), ("temperature.gpu", "201"), ("ecc.errors.corrected.volatile.total", "1" + "0" * 13),
+])
+def test_a_reading_no_gpu_gives_is_a_malformed_cell(column: str, cell: str) -> None:
+    text = f"timestamp, index, {column}\n2024/01/02 03:04:05.000, 0, {cell}\n"
+    with pytest.raises(TraceError, match=rf"^log.csv:2: column '{re.escape(column)}': "):
+        read(text)
+
+
+@pytest.mark.parametrize(("column", "cell", "field", "value"), [
+    ("utilization.gpu [%]", "100 %", "utilization_ratio", 1.0), ("power.draw [W]", "1400.00 W", "power_watts", 1400),
+    ("clocks.sm [MHz]", "3500 MHz", "sm_clock_hertz", 3.5e9), ("memory.total [MiB]", "294912 MiB",
+                                                               "memory_total_bytes", 294912 * 2**20),
+    ("temperature.gpu", "105", "temperature_celsius", 105), ("pcie.link.width.max", "32", "pcie_link_width_max", 32),
+])
+def test_the_largest_real_readings_still_read(column: str, cell: str, field: str, value: float) -> None:
+    text = f"timestamp, index, {column}\n2024/01/02 03:04:05.000, 0, {cell}\n"
+    assert getattr(read(text)[0].gpus[0], field) == value
+
+
+def _cat(*logs: tuple[str, list[tuple[str, ...]]]) -> str:
+    return "".join(header + "\n" + "".join(", ".join(row) + "\n" for row in rows) for header, rows in logs)
+
+
+def test_a_header_met_mid_file_is_the_header_of_the_lines_after_it() -> None:
+    """`cat` of two logs (nounits) whose columns are in different orders: each line is read by the header above it,
+    nothing is skipped, and the second log's 540 W is a power, not a utilization of 540%."""
+    first = ("timestamp, index, utilization.gpu [%], power.draw [W]",
+             [(f"2024/01/02 03:04:0{n}.000", str(g), "99", "540.25") for n in range(3) for g in range(2)])
+    second = ("timestamp, index, power.draw [W], utilization.gpu [%]",
+              [(f"2024/01/02 03:05:0{n}.000", str(g), "541.25", "98") for n in range(3) for g in range(2)])
+    for lenient in (False, True):
+        skips = SkipLog(lenient=lenient)
+        snaps = read(_cat(first, second), skips=skips)
+        assert len(snaps) == 6 and skips.count == 0
+        assert [(g.utilization_ratio, g.power_watts) for s in snaps for g in s.gpus] == (
+            [(0.99, 540.25)] * 6 + [(0.98, 541.25)] * 6)
+    # a block read a column at a time, and row by row, agree across the header
+    assert read(_cat(first, second, first)) == read(_cat(first, second, first).replace(".000,", ".000 ,"))
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ("index, utilization.gpu [%], power.draw [W]", "the header on this line has no timestamp column"),
+    ("timestamp, utilization.gpu [%], power.draw [W]", "has neither"),
+])
+def test_a_header_mid_file_that_cannot_be_read_refuses_the_file(header: str, message: str) -> None:
+    first = ("timestamp, index, utilization.gpu [%]", [("2024/01/02 03:04:05.000", "0", "99")])
+    text = _cat(first, (header, [("2024/01/02 03:04:06.000", "0", "99")]))
+    for lenient in (False, True):
+        with pytest.raises(TraceError, match=rf"^log.csv:3: {message}"):
+            read(text, skips=SkipLog(lenient=lenient))

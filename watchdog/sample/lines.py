@@ -16,6 +16,7 @@ from typing import BinaryIO
 from watchdog.sample.errors import SkipLog, TraceError
 
 MAX_LINE_BYTES = 1 << 20
+MAX_GPUS = 64
 # Read at a time: the rows of one read stay in the processor's cache while they are parsed, grouped into
 # a block, and detected on. 96 KiB of an 8-GPU node's nvidia-smi log is about 120 samples, close to the
 # 128 ticks the detectors check for steadiness at once; in alternating runs of a day's replay
