@@ -109,3 +109,14 @@ def test_the_clock_costs_at_most_one_interval_a_step() -> None:
     slow = StreamClock()  # sampled every 5 minutes: a cadence, not a gap
     assert slow.read([300.0 * n for n in range(10)])[0] == [300.0 * n for n in range(10)]
     assert slow.jumps == 0
+
+
+def test_two_writers_keep_the_sampling_interval_and_join_where_they_are() -> None:
+    """A second writer 4 s behind on a 10-s log: its samples join the stream at the time of the first writer's,
+    and the interval stays 10 s (it was never learnt while the two clocks took turns, and the rules then read
+    a 10-s log as sampled every second: a checkpoint's spinning GPUs paged critical in bench/accuracy.py
+    --perturb --only writers)."""
+    clock = StreamClock()
+    times, steps = clock.read([s for t in range(0, 200, 10) for s in (float(t), t - 4.0)])
+    assert times == [float(t) for t in range(0, 200, 10) for _ in range(2)]
+    assert clock.interval == 10.0 and steps[-1] == 10.0 and clock.steps == 1

@@ -10,7 +10,8 @@ seconds behind the other). Each stamp is read on one of a few clocks, the one it
 - a stamp further ahead than that on every clock is a forward jump (a gap): the time between was not
   observed, so the stream moves by one sampling interval, and the jump is counted (`jumps`) to say once;
 - a stamp before every clock's newest (beyond the tolerance of a sample's rows printed out of order) starts
-  a new clock that continues from the stream's time by one interval, counted (`steps`).
+  a new clock, counted (`steps`), that continues from the stream's time: one interval on where the step was
+  longer than a gap (DST in autumn), at it where it was shorter (as likely a second writer's older sample).
 
 So a step back and a step forward cost at most one interval each; two writers on one file are two clocks,
 each read in its own order, and the stream's time never grows faster than the stamps of either; a sample a
@@ -74,7 +75,7 @@ class StreamClock:
         step = self.interval or 1.0
         if fits:
             clock = fits[0] if len(fits) == 1 else min(fits, key=lambda c: (max(stamp - c.newest, 0.0), -c.used))
-            if clock is last and stamp > clock.newest:
+            if stamp > clock.newest:  # a move along one clock: the sampling interval of whoever writes it
                 self._learn(stamp - clock.newest)
         elif stamp > last.newest:  # ahead of every clock by more than a gap: not time observed
             clock = last
@@ -84,7 +85,10 @@ class StreamClock:
         else:  # behind every clock: a new one, continuing from the stream's time
             self.steps += 1
             self.last_step_seconds = last.newest - stamp
-            clock = _Clock(stamp, now + step - stamp, self._count)
+            # A clock set back by more than a gap (DST in autumn) goes on an interval later; a few seconds back is
+            # as likely a second writer's sample, taken before the newest: it joins the stream where it is.
+            later = step if self.last_step_seconds > gap else 0.0
+            clock = _Clock(stamp, now + later - stamp, self._count)
             self._clocks.append(clock)
             del self._clocks[:-_CLOCKS]
         clock.newest, clock.used = max(clock.newest, stamp), self._count
