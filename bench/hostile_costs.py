@@ -5,7 +5,8 @@
 - an Alertmanager webhook of 2 MB naming 3,000 jobs: the parse time, and the coordinator's answer;
 - 300 half-open clients and 64 slow POST bodies against the endpoint: the latency of a scrape;
 - the readers (issue 40): each hostile input read in a fresh Python, its peak memory past its imports and its
-  time, by this checkout and, with `--before`, by an older one beside it (`git worktree add /tmp/old HEAD~N`).
+  time, by this checkout and, with `--before`, by an older one beside it (`git worktree add /tmp/old HEAD~N`);
+  among them the traces `replay` reads (tests/hostile/test_traces.py), replayed in one process within 4 GiB.
 
     python bench/hostile_costs.py [--readers] [--before /tmp/old] [--only TEXT]
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.hostile import test_readers as hostile  # noqa: E402  the hostile inputs, and how a reading is measured
+from tests.hostile import test_traces as traces  # noqa: E402  the hostile traces
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.service import Coordinator
 from watchdog.stacks import fr_dumps
@@ -144,7 +146,44 @@ READER_CASES = {  # name -> (what a fresh Python does with args["path"], what to
         b"ab cdefghij(0123456789):\n\"'_.-/[]{}", k=8 * 2**20))),
     "Flight Recorder pickle, one 300-character string in every field through the memo": ("fr", lambda: shared_string()),
     "a folder of 12 logs of 60 MB": ("analyze", "logs"),
+    "replay of a recording whose 200 lines each name 1,024 new GPUs (3.3 MB)": ("replay", traces.new_gpus_recording),
+    "replay --lenient of a recording whose 200 lines each name 1,024 new GPUs": ("replay --lenient",
+                                                                               traces.new_gpus_recording),
+    "replay of an nvidia-smi log whose index never repeats (40,000 rows)": ("replay", traces.never_repeating_index_csv),
+    "replay --lenient of an nvidia-smi log whose index never repeats": ("replay --lenient",
+                                                                      traces.never_repeating_index_csv),
+    "replay --lenient of a clock-event mask of 400 hex digits": ("replay --lenient",
+                                                                 lambda: traces.mask_csv("0x" + "f" * 400)),
+    "replay of a clock-event mask of -0x8": ("replay", lambda: traces.mask_csv("-0x8")),
+    "replay of a utilization of 1e13 % (nounits)": ("replay", lambda: traces.utilization_csv("1e13")),
+    "replay --lenient of two healthy logs joined by cat, columns in other orders": ("replay --lenient",
+                                                                                    traces.two_logs_cat),
+    "replay --lenient of 20 records of 1 MiB: 1,024 GPUs, every column": ("replay --lenient", traces.large_records),
+    "replay --lenient of 20 records of 1 MiB: 64 GPUs, 4,000 Xids each": ("replay --lenient",
+                                                                          lambda: traces.large_records(gpus=64)),
+    "replay --lenient of 20 records of 1 MiB within every bound: 64 GPUs, 256 processes and Xids each": (
+        "replay --lenient", lambda: traces.large_records(gpus=64, xids=256, pids=256)),
 }
+# A replay in one process (no reader process beside it, whose memory would not be counted), given 4 GiB of address
+# space as a sidecar would be; its own imports (numpy, the detectors) are not what the input costs: the peak and
+# the clocks start after them.
+_REPLAY = """
+import contextlib, io, resource
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import watchdog.cli.replay, watchdog.detect.engine
+with open("/proc/self/clear_refs", "w") as peak:
+    peak.write("5")
+base, started, cpu = kib("VmRSS:"), time.perf_counter(), time.process_time()
+from watchdog.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        code = main(["replay", "--jobs", "1", "--json", *FLAGS, args["path"]])
+    except BaseException as exc:  # what the user saw as a traceback
+        code = f"{type(exc).__name__} ({str(exc)[:100]})"
+pages = sum('"severity": "critical"' in line and '"event": "fired"' in line for line in out.getvalue().splitlines())
+outcome = f"exit {code}, {pages} critical pages; " + " ".join(err.getvalue().split())[:240]
+"""
 READERS = {
     "fr": """
 from watchdog.stacks import fr_dumps
@@ -175,6 +214,8 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
 verdicts = [json.loads(line)["verdict"]["kind"] for line in out.getvalue().splitlines() if line.startswith("{")]
 outcome = f"exit {code}, {len(out.getvalue()):,} bytes out, verdicts {verdicts}; " + err.getvalue()[-160:].strip()
 """,
+    "replay": _REPLAY.replace("*FLAGS, ", ""),
+    "replay --lenient": _REPLAY.replace("*FLAGS", '"--lenient"'),
 }
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 from watchdog.model import HEALTH_COUNTERS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.sample.lines import MAX_GPUS
 
 HEAD = recording.header("test", "2026-01-01T00:00:00+00:00")
 
@@ -31,7 +33,7 @@ gpu_samples = st.builds(
     utilization_ratio=ratio, memory_utilization_ratio=ratio, power_watts=watts, power_limit_watts=watts,
     sm_clock_hertz=st.none() | st.floats(0, 3e9, allow_nan=False), sm_clock_max_hertz=watts,
     memory_used_bytes=st.none() | st.integers(0, 2**40), memory_total_bytes=st.none() | st.integers(0, 2**40),
-    temperature_celsius=watts, energy_joules=watts,
+    temperature_celsius=st.none() | st.floats(0, 150, allow_nan=False), energy_joules=watts,
     clock_event_reasons=st.none() | st.integers(0, 0x1FF), sm_activity_ratio=ratio,
     host_cpu_ratio=st.none() | st.floats(0, 64, allow_nan=False),
     host_io_bytes_per_second=st.none() | st.floats(0, 1e10, allow_nan=False),
@@ -59,6 +61,11 @@ def test_roundtrip_keeps_every_field(raw: list[tuple[float, list[GpuSample]]]) -
 def test_simulated_trace_roundtrips() -> None:
     snapshots = list(sim.run(sim.SCENARIOS["gpu_lost"]))[:400]
     assert roundtrip(snapshots) == snapshots
+
+
+def _line(**columns: object) -> str:
+    """A snapshot line of GPU 0 (unless `index` says otherwise) with these columns."""
+    return json.dumps({"t": 2, "gpus": {"index": [0], **columns}})
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -92,6 +99,25 @@ def test_simulated_trace_roundtrips() -> None:
     ('{"t": 2, "gpus": {"index": [0], "pids": [["1"]]}}', "Expected `int`, got `str` - at `$.gpus.pids[0][0]`"),
     ('{"t": 2, "gpus": {"index": [0], "memory_used_bytes": [1.5]}}',
      "Expected `int | null`, got `float` - at `$.gpus.memory_used_bytes[0]`"),
+    # what one record may hold, and readings no GPU gives (issue 40)
+    (_line(index=list(range(MAX_GPUS + 1))), f"length <= {MAX_GPUS} - at `$.gpus.index`"),
+    (_line(pids=[list(range(1, 2000))]), "length <= 256 - at `$.gpus.pids[0]`"),
+    (_line(pids=[[2**22 + 1]]), "at `$.gpus.pids[0][0]`"),
+    (_line(xids=[[79] * 1000]), "length <= 256 - at `$.gpus.xids[0]`"),
+    (_line(nccl_waits=[[1] * 300]), "length <= 256 - at `$.gpus.nccl_waits[0]`"),
+    (_line(errors=[{f"f{n}": "e" for n in range(100)}]), "at `$.gpus.errors[0]`"),
+    (_line(errors=[{"nvml": "e" * 2000}]), "at `$.gpus.errors[0]"),
+    (_line(uuid=["GPU-" + "0" * 1000]), "length <= 256 - at `$.gpus.uuid[0]`"),
+    (_line(utilization_ratio=[1e11]), "Expected `float` <= 1.0 - at `$.gpus.utilization_ratio[0]`"),
+    (_line(memory_utilization_ratio=[1.5]), "at `$.gpus.memory_utilization_ratio[0]`"),
+    (_line(sm_activity_ratio=[1.01]), "at `$.gpus.sm_activity_ratio[0]`"),
+    (_line(power_watts=[20000]), "<= 10000.0 - at `$.gpus.power_watts[0]`"),
+    (_line(sm_clock_hertz=[2e10]), "at `$.gpus.sm_clock_hertz[0]`"),
+    (_line(temperature_celsius=[540]), "at `$.gpus.temperature_celsius[0]`"),
+    (_line(memory_used_bytes=[2**43]), "at `$.gpus.memory_used_bytes[0]`"),
+    (_line(ecc_corrected=[2**41]), "at `$.gpus.ecc_corrected[0]`"),
+    (_line(clock_event_reasons=[2**64]), "at `$.gpus.clock_event_reasons[0]`"),
+    (_line(clock_event_reasons=[-8]), "at `$.gpus.clock_event_reasons[0]`"),
 ])
 def test_malformed_line_names_the_line(line: str, message: str) -> None:
     text = "\n".join([recording.json.dumps(HEAD), '{"t": 1, "gpus": {"index": [0]}}', line]) + "\n"
@@ -175,3 +201,29 @@ def test_a_block_holds_each_repeated_name_uuid_and_process_list_once() -> None:
         assert len({id(value) for value in column}) == len(set(column)), field
     pids = block.columns[GpuSample._fields.index("pids")]
     assert pids is not None and pids[2 + (half - 1) * width] != (9999,) and pids[2 + half * width] == (9999,)
+
+
+def _new_gpus(lines: int, per_line: int) -> str:
+    """A recording each of whose lines names `per_line` GPUs that no line before it named."""
+    return "\n".join([json.dumps(HEAD), *(json.dumps({"t": n, "gpus": {"index": list(range(n * per_line,
+                                                                                      (n + 1) * per_line))}})
+                                          for n in range(lines))]) + "\n"
+
+
+def test_a_recording_names_at_most_max_gpus() -> None:
+    """The detectors keep a column for every GPU a trace ever named: the line that would name the trace's 65th is
+    malformed, and under --lenient skipped, each such line at the cost of its own parse."""
+    text = _new_gpus(40, 8)
+    with pytest.raises(TraceError, match=rf"^rec.jsonl:{2 + MAX_GPUS // 8}: more than {MAX_GPUS} GPUs in one trace"):
+        list(recording.read(io.StringIO(text), "rec.jsonl"))
+    skips = SkipLog(lenient=True)
+    got = list(recording.read(io.StringIO(text), "rec.jsonl", skips))
+    assert len(got) == MAX_GPUS // 8 and skips.count == 40 - MAX_GPUS // 8
+    assert {g.index for s in got for g in s.gpus} == set(range(MAX_GPUS))
+
+
+def test_a_gpu_seen_before_is_not_counted_again() -> None:
+    """GPUs coming and going (a GPU lost, then back) count once each."""
+    lines = [json.dumps({"t": n, "gpus": {"index": list(range(MAX_GPUS))[n % 2:]}}) for n in range(300)]
+    got = list(recording.read(io.StringIO("\n".join([json.dumps(HEAD), *lines]) + "\n"), "rec.jsonl"))
+    assert len(got) == 300

@@ -4,6 +4,7 @@ import contextlib
 import io
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -441,7 +442,8 @@ def test_a_mask_that_is_not_64_bits_is_a_malformed_cell(mask: str) -> None:
     ("utilization.gpu [%]", "100.5 %"), ("utilization.gpu [%]", "540"), ("utilization.gpu", "1e11"),
     ("utilization.memory [%]", "1e13"), ("power.draw [W]", "10001 W"), ("enforced.power.limit [W]", "2e4"),
     ("clocks.sm [MHz]", "10001 MHz"), ("clocks.max.sm [MHz]", "11 GHz"), ("memory.used [MiB]", "5 TiB"),
-    ("memory.used [MiB]", "4194305"), ("temperature.gpu", "201"), ("ecc.errors.corrected.volatile.total", "1" + "0" * 13),
+    ("memory.used [MiB]", "4194305"), ("temperature.gpu", "201"),
+    ("ecc.errors.corrected.volatile.total", "1" + "0" * 13),
 ])
 def test_a_reading_no_gpu_gives_is_a_malformed_cell(column: str, cell: str) -> None:
     text = f"timestamp, index, {column}\n2024/01/02 03:04:05.000, 0, {cell}\n"
@@ -460,11 +462,11 @@ def test_the_largest_real_readings_still_read(column: str, cell: str, field: str
     assert getattr(read(text)[0].gpus[0], field) == value
 
 
-def _cat(*logs: tuple[str, list[tuple[str, ...]]]) -> str:
+def _cat(*logs: tuple[str, Sequence[tuple[str, ...]]]) -> str:
     return "".join(header + "\n" + "".join(", ".join(row) + "\n" for row in rows) for header, rows in logs)
 
 
-def test_a_header_met_mid_file_is_the_header_of_the_lines_after_it() -> None:
+def test_a_header_met_mid_file_is_the_header_of_the_lines_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """`cat` of two logs (nounits) whose columns are in different orders: each line is read by the header above it,
     nothing is skipped, and the second log's 540 W is a power, not a utilization of 540%."""
     first = ("timestamp, index, utilization.gpu [%], power.draw [W]",
@@ -477,13 +479,18 @@ def test_a_header_met_mid_file_is_the_header_of_the_lines_after_it() -> None:
         assert len(snaps) == 6 and skips.count == 0
         assert [(g.utilization_ratio, g.power_watts) for s in snaps for g in s.gpus] == (
             [(0.99, 540.25)] * 6 + [(0.98, 541.25)] * 6)
-    # a block read a column at a time, and row by row, agree across the header
-    assert read(_cat(first, second, first)) == read(_cat(first, second, first).replace(".000,", ".000 ,"))
+    # read a column at a time, in blocks that a header cuts anywhere, as row by row
+    monkeypatch.setattr(lines_module, "_READ_BYTES", 100)
+    text = _cat(first, second, first)
+    by_block = _read_all(text, False)
+    monkeypatch.setattr(smi_csv, "_block_parser", lambda columns: lambda block: None)
+    assert by_block == _read_all(text, False) and not isinstance(by_block, str) and len(by_block[0]) == 9
 
 
 @pytest.mark.parametrize(("header", "message"), [
-    ("index, utilization.gpu [%], power.draw [W]", "the header on this line has no timestamp column"),
-    ("timestamp, utilization.gpu [%], power.draw [W]", "has neither"),
+    ("index, utilization.gpu [%], power.draw [W]", "the header has no timestamp column"),
+    ("timestamp, utilization.gpu [%], power.draw [W]",
+     "this header tells the GPUs apart by the order of the rows in time, the log's first header by index or uuid"),
 ])
 def test_a_header_mid_file_that_cannot_be_read_refuses_the_file(header: str, message: str) -> None:
     first = ("timestamp, index, utilization.gpu [%]", [("2024/01/02 03:04:05.000", "0", "99")])

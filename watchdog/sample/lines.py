@@ -5,17 +5,23 @@ malformed line, skipped under --lenient), a leading byte-order mark dropped.
 Readers take lines in blocks (`blocks()`): a day of nvidia-smi log is read 96 KiB at a time and split
 with one call, rather than a million readline() calls. Any other iterable of text lines (a test's
 StringIO, an open text file) is grouped into blocks by `line_blocks`.
+
+What the lines add up to is bounded too: a trace names at most MAX_GPUS distinct GPUs (`TraceGpus`), so
+that a file naming new GPUs on every line cannot grow the detectors' columns without end.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import BinaryIO
 
 from watchdog.sample.errors import SkipLog, TraceError
 
 MAX_LINE_BYTES = 1 << 20
+# The distinct GPUs one trace may name. The largest nodes hold 8 to 16 GPUs (a DGX-2 16, a few PCIe chassis
+# 20): 64 leaves room for any of them. The detectors keep a column for every GPU a trace ever named
+# (detect/frames.py): without a bound, lines that each name 1,024 new GPUs grow them to gigabytes.
 MAX_GPUS = 64
 # Read at a time: the rows of one read stay in the processor's cache while they are parsed, grouped into
 # a block, and detected on. 96 KiB of an 8-GPU node's nvidia-smi log is about 120 samples, close to the
@@ -91,6 +97,24 @@ class TextLines:
                 self._skips.malformed(f"{self._path}:{first + offset}: not UTF-8 text (byte {exc.start})")
                 lines.append("")  # skipped under --lenient: a blank line keeps the numbering
         return lines
+
+
+class TraceGpus:
+    """The GPUs a trace has named so far, at most MAX_GPUS: a line that would name more is malformed."""
+
+    def __init__(self) -> None:
+        self._named: set[int] = set()
+
+    def admit(self, gpus: Collection[int]) -> None:
+        """Note the GPUs a line names; ValueError, noting none, if they would make the trace's more than MAX_GPUS."""
+        if self._named.issuperset(gpus):
+            return
+        new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self._named]
+        room = MAX_GPUS - len(self._named)
+        if len(new) > room:
+            raise ValueError(f"more than {MAX_GPUS} GPUs in one trace (GPU {new[room]} is one too many): "
+                             "no node has that many")
+        self._named.update(new)
 
 
 def line_blocks(source: Iterable[str] | TextLines, first: int = 1) -> Iterator[Block]:

@@ -27,7 +27,8 @@ import msgspec
 
 from watchdog.model import INTEGER_FIELDS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
 from watchdog.sample.errors import SkipLog, TraceError
-from watchdog.sample.lines import TextLines, line_blocks
+from watchdog.sample.lines import MAX_GPUS, TextLines, TraceGpus, line_blocks
+from watchdog.sample.smi_cells import KINDS, most
 
 FORMAT_KEY = "stall_watchdog_recording"
 FORMAT_VERSION = 1
@@ -39,7 +40,6 @@ _COUNTS = ("xids", "rank_waits", "nccl_waits")  # a tuple of counts (whole numbe
 _TUPLES = ("pids", *_COUNTS)  # a tuple of whole numbers per GPU
 _HEALTH = {h.value: h for h in GpuHealth}
 _LARGEST = 1e15  # no reading or Unix time is this large
-MAX_GPUS = 1024
 
 
 def header(source: str, started: str, **extra: object) -> dict[str, object]:
@@ -74,23 +74,48 @@ def write(stream: TextIO, head: dict[str, object], snapshots: Iterable[NodeSnaps
     return count
 
 
+# What one line may hold, so that a hostile line of 1 MiB costs its parse and little more: at most MAX_GPUS GPUs,
+# and of each GPU at most _ENTRIES processes, Xids (the daemon drains at most 256 Xid events a tick,
+# sample/nvml.py) or counts (model.RANK_WAITS names 7), an error for each field, names and UUIDs of at most
+# _TEXT characters (NVML's buffers for them are 96 bytes), and readings no larger than a real GPU's.
+_ENTRIES = 256
+_TEXT = 256
+
+
+def _limited(kind: Any, most: int) -> Any:
+    return Annotated[kind, msgspec.Meta(max_length=most)]
+
+
+def _bounded(kind: type, most: float) -> Any:
+    return Annotated[kind, msgspec.Meta(ge=0, le=kind(most))]
+
+
 _Reading = Annotated[float, msgspec.Meta(ge=0, lt=_LARGEST)]
 _Count = Annotated[int, msgspec.Meta(ge=0, lt=int(_LARGEST))]
-_COLUMN_TYPES: dict[str, Any] = {
-    "index": list[_Count],
-    "uuid": list[str | None] | None,
-    "name": list[str | None] | None,
-    "health": list[Literal["ok", "lost", "hung"] | None] | None,
-    "pids": list[tuple[int, ...] | None] | None,  # decoded straight into GpuSample's tuples
-    **{name: list[tuple[_Count, ...] | None] | None for name in _COUNTS},
-    "errors": list[dict[str, str] | None] | None,
-    **{name: list[_Count | None] | None for name in _INTS - {"index"}},
+_Pid = Annotated[int, msgspec.Meta(ge=0, le=1 << 22)]  # Linux's pids are below 2^22
+_Text = Annotated[str, msgspec.Meta(max_length=_TEXT)]
+_Message = Annotated[str, msgspec.Meta(max_length=4 * _TEXT)]
+_ENTRY_TYPES: dict[str, Any] = {  # what one GPU's entry of each column is, where it is not a _Reading
+    "index": _Count,
+    "uuid": _Text | None,
+    "name": _Text | None,
+    "health": Literal["ok", "lost", "hung"] | None,
+    "pids": _limited(tuple[_Pid, ...], _ENTRIES) | None,  # decoded straight into GpuSample's tuples
+    **{name: _limited(tuple[_Count, ...], _ENTRIES) | None for name in _COUNTS},
+    "errors": _limited(dict[_Text, _Message], len(_FIELDS)) | None,
+    **{name: _Count | None for name in _INTS - {"index"}},
+    **{name: _bounded(int if name in _INTS else float, most(kind)) | None for name, kind in KINDS.items()},
 }
-# The line's schema, one column per GpuSample field (in its order): msgspec checks every type and
-# range while it parses, and names the place of what is wrong ("at `$.gpus.power_watts[3]`").
-_Columns = msgspec.defstruct(
-    "_Columns", [(name, _COLUMN_TYPES.get(name, list[_Reading | None] | None), None) for name in _FIELDS],
-    forbid_unknown_fields=True)
+
+
+def _column(name: str) -> Any:
+    column = _limited(list[_ENTRY_TYPES.get(name, _Reading | None)], MAX_GPUS)  # type: ignore[misc]
+    return column if name == "index" else column | None
+
+
+# The line's schema, one column per GpuSample field (in its order): msgspec checks every type, range and
+# length while it parses, and names the place of what is wrong ("at `$.gpus.power_watts[3]`").
+_Columns = msgspec.defstruct("_Columns", [(name, _column(name), None) for name in _FIELDS], forbid_unknown_fields=True)
 _Line = msgspec.defstruct("_Line", [("t", Annotated[float, msgspec.Meta(gt=-_LARGEST, lt=_LARGEST)]),
                                     ("gpus", _Columns)])
 _DECODE = msgspec.json.Decoder(_Line).decode
@@ -121,8 +146,6 @@ def _decode_columns(line: str | bytes) -> tuple[float, list[Any]]:
         raise ValueError("JSON nested too deeply") from None
     columns: list[Any] = list(msgspec.structs.astuple(raw.gpus))  # type: ignore[attr-defined]
     count = len(columns[0])
-    if count > MAX_GPUS:
-        raise ValueError(f"{count} GPUs in one sample; at most {MAX_GPUS}")
     if set(map(len, filter(None, columns))) - {count}:
         name, column = next((n, c) for n, c in zip(_FIELDS, columns) if c is not None and len(c) != count)
         raise ValueError(f"'{name}' must be a list with one entry per GPU ({count})")
@@ -146,7 +169,7 @@ class _Run:
 
     def __init__(self, t: float, columns: list[Any], shared: dict[Any, Any]):
         self.layout, self.shape, self.shared = columns[0], _shape(columns), shared
-        if len(shared) > 1 << 16:
+        if len(shared) > _SHARED:
             shared.clear()
         self.times: list[float] = []
         self.columns: list[list[Any] | None] = [None if absent else [] for absent in self.shape]
@@ -176,6 +199,9 @@ class _Run:
 
 
 _SHARED_SLOTS = [_FIELDS.index(name) for name in ("uuid", "name", "pids")]
+# Distinct values kept to be shared, at most (then forgotten): a day repeats a few dozen, and each may be a process
+# list of _ENTRIES pids (9 KiB), so that a trace whose every line names new ones holds 40 MiB of them, not gigabytes.
+_SHARED = 1 << 12
 
 
 def _shape(columns: list[Any]) -> list[bool]:
@@ -211,12 +237,15 @@ def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | Non
     # A clock that steps back is kept, as in an nvidia-smi log: the detectors notice the step and say so.
     run: _Run | None = None
     shared: dict[Any, Any] = {}
+    gpus = TraceGpus()
     for number, lines in itertools.chain([(head_number + 1, head_lines[1:])], blocks):
         for offset, line in enumerate[str | bytes](lines):
             if not line or line.isspace():  # (strip() would copy every line to find out)
                 continue
             try:
                 t, columns = _decode_columns(line)
+                if run is None or columns[0] != run.layout:
+                    gpus.admit(columns[0])
             except ValueError as exc:
                 if run is not None:  # what came before a malformed line is handed on before its error
                     yield run.block()

@@ -2,7 +2,8 @@
 and a column at a time: watchdog/sample/smi_csv.py): the fields nvidia-smi names and the GpuSample field
 each fills, units, the words for a missing reading and a lost GPU, timestamps, clock-event reasons, and
 the converter of every column a header names. A converter raises ValueError with what is wrong with a
-cell; the row reader puts the column's name in front of it."""
+cell; the row reader puts the column's name in front of it. The most a real GPU reads, by the kind of
+field (`most`), is stated here once: a JSON Lines recording's reader checks its readings against it too."""
 
 from __future__ import annotations
 
@@ -64,6 +65,28 @@ _SCALES: dict[str, dict[str, float]] = {
     "C": {"C": 1.0},
     "": {"": 1.0},
 }
+# The most a real GPU reads, by the unit its field is measured in, written in that unit. Past it a cell is
+# malformed, never a value: a column that is not what its header says (540 W read as 540% utilization), a broken
+# sensor, or a number the detectors cannot hold (their utilization sums are fixed-point int64, detect/levels.py:
+# a utilization of 1e11 overflows them). Power: the largest boards draw 1.4 kW; clocks run below 3.5 GHz; memory:
+# 288 GB a GPU now, 4 TiB leaves room; a GPU is shut down near 100 C; counts (ECC errors, PCIe replays) past
+# 2^40 are not counts.
+_MOST = {"%": 100.0, "W": 10_000.0, "MHz": 10_000.0, "MiB": 4.0 * 2**20, "C": 200.0, "": 2.0**40}
+# The kind of each GpuSample field the most applies to: those nvidia-smi logs, and those only NVML gives.
+KINDS = {**{target: unit for target, unit in NUMERIC.values()}, "sm_activity_ratio": "%",
+         **{name: "" for name in HEALTH_COUNTERS}}
+
+
+def most(unit: str) -> float:
+    """The most a real GPU reads in a field measured in `unit`, in the field's base unit (100 % -> 1.0)."""
+    return _MOST[unit] * _SCALES[unit][unit]
+
+
+def _too_large(text: str, default_unit: str) -> ValueError:
+    return ValueError(f"{text.strip()[:40]!r} is out of range: no GPU reads more than {_MOST[default_unit]:,.0f}"
+                      + (f" {default_unit}" if default_unit else ""))
+
+
 _ANY_UNIT = {unit for scales in _SCALES.values() for unit in scales}
 MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
 LOST = {"[gpu is lost]", "gpu is lost", "[gpu requires reset]"}
@@ -136,16 +159,18 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
     """'71.25 W' -> 71.25; '55 %' -> 0.55; '[N/A]' -> None. Units convert to the field's base unit; a unit of
     another kind than the field's `default_unit` (watts in a utilization column) is an error."""
     number, _, written = text.strip().partition(" ")
-    scales = _SCALES[default_unit]
+    scales, largest = _SCALES[default_unit], most(default_unit)
     scale = scales.get(written or unit or default_unit)
     if scale is not None:
         try:
-            value = float(number)  # the common case: nvidia-smi's own "71.25 W"
+            value = float(number) * scale  # the common case: nvidia-smi's own "71.25 W"
         except ValueError:
             pass
         else:
-            if 0 <= value < _LARGEST:  # "nan", "inf", 400 digits and negatives go to the strict path
-                return value * scale
+            if 0 <= value <= largest:  # "nan", "inf", 400 digits and negatives go to the strict path
+                return value
+            if largest < value < float("inf"):
+                raise _too_large(text, default_unit)
     lowered = text.strip().lower()
     if lowered in MISSING:
         return None
@@ -162,12 +187,12 @@ def parse_number(text: str, unit: str, default_unit: str) -> float | None:
                          f"{default_unit or 'no unit'}: are the columns what the header (or --csv-fields) says?")
     if scale is None:
         raise ValueError(f"unknown unit {written or unit!r} in {text.strip()!r}")
-    if not float(digits) < _LARGEST:
-        raise ValueError(f"{text.strip()[:40]!r} is out of range")
-    return float(digits) * scale
+    value = float(digits) * scale
+    if not value <= largest:
+        raise _too_large(text, default_unit)
+    return value
 
 
-_LARGEST = 1e15  # no reading is this large (a JSON Lines recording has the same bound)
 _COUNT = re.compile(r"\s*\d{1,15}\s*", re.ASCII)
 
 
@@ -270,15 +295,20 @@ def reason_cell(bit: int) -> Callable[[str], int | None]:
     return convert
 
 
+MASK_BITS = 64  # NVML's clock-event reasons are an unsigned long long
+_MASK = re.compile(rf"\s*(?:0[xX])?0*([0-9a-fA-F]{{1,{MASK_BITS // 4}}})\s*", re.ASCII)
+
+
 def mask_cell(text: str) -> int | None:
-    """The converter of clocks_event_reasons.active: the reasons' bits, written in hexadecimal."""
-    state = text.strip()
-    if state.lower() in MISSING:
-        return None
-    try:
-        return int(state, 16)
-    except ValueError:
-        raise ValueError(f"cannot read {state!r} as a bit mask") from None
+    """The converter of clocks_event_reasons.active: the reasons' bits, written in hexadecimal. What int() would
+    read besides (a sign, underscores, a number wider than MASK_BITS that no array holds) is not a mask."""
+    match = _MASK.fullmatch(text)
+    if match is None:
+        if text.strip().lower() in MISSING:
+            return None
+        raise ValueError(f"cannot read {text.strip()[:40]!r} as a bit mask ({MASK_BITS} bits at most, in "
+                         "hexadecimal)")
+    return int(match.group(1), 16)
 
 
 def index_cell(text: str) -> int:

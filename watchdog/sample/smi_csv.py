@@ -14,6 +14,7 @@ import csv
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from watchdog.model import (
@@ -26,9 +27,10 @@ from watchdog.model import (
     samples_of,
 )
 from watchdog.sample.errors import SkipLog, TraceError
-from watchdog.sample.lines import TextLines, line_blocks
+from watchdog.sample.lines import MAX_GPUS, TextLines, TraceGpus, line_blocks
 from watchdog.sample.smi_cells import (
     Cells,
+    Column,
     GpuLost,
     Layout,
     column_times,
@@ -180,15 +182,13 @@ def smi_csv_stretches(
     else:
         raise TraceError(f"{path}:1: no header line; pass --csv-fields with the --query-gpu list the log was "
                          "written with")
-    names = {c.name for c in columns}
-    if "timestamp" not in names:
-        raise TraceError(f"{path}:1: the log has no timestamp column; add timestamp to --query-gpu")
-    layout = Layout.of(columns)
-    parse_row = _row_parser(layout)
-    parse_block = _block_parser(layout)
+    layout = _layout(columns, path, 1)
+    identified = _identified(layout)
+    parse_row, parse_block = _row_parser(layout), _block_parser(layout)
 
-    def by_row(first: int, lines: list[str]) -> Iterator[_Row | str]:
-        """The rows of a block one at a time, and in their place what is wrong with a malformed one."""
+    def by_row(first: int, lines: list[str]) -> Iterator[_Row | str | _Header]:
+        """The rows of a block one at a time, and in their place what is wrong with a malformed one; a header
+        ends them (the lines after it are read by its layout)."""
         for line, text in enumerate(lines, start=first):
             try:
                 row = next(csv.reader([text]), [])
@@ -199,36 +199,84 @@ def smi_csv_stretches(
                 continue
             try:
                 t, index, uuid, sample = parse_row(row)
-            except ValueError as exc:
+            except ValueError as exc:  # no header is a row: its timestamp is a field's name
+                if looks_like_header(row):
+                    yield _Header(line, row)
+                    return
                 yield f"{path}:{line}: {exc}"
                 continue
             assert t is not None
             yield line, t, index, uuid, sample
 
     def row_blocks() -> Iterator[_Rows]:
+        nonlocal parse_row, parse_block
         for first, lines in itertools.chain([(first_line, head_lines)], blocks):
-            if not lines:
-                continue
-            parsed = parse_block(lines)
-            if parsed is None:  # row by row; a malformed row is reported after the rows before it
-                for malformed, items in itertools.groupby(by_row(first, lines), key=lambda item: isinstance(item, str)):
-                    if malformed:
-                        for message in items:
-                            skips.malformed(message)  # type: ignore[arg-type]
+            while lines:
+                parsed = parse_block(lines)
+                if parsed is not None:
+                    times, fields = parsed
+                    count = len(times)
+                    yield _Rows(range(first, first + count), times, fields[0] or [None] * count,
+                                fields[1] or [None] * count, None, fields)
+                    break
+                # row by row; a malformed row is reported after the rows before it
+                read: list[_Row] = []
+                header = None
+                for item in by_row(first, lines):
+                    if isinstance(item, _Header):
+                        header = item
+                    elif isinstance(item, str):
+                        if read:
+                            yield _rows_of(read)
+                            read = []
+                        skips.malformed(item)
                     else:
-                        numbers, times, indexes, uuids, samples = map(list, zip(*items))
-                        yield _Rows(numbers, times, indexes, uuids, samples)
-                continue
-            times, fields = parsed
-            count = len(times)
-            yield _Rows(range(first, first + count), times, fields[0] or [None] * count,
-                        fields[1] or [None] * count, None, fields)
+                        read.append(item)
+                if read:
+                    yield _rows_of(read)
+                if header is None:
+                    break
+                # a header met mid-file (`cat` of two logs) is the header of the lines after it
+                layout = _layout(parse_header(header.fields), path, header.line)
+                if _identified(layout) != identified:
+                    raise TraceError(f"{path}:{header.line}: this header tells the GPUs apart by "
+                                     f"{_IDENTITY[_identified(layout)]}, the log's first header by "
+                                     f"{_IDENTITY[identified]}: two kinds of log joined?")
+                parse_row, parse_block = _row_parser(layout), _block_parser(layout)
+                lines, first = lines[header.line + 1 - first:], header.line + 1
 
-    if "index" in names or "uuid" in names:
+    if identified:
         yield from _group_by_identity(row_blocks(), path, skips)
     else:
         rows = itertools.chain.from_iterable(zip(*block[:4], block.built()) for block in row_blocks())
         yield from group_by_time(rows, path, skips)
+
+
+@dataclass(frozen=True)
+class _Header:
+    """A header line met among the rows."""
+
+    line: int
+    fields: list[str]
+
+
+def _rows_of(rows: list[_Row]) -> _Rows:
+    numbers, times, indexes, uuids, samples = map(list, zip(*rows))
+    return _Rows(numbers, times, indexes, uuids, samples)
+
+
+def _layout(columns: list[Column], path: str, line: int) -> Layout:
+    if all(c.name != "timestamp" for c in columns):
+        raise TraceError(f"{path}:{line}: the header has no timestamp column; add timestamp to --query-gpu")
+    return Layout.of(columns)
+
+
+def _identified(layout: Layout) -> bool:
+    """Whether the log names each row's GPU (an index or uuid column), or leaves it to the rows' order in time."""
+    return layout.index is not None or layout.uuid is not None
+
+
+_IDENTITY = {True: "index or uuid", False: "the order of the rows in time"}
 
 
 class _Rows(NamedTuple):
@@ -268,19 +316,31 @@ def _joined(pending: list[GpuSample], fields: list[list[Any] | None], stop: int)
     return tuple(columns)
 
 
+def _ordinal(ordinals: dict[str, int], uuid: str) -> int:
+    """The number of a GPU a log names by its uuid alone, in the order first seen. Past MAX_GPUS uuids a new one is
+    not kept: its number is one too many for the trace's bound, which refuses its row."""
+    number = ordinals.get(uuid)
+    if number is None:
+        number = len(ordinals)
+        if number < MAX_GPUS:
+            ordinals[uuid] = number
+    return number
+
+
 def _group_by_identity(blocks: Iterator[_Rows], path: str, skips: SkipLog) -> Iterator[NodeSnapshot | SnapshotBlock]:
     """Rows with an index or uuid: a GPU seen again starts the next sample. The same GPU twice at the same
     time is a malformed row (one row per GPU per sample, as in a JSON Lines recording).
     A block whose GPUs come in the order of the last whole sample (nvidia-smi's own order) is cut into
     samples by slicing, and handed on as one SnapshotBlock; any other block row by row."""
     ordinals: dict[str, int] = {}
+    gpus = TraceGpus()
     group: list[GpuSample] = []
-    seen: list[int] = []
+    seen: list[int] = []  # at most MAX_GPUS
     start = last = 0.0
     order: list[int] = []  # the GPUs of the last whole sample, in their order
     for block in blocks:
         if None in block.indexes:
-            named = [ordinals.setdefault(uuid or "", len(ordinals)) if index is None else index
+            named = [_ordinal(ordinals, uuid or "") if index is None else index
                      for index, uuid in zip(block.indexes, block.uuids)]
             block = block._replace(indexes=list[int | None](named), samples=list(map(with_index, block.built(), named)),
                                    fields=None)
@@ -302,6 +362,11 @@ def _group_by_identity(blocks: Iterator[_Rows], path: str, skips: SkipLog) -> It
                 group, seen, start, last = block.built(tail), indexes[tail:], times[tail], times[-1]
                 continue
         for line, t, index, sample in zip(lines, times, indexes, block.built()):
+            try:
+                gpus.admit((index,))
+            except ValueError as exc:
+                skips.malformed(f"{path}:{line}: {exc}")
+                continue
             if index in seen:
                 if t == last:
                     skips.malformed(f"{path}:{line}: GPU {index} twice at the same time")
