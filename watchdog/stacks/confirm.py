@@ -4,8 +4,9 @@ A look at a job's stacks shows where its ranks were, not whether they move: it m
 inside its all_reduce, or a rank between two writes of a checkpoint. When a look shows a hang, the ranks are
 looked at again `stacks.confirm_seconds` later. The hang is confirmed (critical) when the second look shows it
 too, every rank of the job on this node was captured at both looks and is where it was, and no rank read or
-wrote across both looks (the second look's host activity counts from the first's reading, so it weighs the
-whole time). Ranks that moved between the looks (I/O, or elsewhere at the second) are no hang, whatever one
+wrote between them (the second look's host activity counts from the first look's end: what the ranks wrote
+for the first look's own questions, a Flight Recorder dump or NCCL RAS's answers, is not movement). Ranks
+that moved between the looks (I/O, or elsewhere at the second) are no hang, whatever one
 look said; a look that missed a rank leaves a suspicion (a warning). A rank burning CPU at the same place
 (CUDA's spin-wait in a sync, a host-side wait loop) is not moving; one whose I/O moved is. Every local rank
 in the same collective, the job's other ranks on other nodes ("remote"), confirmed the same way, is a hang of
@@ -110,5 +111,5 @@ def look_twice(job: Job, capturer: StackCapturer, discovery: RankDiscovery, cfg:
 
 
 def _moved_bytes(picture: StackPicture) -> str | None:
-    """A rank whose host I/O moved across both looks (the second look's activity counts from the first's)."""
+    """A rank whose host I/O moved between the looks (the second look's activity counts from the first's end)."""
     return next((member for member, activity in picture.host.items() if activity.io_bytes >= _MOVED_BYTES), None)
