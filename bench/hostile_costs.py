@@ -4,11 +4,14 @@
 - py-spy printing without end: the time until it is cut off, and the daemon's peak memory;
 - an Alertmanager webhook of 2 MB naming 3,000 jobs: the parse time, and the coordinator's answer;
 - 300 half-open clients and 64 slow POST bodies against the endpoint: the latency of a scrape;
+- the stack sampler (issue 54): a rank of 300 threads 500 frames deep beside a plain one, and 32 small ranks
+  of one job beside one rank of another: each round's length and the daemon's CPU (py-spy's included), and
+  how many rounds each job's ranks were sampled in;
 - the readers (issue 40): each hostile input read in a fresh Python, its peak memory past its imports and its
   time, by this checkout and, with `--before`, by an older one beside it (`git worktree add /tmp/old HEAD~N`);
   among them the traces `replay` reads (tests/hostile/test_traces.py), replayed in one process within 4 GiB.
 
-    python bench/hostile_costs.py [--readers] [--before /tmp/old] [--only TEXT]
+    python bench/hostile_costs.py [--readers | --sampler] [--before /tmp/old] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.hostile import test_readers as hostile  # noqa: E402  the hostile inputs, and how a reading is measured
 from tests.hostile import test_traces as traces  # noqa: E402  the hostile traces
+from watchdog.config import StacksConfig
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.service import Coordinator
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.capture import StackCapturer, Target
+from watchdog.stacks.sampling import RankSampler, SampleTarget
 from watchdog.webhook import training_jobs
 
 
@@ -75,6 +80,61 @@ def py_spy() -> None:
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(f"py-spy printing without end: {capture.result} after {time.perf_counter() - started:.2f} s "
               f"({capture.message}); peak RSS {before / 1024:.0f} -> {after / 1024:.0f} MiB")
+
+
+_DEEP = """import sys, threading, time
+sys.setrecursionlimit(10000)
+def down(n):
+    return down(n - 1) if n else time.sleep(3600)
+for _ in range({threads}):
+    threading.Thread(target=down, args=({depth},), daemon=True).start()
+open(sys.argv[1], "w").write("ready")
+down({depth})
+"""
+
+
+def _ranks(folder: Path, shapes: list[tuple[str, int, int]]) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """(process, job) for each (job, threads, depth) of `shapes`, started and ready."""
+    started = []
+    for n, (job, threads, depth) in enumerate(shapes):
+        ready = folder / f"ready-{n}"
+        code = _DEEP.format(threads=threads, depth=depth)
+        started.append((subprocess.Popen([sys.executable, "-c", code, str(ready)]), job))
+    deadline = time.monotonic() + 120
+    while not all((folder / f"ready-{n}").exists() for n in range(len(shapes))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return started
+
+
+def sampler() -> None:
+    cfg = StacksConfig()
+    cases = {"a rank 300 threads x 500 frames deep, beside a plain rank": ([("deep", 300, 500), ("plain", 1, 5)], 10),
+             "32 small ranks of one job, beside one rank of another": ([("many", 1, 5)] * 32 + [("one", 1, 5)], 4)}
+    for name, (shapes, rounds) in cases.items():
+        with tempfile.TemporaryDirectory() as folder:
+            ranks = _ranks(Path(folder), shapes)
+            try:
+                targets = [SampleTarget(p.pid, float(n), (0,), n, job) for n, (p, job) in enumerate(ranks)]
+                rankers = RankSampler(StackCapturer.from_config(cfg), cfg, lambda chosen=targets: chosen)
+                lengths, cpu = [], []
+                for _ in range(rounds):
+                    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+                    started = time.monotonic()
+                    rankers.sample_once()
+                    lengths.append(time.monotonic() - started)
+                    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+                    cpu.append(sum(a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in zip(after, before)))
+                sampled: dict[str, int] = {}
+                for (pid, _), counts in rankers.counts.items():
+                    job = next(job for p, job in ranks if p.pid == pid)
+                    sampled[job] = sampled.get(job, 0) + counts.samples
+                print(f"sampler, {name}: rounds {', '.join(f'{x:.1f}' for x in lengths)} s "
+                      f"(stacks.sample_seconds {cfg.sample_seconds:g}); CPU {sum(cpu) / sum(lengths):.0%} of a core; "
+                      f"main-thread samples kept by job: {sampled}", flush=True)
+            finally:
+                for process, _ in ranks:
+                    process.kill()
+                    process.wait()
 
 
 def webhook() -> None:
@@ -194,7 +254,9 @@ except Exception as exc:
 """,
     "py-spy": """
 import os, sys
+from watchdog.config import StacksConfig
 from watchdog.stacks.capture import StackCapturer, Target
+from watchdog.stacks.sampling import RankSampler, SampleTarget
 capture = StackCapturer([sys.executable, args["script"], args["path"]], 60).capture_one(Target(os.getpid()))
 outcome = f"{capture.result}: {capture.message}"
 """,
@@ -253,12 +315,17 @@ def readers(before: Path | None, only: str = "") -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readers", action="store_true", help="only the readers' figures")
+    parser.add_argument("--sampler", action="store_true", help="only the stack sampler's figures")
     parser.add_argument("--before", type=Path, help="an older checkout to measure the readers against")
     parser.add_argument("--only", default="", help="only the readers' cases whose name holds this text")
     options = parser.parse_args()
+    if options.sampler:
+        sampler()
+        raise SystemExit(0)
     if not options.readers:
         flight_recorder()
         py_spy()
         webhook()
         slow_clients()
+        sampler()
     readers(options.before, options.only)

@@ -65,6 +65,40 @@ def test_a_relapse_soon_after_an_action_is_deterministic_and_later_it_is_not() -
     assert policy.decide(cfg(deterministic_within_seconds=600), hang(onset=800.0), ledger).name == "act"
 
 
+def test_an_action_under_any_of_a_jobs_keys_holds_it_and_counts_once() -> None:
+    """A job is known to the ledger by several keys (its Slurm job and its user's program): an action recorded
+    under them is one action, and a relaunch that shares only one of the keys is held by it."""
+    ledger = policy.Ledger()
+    ledger.record(700.0, "slurm:4242", "command:1001:ab")
+    assert ledger.on_job(("slurm:4300", "command:1001:ab")) == [700.0]
+    relaunched = dataclasses.replace(hang(onset=800.0, job="slurm:4300"), also=("command:1001:ab",))
+    assert policy.decide(cfg(), relaunched, ledger).name == "deterministic"
+    other = dataclasses.replace(hang(onset=800.0, job="slurm:4300"), also=("command:1002:ab",))
+    assert policy.decide(cfg(cooldown_seconds=0), other, ledger).name == "act"
+    assert [(job, count) for job, _, count in ledger.summary()] == [("command:1001:ab", 1), ("slurm:4242", 1)]
+
+
+def test_a_hang_soon_after_the_launcher_restarted_the_job_is_deterministic_on_any_node() -> None:
+    """No ledger needed: ranks that torchrun or Slurm restarted say so, and the kernel says when they started. A
+    second node of a job another node acted on, or a daemon that lost its ledger, still leaves the relapse to a
+    person; a restart long before the hang, or none, does not hold the action."""
+    ledger = policy.Ledger()
+    soon = dataclasses.replace(hang(onset=800.0), restarted=(1, 500.0))
+    decided = policy.decide(cfg(), soon, ledger)
+    assert decided.name == "deterministic" and "5 min 0 s after its launcher restarted it (1 restart)" in \
+        decided.reason, decided
+    assert policy.decide(cfg(deterministic_within_seconds=200), soon, ledger).name == "act"
+    assert policy.decide(cfg(), dataclasses.replace(soon, restarted=(3, 900.0)), ledger).name == "act"  # after it
+    assert policy.decide(cfg(), hang(onset=800.0), ledger).name == "act"
+
+
+def test_a_name_claimed_by_two_proven_jobs_holds_both() -> None:
+    conflict = dataclasses.replace(hang(), conflict="2 proven jobs on these GPUs claim the name run:x")
+    decided = policy.decide(cfg(), conflict, policy.Ledger())
+    assert decided.name == "conflict" and decided.said and not decided.final and "run:x" in decided.reason
+    assert policy.decide(cfg(), dataclasses.replace(conflict, target=None), policy.Ledger()).name == "no_target"
+
+
 def test_the_budget_and_the_cooldown_are_per_job() -> None:
     ledger = policy.Ledger()
     for at in (-5000.0, -3000.0):

@@ -80,3 +80,62 @@ def test_a_hung_torchrun_job_is_ended_resumes_from_its_checkpoint_and_a_quick_re
     page = (evidence / "report.html").read_text()
     assert "<h2>Actions</h2>" in page and "terminate_ranks done: terminated ranks 0-3" in page
     assert [r["decision"] for r in records].count("deterministic") == 1
+
+
+def test_a_relaunch_under_a_new_run_id_and_folder_after_the_daemon_restarted_is_left_alone(tmp_path: Path) -> None:
+    """One action, then the daemon restarts and the job is launched again by hand or by a scheduler: a new
+    torchrun (a new run id) writing to a new folder, hanging the same way. The ledger read back at start knows
+    the program and its user, so the relapse is notify only."""
+    receiver = Receiver()
+    first, second = tmp_path / "run-1", tmp_path / "run-2"
+    for work in (first, second):
+        work.mkdir()
+    with torchrun_job(first, hangs="0:30") as agent:
+        service = start(tmp_path, FollowingSource(agent, first), receiver)
+        try:
+            until(lambda: any(t.startswith("ACTED:") for t in summaries(receiver)), 240, "the first hang acted on")
+        finally:
+            service.daemon.stop_requested.set()
+            time.sleep(1.5)
+            service.close(timeout=15)
+    with torchrun_job(second, hangs="0:30") as agent:
+        service = start(tmp_path, FollowingSource(agent, second), receiver)  # the daemon, restarted
+        try:
+            until(lambda: any(t.startswith("NOT ACTED (deterministic)") for t in summaries(receiver)), 240,
+                  "the relaunched job's hang said as deterministic")
+            assert not any(r > 0 for _, r in steps(second)), "the relaunched job was restarted"
+        finally:
+            service.daemon.stop_requested.set()
+            time.sleep(1.5)
+            service.close(timeout=15)
+            receiver.close()
+    assert service.daemon.counters.snapshot()["actions_total"] == {}
+    acted = [t for t in summaries(receiver) if t.startswith("ACTED:")]
+    assert len(set(acted)) == 1, acted
+
+
+def test_a_second_node_of_a_job_another_node_restarted_leaves_its_relapse_alone(tmp_path: Path) -> None:
+    """Two nodes' daemons over one job, no fleet Prometheus: node a acts first, torchrun restarts the job, and it
+    hangs again. Node b never acted, so its ledger is empty; the ranks' launcher says it restarted them, and
+    when, so node b leaves the relapse to a person too."""
+    receivers = {"a": Receiver(), "b": Receiver()}
+    for name in receivers:
+        (tmp_path / name).mkdir()
+    with torchrun_job(tmp_path, hangs="0:30,1:45") as agent:
+        services = {name: start(tmp_path / name, FollowingSource(agent, tmp_path), receivers[name],
+                                after_seconds=5 if name == "a" else 40) for name in receivers}
+        try:
+            until(lambda: any(s == 44 and r == 1 for s, r in steps(tmp_path)), 360, "the restarted job passed step 30")
+            until(lambda: all(any(t.startswith("NOT ACTED (deterministic)") for t in summaries(receiver))
+                              for receiver in receivers.values()), 240, "both nodes said the relapse deterministic")
+        finally:
+            for service in services.values():
+                service.daemon.stop_requested.set()
+            time.sleep(1.5)
+            for name, service in services.items():
+                service.close(timeout=15)
+                receivers[name].close()
+    assert services["b"].daemon.counters.snapshot()["actions_total"] == {}
+    said = [t for t in summaries(receivers["b"]) if t.startswith("NOT ACTED (deterministic)")]
+    assert "after its launcher restarted it (1 restart)" in said[0], said
+    assert not any(r > 1 for _, r in steps(tmp_path)), "the job was restarted twice"

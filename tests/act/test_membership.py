@@ -144,3 +144,61 @@ def test_a_relaunch_under_a_new_run_id_is_the_same_job_for_the_ledger() -> None:
     other = dataclasses.replace(again, uid=BOB, parent=Parent(4900, 9.0, BOB))
     [[before], [after], [bob]] = [membership.prove([r], 20.0, confirms_nothing)[0] for r in (first, again, other)]
     assert before.key != after.key and before.durable == after.durable != bob.durable
+
+
+def test_a_relaunch_with_new_arguments_is_the_same_program_for_the_ledger() -> None:
+    """A scheduler that relaunches a job with a new run id in its arguments (an output folder, --run-id) runs
+    the same program: the ledger knows it by the user and the script or module, not the arguments; another
+    script or another user is another job. A Slurm job is also known by its program, so a new sbatch of it
+    (a new job id) is held by an action on the old one."""
+    def launched(*argv: str, uid: int = ALICE) -> str:
+        rank = dataclasses.replace(rank_in("0::/user.slice\n", Workload(), uid=uid), cmdline=argv)
+        [job], _ = membership.prove([rank], 20.0, confirms_nothing)
+        return job.durable
+
+    first = launched("/usr/bin/python3", "-u", "train.py", "--out", "runs/r1", "--run-id", "r1")
+    assert launched("/opt/venv/bin/python3.11", "-u", "train.py", "--out", "runs/r2") == first
+    assert launched("python", "-W", "ignore", "train.py", "runs/r3") == first  # an option's argument is no script
+    assert launched("python", "-m", "pkg.train", "a") == launched("python", "-mpkg.train", "b")
+    assert len({first, launched("python", "eval.py", "--out", "runs/r1"), launched("python", "-m", "pkg.train"),
+                launched("python", "train.py", uid=BOB)}) == 4
+    assert launched("/opt/bin/trainer", "--seed", "1") == launched("/opt/bin/trainer", "--seed", "2")
+    slurm = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n"
+    [job], _ = membership.prove([rank_in(slurm, Workload(slurm_job_id="4242"))], 2.0, lambda job, uid: None)
+    [again], _ = membership.prove([rank_in(slurm.replace("4242", "4300"), Workload(slurm_job_id="4300"))], 2.0,
+                                  lambda job, uid: None)
+    assert job.ledger_keys[0] == "slurm:4242" and again.ledger_keys[0] == "slurm:4300"
+    assert job.ledger_keys[1:] == again.ledger_keys[1:] == (launched("python", "train.py"),)
+
+
+def test_the_launchers_restarts_are_read_and_only_from_the_ranks_it_restarted() -> None:
+    rank = rank_in("0::/user.slice\n", Workload())
+    [job], _ = membership.prove([rank], 20.0, confirms_nothing)
+    assert job.restarted() is None
+    restarted = dataclasses.replace(rank, create_time=7.0, env={**LAUNCHED, "TORCHELASTIC_RESTART_COUNT": "2"})
+    first = dataclasses.replace(rank, pid=4243, env={**LAUNCHED, "TORCHELASTIC_RESTART_COUNT": "0"})
+    [job], _ = membership.prove([restarted, first], 20.0, confirms_nothing)
+    assert job.restarted() == (2, 1.0)  # the ranks here started at 1.0 at the earliest
+    requeued = dataclasses.replace(rank, env={**LAUNCHED, "SLURM_RESTART_COUNT": "1"})
+    [job], _ = membership.prove([requeued], 20.0, confirms_nothing)
+    assert job.restarted() == (1, 1.0)
+    for junk in ("-1", "x", "\u00b2"):
+        [job], _ = membership.prove([dataclasses.replace(rank, env={**LAUNCHED, "TORCHELASTIC_RESTART_COUNT": junk})],
+                                    20.0, confirms_nothing)
+        assert job.restarted() is None, junk
+
+
+def test_two_proven_jobs_that_claim_one_name_are_a_conflict() -> None:
+    claim = {**LAUNCHED, "TORCHELASTIC_RUN_ID": "victimrun"}
+    alice = dataclasses.replace(rank_in("0::/user.slice\n", Workload()), env=claim)
+    bob = dataclasses.replace(alice, pid=5000, uid=BOB, parent=Parent(4900, 0.7, BOB))
+    other = dataclasses.replace(bob, pid=5001, parent=Parent(4950, 0.8, BOB),
+                                env={**LAUNCHED, "TORCHELASTIC_RUN_ID": "b"})
+    jobs, _ = membership.prove([alice, bob, other], 20.0, confirms_nothing)
+    found = membership.conflicts(jobs)
+    assert len(jobs) == 3 and len(found) == 2, found
+    assert all("2 proven jobs on these GPUs claim the name run:victimrun" in why for why in found.values())
+    bare = {"RANK": "0", "WORLD_SIZE": "1"}  # no job name claimed at all: nothing to conflict over
+    jobs, _ = membership.prove([dataclasses.replace(alice, env=bare), dataclasses.replace(bob, env=bare)], 20.0,
+                               confirms_nothing)
+    assert len(jobs) == 2 and membership.conflicts(jobs) == {}

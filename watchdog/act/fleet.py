@@ -39,15 +39,19 @@ def acted_ratio(cfg: FleetConfig) -> tuple[float | None, str]:
     return max(values), ""
 
 
-def actions_elsewhere(cfg: FleetConfig, ledger_key: str) -> tuple[list[float] | None, str]:
-    """(each node's last action on the job `ledger_key`, '') or (None, why not); [] without a fleet."""
+def actions_elsewhere(cfg: FleetConfig, *ledger_keys: str) -> tuple[list[float] | None, str]:
+    """(each node's last action on the job known by any of `ledger_keys`, '') or (None, why not); [] without a
+    fleet."""
     if cfg.prometheus_url is None:
         return [], ""
-    quoted = ledger_key.replace("\\", "\\\\").replace('"', '\\"')
-    values, why = _query(cfg, f'{LEDGER}{{ledger_key="{quoted}"}}')
-    if values is None:
-        return None, why
-    return [v for v in values if math.isfinite(v) and v > 0], ""
+    found: list[float] = []
+    for key in dict.fromkeys(ledger_keys):
+        quoted = key.replace("\\", "\\\\").replace('"', '\\"')
+        values, why = _query(cfg, f'{LEDGER}{{ledger_key="{quoted}"}}')
+        if values is None:
+            return None, why
+        found += [v for v in values if math.isfinite(v) and v > 0 and v not in found]
+    return found, ""
 
 
 def _query(cfg: FleetConfig, query: str) -> tuple[list[float] | None, str]:

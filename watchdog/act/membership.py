@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from watchdog.model import Workload
 from watchdog.sample import workload as workloads
-from watchdog.sample.ranks import Job, RankInfo, group_jobs, job_of
+from watchdog.sample.ranks import RESTART_VARIABLES, UNLAUNCHED, Job, RankInfo, group_jobs, job_of, number
 from watchdog.stacks import nccl_inspector
 from watchdog.stacks.sampling import SampleTarget
 
@@ -47,11 +47,26 @@ class ProvenJob:
     """Ranks of one job on this node, with what proves it."""
 
     key: str  # "slurm:4242", "pod:<pod uid>", "launcher:812@1.9e9": unique on this node now
-    durable: str  # what survives a restart of the job (the ledger's key): Slurm job, pod, user and command
+    durable: str  # what survives a restart of the job (the ledger's key): Slurm job, pod, user and program
     proof: str  # a clause: "Slurm job 4242 (slurmstepd's cgroup, confirmed by Slurm)"
     ranks: tuple[RankInfo, ...]
     workload: Workload  # only what is proven (a pod, a Slurm job), never a claim
     pod_uid: str | None = None
+    also: tuple[str, ...] = ()  # more ledger keys: a Slurm job's user and program survive a new sbatch
+
+    @property
+    def ledger_keys(self) -> tuple[str, ...]:
+        """Every key the ledger knows this job by: an action recorded under any of them holds the others."""
+        return (self.durable, *(k for k in self.also if k != self.durable))
+
+    def restarted(self) -> tuple[int, float] | None:
+        """(how many times its launcher says it restarted the ranks, when the ranks here started: wall seconds)
+        where the launcher restarted them (TORCHELASTIC_RESTART_COUNT, SLURM_RESTART_COUNT), else None. A
+        rank's environment is its own claim: it may only hold an action back (a job that restarted and hangs
+        soon after is left to a person), never cause one."""
+        counts = [n for r in self.ranks for name in RESTART_VARIABLES for n in (number(r.env.get(name)),)
+                  if n is not None and n > 0]
+        return (max(counts), min(r.create_time for r in self.ranks)) if counts else None
 
     def claimed(self) -> str | None:
         """The job key the ranks' environment gives (RankInfo.job_key), where they all give the same: the name
@@ -100,15 +115,37 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+# The interpreter's options that take the next argument (python -W ignore -X dev train.py).
+_OPTION_ARGUMENT = frozenset({"-W", "-X", "-Q"})
+
+
 def _program(rank: RankInfo) -> tuple[str, ...]:
-    """What a job runs, as its ranks' command line says it (the interpreter's own path left out): the same after
-    a relaunch, whatever run id the launcher picks."""
+    """What a job runs, as its ranks' command line says it, without its arguments (a relaunch often names a
+    new run id or output folder there) or the interpreter's options: the script (`train.py`) or module
+    (`-m pkg.train`) a Python rank runs, else the program itself. The same after a relaunch, whatever run id
+    the launcher picks or the arguments say."""
     argv = rank.cmdline
-    return argv[1:] if argv[:1] and "python" in os.path.basename(argv[0]) else argv
+    if not argv or "python" not in os.path.basename(argv[0]):
+        return argv[:1]
+    position = 1
+    while position < len(argv):
+        arg = argv[position]
+        if arg in ("-m", "-c") and position + 1 < len(argv):
+            return (arg, argv[position + 1])
+        if arg.startswith(("-m", "-c")) and len(arg) > 2:
+            return (arg[:2], arg[2:])
+        if arg == "-" or not arg.startswith("-"):
+            return (arg,)
+        position += 2 if arg in _OPTION_ARGUMENT else 1
+    return ()
 
 
-def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Workload, str | None] | str:
-    """(key, durable, proof, workload, pod uid) for a rank whose job is proven, else why it is not."""
+_Proof = tuple[str, str, str, Workload, "str | None", "str | None"]
+
+
+def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> _Proof | str:
+    """(key, durable, proof, workload, pod uid, another ledger key) for a rank whose job is proven, else why it
+    is not."""
     assert rank.uid is not None
     notes = []
     job = slurm_cgroup(rank.cgroup, rank.uid)
@@ -119,7 +156,7 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Work
             proven = Workload(slurm_job_id=job, slurm_step=w.slurm_step if "slurm_step" not in w.claimed else None,
                               slurm_user=w.slurm_user if "slurm_user" not in w.claimed else None)
             return (f"slurm:{job}", f"slurm:{job}", f"Slurm job {job}: slurmstepd's cgroup, confirmed by Slurm",
-                    proven, None)
+                    proven, None, _command_key(rank))
         notes.append(f"its cgroup names Slurm job {job}, which Slurm does not confirm ({refused})")
     pod_uid = workloads.pod_uid(rank.cgroup)
     w = rank.workload
@@ -131,7 +168,7 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Work
         program = _program(rank)
         return (f"pod:{pod_uid}", f"pod:{w.namespace}:{rank.uid}:{_digest(program)}",
                 f"pod UID {pod_uid}, on a GPU the kubelet gave to pod {where}",
-                Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid)
+                Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid, None)
     if pod_uid is None and w.pod and not {"pod", "namespace"} & set(w.claimed):
         notes.append(f"it runs outside any pod on a GPU the kubelet gave to pod {w.namespace}/{w.pod}")
     parent = rank.parent
@@ -140,15 +177,22 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> tuple[str, str, str, Work
     if parent.uid != rank.uid:
         return "; ".join([*notes, f"no launcher proves its job (its parent, pid {parent.pid}, runs as another "
                                   "user)"])
-    return (f"launcher:{parent.pid}@{parent.create_time:.2f}", f"command:{rank.uid}:{_digest(_program(rank))}",
-            f"started by pid {parent.pid} as uid {rank.uid}", Workload(), None)
+    return (f"launcher:{parent.pid}@{parent.create_time:.2f}", _command_key(rank),
+            f"started by pid {parent.pid} as uid {rank.uid}", Workload(), None, None)
+
+
+def _command_key(rank: RankInfo) -> str:
+    """The ledger's key for what a user runs (uid and program): the same on every node of a job and after any
+    relaunch of it; two experiments of one user with one script share it, so the guard holds both (it only
+    ever holds an action back)."""
+    return f"command:{rank.uid}:{_digest(_program(rank))}"
 
 
 def prove(ranks: Iterable[RankInfo], onset: float, slurm_check: SlurmCheck) -> tuple[list[ProvenJob], list[LeftAlone]]:
     """The proven jobs among `ranks` (each with its members, in rank order) and the processes left alone.
     `onset`: wall seconds the hang began."""
     own = (os.getpid(), os.getppid(), 1)
-    groups: dict[str, tuple[str, str, Workload, str | None, list[RankInfo]]] = {}
+    groups: dict[str, tuple[_Proof, list[RankInfo]]] = {}
     left = []
     for rank in ranks:
         why = _unproven(rank, onset, own)
@@ -156,16 +200,16 @@ def prove(ranks: Iterable[RankInfo], onset: float, slurm_check: SlurmCheck) -> t
         if isinstance(proven, str):
             left.append(LeftAlone(rank, proven))
             continue
-        key, durable, proof, workload, pod_uid = proven
-        groups.setdefault(key, (durable, proof, workload, pod_uid, []))[4].append(rank)
+        groups.setdefault(proven[0], (proven, []))[1].append(rank)
     jobs = []
-    for key, (durable, proof, workload, pod_uid, members) in groups.items():
+    for (key, durable, proof, workload, pod_uid, also), members in groups.values():
         uids = {r.uid for r in members}
         if len(uids) > 1:  # one job runs as one user; a mix is not one job
             left.extend(LeftAlone(r, f"{proof}, but its ranks run as {len(uids)} users") for r in members)
             continue
         members.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
-        jobs.append(ProvenJob(key, durable, proof, tuple(members), workload, pod_uid))
+        extra = tuple(sorted({k for r in members for k in [_command_key(r)]})) if also else ()
+        jobs.append(ProvenJob(key, durable, proof, tuple(members), workload, pod_uid, extra))
     return jobs, left
 
 
@@ -185,6 +229,25 @@ def named(jobs: Sequence[ProvenJob]) -> list[tuple[str, ProvenJob]]:
         claimants.sort(key=lambda j: (next((i for i, p in enumerate(_PROOF_ORDER) if j.key.startswith(p)), 9),
                                       min(r.create_time for r in j.ranks)))
         out += [(claim if claim and n == 0 else job.name(), job) for n, job in enumerate(claimants)]
+    return out
+
+
+def conflicts(jobs: Sequence[ProvenJob]) -> dict[str, str]:
+    """Proven job key -> why it is not acted on, for the jobs among `jobs` (those on one episode's GPUs) that
+    claim one job name between them: a process may copy another's RANK and run id, so a name two jobs claim
+    says nothing about which of them hangs, and neither is acted on (named() still keeps them apart)."""
+    by_claim: dict[str, list[ProvenJob]] = {}
+    for job in jobs:
+        claim = job.claimed()
+        if claim and claim != UNLAUNCHED:
+            by_claim.setdefault(claim, []).append(job)
+    out = {}
+    for claim, claimants in by_claim.items():
+        if len(claimants) > 1:
+            proofs = "; ".join(job.proof for job in claimants[:4])
+            for job in claimants:
+                out[job.key] = (f"{len(claimants)} proven jobs on these GPUs claim the name {claim} ({proofs}): "
+                                "which of them hangs is not known, so neither is acted on")
     return out
 
 

@@ -6,10 +6,13 @@ The checks run in this order, and the first that holds is the decision:
     observe        mode observe: nothing is ever done (and nothing is said)
     wait           not critical yet, or critical for less than after_seconds
     no_target      no process on the episode's GPUs is proven a rank of a job (act/membership.py)
+    conflict       another proven job on the episode's GPUs claims the same job name: the names cannot say
+                   which is which, so neither is acted on (a claim may hold an action back, never cause one)
     alive          a rank of the job shows a sign of life (its host I/O moves, its stacks are not blocked)
     unconfirmed    no live evidence (stacks blocked, host progress still) and on_telemetry_only is off
     no_evidence    the incident bundle is not on disk: nothing is done without the evidence kept
-    deterministic  the job was acted on and hung again within deterministic_within_seconds: notify only
+    deterministic  the job hung again within deterministic_within_seconds of an action on it (this node's,
+                   or another's through the fleet), or of its launcher restarting its ranks: notify only
     budget         max_per_job actions on this job within budget_window_seconds
     cooldown       this job was acted on less than cooldown_seconds ago
     paused         actions.paused, or the pause file exists
@@ -20,8 +23,11 @@ The checks run in this order, and the first that holds is the decision:
 A decision is made for each proven job of an episode (one episode over two jobs is two decisions) and is
 final for it when it is act, dry_run or deterministic; the others are looked at again while the episode
 lasts (a pause lifted, a cooldown over, evidence that arrived). The ledger of actions is keyed on what
-survives a job's restart (its Slurm job, its pod, its user and command: ProvenJob.durable) and kept on disk,
-so a daemon's restart forgets nothing.
+survives a job's restart and relaunch (its Slurm job, its pod, its user and program without arguments:
+ProvenJob.ledger_keys; an action under any key holds the others) and kept on disk, so a daemon's restart
+forgets nothing. Another node's actions reach the ledger through the fleet (fleet.py) where
+actions.fleet.prometheus_url is set; without it, a job whose launcher restarted its ranks (torchrun's
+TORCHELASTIC_RESTART_COUNT, Slurm's SLURM_RESTART_COUNT) is still known as restarted on every node.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from watchdog.words import duration_text
 FINAL = frozenset({"act", "dry_run", "deterministic"})
 # Decisions said in an alert (the first time they are reached): what a person would want to know.
 SAID = frozenset({"dry_run", "deterministic", "budget", "cooldown", "paused", "breaker", "no_evidence",
-                  "no_target"})
+                  "no_target", "conflict"})
 _KEPT = 256  # actions remembered (per node: a handful a day at most)
 _LEDGER_MAX_BYTES = 256 * 1024
 _LEDGER_FUTURE_SECONDS = 86400.0
@@ -68,6 +74,13 @@ class Hang:
     alive: str | None = None  # a sign of life of any rank of the job, said as a clause
     target: str | None = ""  # None: no proven job on the GPUs, and why in `unproven`
     unproven: str = ""
+    also: tuple[str, ...] = ()  # the job's other ledger keys (ProvenJob.ledger_keys)
+    restarted: tuple[int, float] | None = None  # (restarts, wall seconds the ranks started): its launcher's word
+    conflict: str | None = None  # another proven job claims this one's name, said as a clause
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.job, *self.also)
 
 
 @dataclass(frozen=True)
@@ -113,9 +126,10 @@ class Ledger:
         latest = time.time() + _LEDGER_FUTURE_SECONDS  # an action from the future would hold its job for ever
         self._done.extend((at, job) for at, job in loaded if math.isfinite(at) and 0 < at < latest)
 
-    def record(self, at: float, job: str) -> None:
+    def record(self, at: float, *jobs: str) -> None:
+        """An action at `at` on the job known by `jobs` (its ledger keys)."""
         with self._lock:
-            self._done.append((at, job))
+            self._done.extend((at, job) for job in dict.fromkeys(jobs))
             entries = list(self._done)
         if self.path is not None:
             try:
@@ -123,11 +137,13 @@ class Ledger:
             except OSError as exc:
                 self.problem = f"{self.path}: {exc.strerror or exc}"
 
-    def on_job(self, job: str, elsewhere: Sequence[float] = ()) -> list[float]:
-        """When this node acted on `job`, with `elsewhere`: the last action of each other node on it (the fleet's
-        ledgers, fleet.py), a time within a second of one of ours being ours."""
+    def on_job(self, jobs: str | Sequence[str], elsewhere: Sequence[float] = ()) -> list[float]:
+        """When this node acted on the job known by `jobs` (one action under several keys counted once), with
+        `elsewhere`: the last action of each other node on it (the fleet's ledgers, fleet.py), a time within a
+        second of one of ours being ours."""
+        keys = {jobs} if isinstance(jobs, str) else set(jobs)
         with self._lock:
-            here = [at for at, who in self._done if who == job]
+            here = sorted({at for at, who in self._done if who in keys})
         return sorted(here + [at for at in elsewhere if all(abs(at - mine) > 1.0 for mine in here)])
 
     def summary(self) -> list[tuple[str, float, int]]:
@@ -192,6 +208,8 @@ def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | 
         return Decision("wait", f"critical for {lasted:.0f} s of {cfg.after_seconds:g} s")
     if hang.target is None:
         return Decision("no_target", f"no process on the episode's GPUs is proven a rank of a job ({hang.unproven})")
+    if hang.conflict is not None:
+        return Decision("conflict", hang.conflict)
     if hang.alive is not None:
         return Decision("alive", f"the job shows a sign of life: {hang.alive}")
     if not hang.confirmed and not cfg.on_telemetry_only:
@@ -199,11 +217,16 @@ def decide(cfg: ActionsConfig, hang: Hang, ledger: Ledger, fleet: tuple[float | 
     if not hang.kept:
         return Decision("no_evidence", "the incident bundle could not be written: nothing is done without the "
                         "evidence on disk")
-    done = ledger.on_job(hang.job, elsewhere)
+    done = ledger.on_job(hang.keys, elsewhere)
     before = [at for at in done if at <= hang.onset]
     if before and hang.onset - max(before) < cfg.deterministic_within_seconds:
         return Decision("deterministic", f"the job hung again {duration_text(hang.onset - max(before))} after it "
                         "was restarted: a restart would hang again, so it is left to a person")
+    if hang.restarted is not None and 0 <= hang.onset - hang.restarted[1] < cfg.deterministic_within_seconds:
+        count, started = hang.restarted
+        return Decision("deterministic", f"the job hung again {duration_text(hang.onset - started)} after its "
+                        f"launcher restarted it ({count} {'restart' if count == 1 else 'restarts'}): a restart "
+                        "would hang again, so it is left to a person")
     recent = [at for at in done if hang.now - at < cfg.budget_window_seconds]
     if len(recent) >= cfg.max_per_job:
         return Decision("budget", f"{len(recent)} actions on this job within "

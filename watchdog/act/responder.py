@@ -190,11 +190,12 @@ class Responder:
                 unproven = "; ".join(alone.text() for alone in left[:8]) or "no live process seen on them"
                 hang = replace(self._hang(state, now), target=None, unproven=unproven)
                 results.append(("", policy.decide(cfg, hang, self.ledger), []))
+            conflicts = membership.conflicts(jobs)
             for job in jobs:
                 decided = state.decisions.get(job.key)
                 if decided is not None and decided.final:
                     continue
-                results.append(self._act_on(state, job, here, now, base))
+                results.append(self._act_on(state, job, here, now, replace(base, conflict=conflicts.get(job.key))))
             if jobs:
                 state.decisions.pop("", None)  # a proven job came: "no target" is no longer the episode's word
             changed = []
@@ -237,12 +238,12 @@ class Responder:
         desk = self.incidents
         picture = capture_job(job_of(job.key, job.ranks), desk.capturer, desk.discovery, self.config.stacks, desk.node)
         self.incidents.count([picture])
-        hang = replace(base, job=job.durable, now=now, confirmed=policy.confirmed_by([picture]),
-                       kept=bundle_on_disk(state),
+        hang = replace(base, job=job.durable, also=job.ledger_keys[1:], restarted=job.restarted(), now=now,
+                       confirmed=policy.confirmed_by([picture]), kept=bundle_on_disk(state),
                        alive=policy.sign_of_life(picture))
         decision = policy.decide(cfg, hang, self.ledger)
         if decision.name in ("act", "dry_run") and cfg.fleet.prometheus_url:  # the fleet, asked last
-            elsewhere, why = fleet.actions_elsewhere(cfg.fleet, job.durable)
+            elsewhere, why = fleet.actions_elsewhere(cfg.fleet, *job.ledger_keys)
             share = fleet.acted_ratio(cfg.fleet) if elsewhere is not None else (None, why)
             decision = policy.decide(cfg, hang, self.ledger, share, elsewhere or ())
         if decision.name not in ("act", "dry_run"):
@@ -261,7 +262,7 @@ class Responder:
         if evidence is not None:
             state.evidence[job.key] = evidence
         if any(st.result == DONE for st in steps):
-            self.ledger.record(now, job.durable)
+            self.ledger.record(now, *job.ledger_keys)
         for step in steps:
             self.counters.inc("actions_total", step.action, step.result)
         return job.key, decision, steps

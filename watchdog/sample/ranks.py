@@ -29,10 +29,13 @@ from watchdog.secrets import REDACTED as REDACTED  # re-exported: tests and call
 from watchdog.secrets import redact_arguments, redact_variable
 from watchdog.stack_model import member_id
 
+# How many times the launcher restarted a rank (torchrun's elastic agent; Slurm's requeue).
+RESTART_VARIABLES = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 # Launch variables read from each rank's environment, and those that say which pod or Slurm job it is.
 RANK_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
-    "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOBID", "CUDA_VISIBLE_DEVICES", *WORKLOAD_VARIABLES,
+    "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_JOBID", "CUDA_VISIBLE_DEVICES", *RESTART_VARIABLES,
+    *WORKLOAD_VARIABLES,
 )
 KEPT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
@@ -44,6 +47,7 @@ _ENVIRON_KEPT = 256  # variables kept of one process (NCCL_* and the like: a rea
 
 
 JOB_KEY_MAX = 200  # characters of a job key (a metric and alert label)
+UNLAUNCHED = "unlaunched"  # the key of processes that claim no job
 
 
 def _job_key(kind: str, claim: str) -> str:
@@ -64,7 +68,7 @@ def claimed_key(env: Mapping[str, str]) -> str:
         return _job_key("master", f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
     if env.get("SLURM_JOB_ID"):
         return _job_key("slurm", env["SLURM_JOB_ID"])
-    return "unlaunched"  # no launcher variables: the processes chosen (or on the GPUs) form one picture
+    return UNLAUNCHED  # no launcher variables: the processes chosen (or on the GPUs) form one picture
 
 
 @dataclass(frozen=True)
