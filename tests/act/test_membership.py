@@ -169,6 +169,19 @@ def test_a_relaunch_with_new_arguments_is_the_same_program_for_the_ledger() -> N
                                   lambda job, uid: None)
     assert job.ledger_keys[0] == "slurm:4242" and again.ledger_keys[0] == "slurm:4300"
     assert job.ledger_keys[1:] == again.ledger_keys[1:] == (launched("python", "train.py"),)
+    assert launched("python", "./train.py") == launched("python", "train.py")
+    # A job of 300 ranks each running its own script is still two keys: one action never floods the ledger.
+    many = [dataclasses.replace(rank_in(slurm, Workload(slurm_job_id="4242")), pid=5000 + n,
+                                env={**LAUNCHED, "RANK": str(n)}, cmdline=("python", f"/tmp/x/s{n}.py"))
+            for n in range(300)]
+    [big], _ = membership.prove(many, 2.0, lambda job, uid: None)
+    assert len(big.ranks) == 300 and len(big.ledger_keys) == 2
+    # Two pods of one namespace and user, one script with their own arguments: two jobs to the ledger.
+    inside = "0::/kubepods.slice/kubepods-pod0f8a3c2e_1b2d_4e5f_8a9b_0c1d2e3f4a5b.slice/cri-containerd-abc.scope\n"
+    held = Workload(namespace="ml", pod="trainer-0", container="main")
+    pods = [membership.prove([dataclasses.replace(rank_in(inside, held), cmdline=("python", "train.py", "--cfg", cfg))],
+                             2.0, confirms_nothing)[0][0] for cfg in ("a", "b")]
+    assert pods[0].key.startswith("pod:") and pods[0].durable != pods[1].durable
 
 
 def test_the_launchers_restarts_are_read_and_only_from_the_ranks_it_restarted() -> None:
@@ -198,6 +211,14 @@ def test_two_proven_jobs_that_claim_one_name_are_a_conflict() -> None:
     found = membership.conflicts(jobs)
     assert len(jobs) == 3 and len(found) == 2, found
     assert all("2 proven jobs on these GPUs claim the name run:victimrun" in why for why in found.values())
+    # The same claim from another GPU, or from the same user (two launchers of one run, a pod per GPU), holds
+    # nobody's action.
+    elsewhere = dataclasses.replace(bob, gpus=(5,))
+    jobs, _ = membership.prove([alice, elsewhere], 20.0, confirms_nothing)
+    assert len(jobs) == 2 and membership.conflicts(jobs) == {}
+    own = dataclasses.replace(bob, uid=ALICE, parent=Parent(4900, 0.7, ALICE))
+    jobs, _ = membership.prove([alice, own], 20.0, confirms_nothing)
+    assert len(jobs) == 2 and membership.conflicts(jobs) == {}
     bare = {"RANK": "0", "WORLD_SIZE": "1"}  # no job name claimed at all: nothing to conflict over
     jobs, _ = membership.prove([dataclasses.replace(alice, env=bare), dataclasses.replace(bob, env=bare)], 20.0,
                                confirms_nothing)

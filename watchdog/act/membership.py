@@ -135,7 +135,7 @@ def _program(rank: RankInfo) -> tuple[str, ...]:
         if arg.startswith(("-m", "-c")) and len(arg) > 2:
             return (arg[:2], arg[2:])
         if arg == "-" or not arg.startswith("-"):
-            return (arg,)
+            return (os.path.normpath(arg),)  # ./train.py is train.py
         position += 2 if arg in _OPTION_ARGUMENT else 1
     return ()
 
@@ -165,8 +165,11 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> _Proof | str:
         # the kubelet's for the GPU, which another pod's process sharing that GPU would wrongly carry: so the
         # key and the ledger's key hold the UID and the command, and a deletion is conditional on the UID.
         where = f"{w.namespace}/{w.pod}"
-        program = _program(rank)
-        return (f"pod:{pod_uid}", f"pod:{w.namespace}:{rank.uid}:{_digest(program)}",
+        # A pod's command line is its spec's, the same when its controller makes it again: kept whole, so that
+        # two people's pods in one namespace running one script with their own arguments stay two jobs.
+        argv = rank.cmdline
+        command = argv[1:] if argv[:1] and "python" in os.path.basename(argv[0]) else argv
+        return (f"pod:{pod_uid}", f"pod:{w.namespace}:{rank.uid}:{_digest(command)}",
                 f"pod UID {pod_uid}, on a GPU the kubelet gave to pod {where}",
                 Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid, None)
     if pod_uid is None and w.pod and not {"pod", "namespace"} & set(w.claimed):
@@ -208,7 +211,7 @@ def prove(ranks: Iterable[RankInfo], onset: float, slurm_check: SlurmCheck) -> t
             left.extend(LeftAlone(r, f"{proof}, but its ranks run as {len(uids)} users") for r in members)
             continue
         members.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
-        extra = tuple(sorted({k for r in members for k in [_command_key(r)]})) if also else ()
+        extra = (_command_key(members[0]),) if also else ()  # its first rank's program: one key, however many
         jobs.append(ProvenJob(key, durable, proof, tuple(members), workload, pod_uid, extra))
     return jobs, left
 
@@ -234,21 +237,31 @@ def named(jobs: Sequence[ProvenJob]) -> list[tuple[str, ProvenJob]]:
 
 def conflicts(jobs: Sequence[ProvenJob]) -> dict[str, str]:
     """Proven job key -> why it is not acted on, for the jobs among `jobs` (those on one episode's GPUs) that
-    claim one job name between them: a process may copy another's RANK and run id, so a name two jobs claim
-    says nothing about which of them hangs, and neither is acted on (named() still keeps them apart)."""
+    claim one job name and share a GPU, as two users: a process may copy another's RANK and run id onto the GPU
+    it shares with that job, and then the name says nothing about which of them hangs, so neither is acted on
+    (named() still keeps them apart). One user's jobs (two launchers of one run, a pod per GPU) are no
+    conflict, nor are claims on GPUs of their own: a name claimed elsewhere never holds a job's action."""
     by_claim: dict[str, list[ProvenJob]] = {}
     for job in jobs:
         claim = job.claimed()
         if claim and claim != UNLAUNCHED:
             by_claim.setdefault(claim, []).append(job)
     out = {}
-    for claim, claimants in by_claim.items():
+    for claim, named_so in by_claim.items():
+        claimants = [job for job in named_so if any(
+            _shared(job, other) and {r.uid for r in job.ranks} != {r.uid for r in other.ranks}
+            for other in named_so if other is not job)]
         if len(claimants) > 1:
             proofs = "; ".join(job.proof for job in claimants[:4])
             for job in claimants:
                 out[job.key] = (f"{len(claimants)} proven jobs on these GPUs claim the name {claim} ({proofs}): "
                                 "which of them hangs is not known, so neither is acted on")
     return out
+
+
+def _shared(one: ProvenJob, other: ProvenJob) -> bool:
+    """Whether two jobs' ranks hold a GPU in common."""
+    return bool({g for r in one.ranks for g in r.gpus} & {g for r in other.ranks for g in r.gpus})
 
 
 def pictured(ranks: Sequence[RankInfo], slurm_check: SlurmCheck) -> list[Job]:
