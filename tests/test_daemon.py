@@ -356,3 +356,18 @@ def test_uneven_work_is_said_once_and_shown_never_paged(tmp_path: Path) -> None:
     assert metric(daemon, 'stall_watchdog_uneven_work_ratio{gpu="0",why="from_start"}') == pytest.approx(0.18, abs=0.06)
     assert metric(daemon, 'stall_watchdog_rank_wait_ratio{gpu="0"}') == pytest.approx(0.12, abs=0.05)
     assert not daemon.engine.open_episodes()
+
+
+def test_the_failure_series_the_rules_watch_are_born_at_zero(tmp_path: Path) -> None:
+    """StallWatchdogAlertsFailing and StallWatchdogBundlesFailing fire on increase(): a series born at 1 at the
+    first failure has no increase to show, so the first failure would never be alerted on. Both are exported at 0
+    from the start, for every configured receiver."""
+    config = daemon_config(tmp_path, alerts={"receivers": [{"type": "webhook", "name": "pager",
+                                                            "url": "http://127.0.0.1:9/hook"}]})
+    service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 0, {}, clock=stepping_clock()))
+    try:
+        service.daemon.tick()
+        assert metric(service.daemon, 'stall_watchdog_alerts_total{receiver="pager",result="failed"}') == 0
+        assert metric(service.daemon, 'stall_watchdog_bundles_total{result="failed"}') == 0
+    finally:
+        service.close(timeout=5)
