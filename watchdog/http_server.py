@@ -95,6 +95,12 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(_Prefixed(head, self.connection))
         self.wfile = _Writer(self.connection, self.deadline)  # type: ignore[assignment]
 
+    def renew_deadline(self) -> None:
+        """A fresh REQUEST_SECONDS for the reply, after work the server itself took long over (a dump may take a
+        minute): the deadline bounds what a client makes the server wait for, not the server's own work."""
+        self.deadline = time.monotonic() + REQUEST_SECONDS
+        self.wfile.deadline = self.deadline  # type: ignore[attr-defined]
+
     def reply(self, status: int, body: bytes, kind: str = "text/plain; charset=utf-8",
               headers: dict[str, str] | None = None) -> None:
         self.send_response(status)

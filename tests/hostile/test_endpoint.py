@@ -232,3 +232,33 @@ def test_a_flood_of_failing_clients_is_a_few_log_lines(caplog: pytest.LogCapture
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_dump_longer_than_the_request_deadline_still_gets_its_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dump takes as long as the ranks' stacks, Flight Recorder and RAS take (a minute at the defaults), past the
+    request's deadline: the deadline bounds the client, not the server's own work, so the reply is still sent."""
+    import json
+    import urllib.request
+
+    from watchdog.config import DumpConfig, ExportConfig
+    from watchdog.export.server import Endpoint
+
+    monkeypatch.setattr(http_server, "REQUEST_SECONDS", 1.0)
+    served: list[bytes] = []
+
+    def slow_dump(body: bytes) -> tuple[int, dict[str, object], int | None]:
+        served.append(body)
+        time.sleep(2.5)  # longer than the request's deadline
+        return 200, {"jobs": []}, None
+
+    endpoint = Endpoint(ExportConfig(listen_address="127.0.0.1:0"), lambda: b"", lambda: (True, ""), slow_dump,
+                        DumpConfig(open_on_loopback=True))
+    endpoint.start()
+    try:
+        request = urllib.request.Request(endpoint.base_url + "/v1/dump", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200 and json.loads(answer.read()) == {"jobs": []}
+    finally:
+        endpoint.stop()
+    assert served == [b"{}"]

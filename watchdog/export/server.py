@@ -157,7 +157,12 @@ class Endpoint:
                     self.reply_json(body[0], {"error": body[1]})
                     return
                 status, answer, retry = dump(body)
-                self.reply_json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
+                self.renew_deadline()  # the dump took its time; the client gets the usual deadline to take the reply
+                try:
+                    self.reply_json(status, answer, {"Retry-After": str(retry)} if retry is not None else None)
+                except OSError as exc:  # TimeoutError included: the client left or did not read
+                    logfmt.event("dump_reply_lost", level=logfmt.WARNING, status=status,
+                                 error=f"{type(exc).__name__}: {exc}")
 
         self._handler, self._tls, self._address = Handler, tls, (host, port)
         self.server: HardenedServer | None = None
