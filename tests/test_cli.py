@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +271,50 @@ def test_analyze_reads_a_paste_on_standard_input(tmp_path: Path) -> None:
                             capture_output=True, timeout=60, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1])["nccl_timeouts"]["culprits"] == [1]
+
+
+def test_every_command_the_code_tells_people_to_run_parses() -> None:
+    """A verdict, a hint or an error that says "run `stall-watchdog X --flag`" names a verb (and sub-verb) and
+    flags that exist (a verdict once told people to run `doctor --all`; the flag is --all-ranks)."""
+    import argparse
+    import re
+
+    from watchdog.cli.parser import build_parser
+
+    def verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        found: dict[str, argparse.ArgumentParser] = {}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found.update(action.choices)
+        return found
+
+    root = Path(__file__).resolve().parents[1] / "watchdog"
+    told = {m.group(1) for path in root.rglob("*.py")
+            for m in re.finditer(r"`stall-watchdog ([a-z][^`]*)`", path.read_text())}
+    assert len(told) >= 10, told
+    for command in sorted(told):
+        words = command.split()
+        parser = build_parser()
+        while words and words[0] in verbs(parser):
+            parser = verbs(parser)[words.pop(0)]
+        assert parser is not build_parser() and parser.prog != build_parser().prog, f"no verb in `{command}`"
+        flags = {flag for action in parser._actions for flag in action.option_strings}
+        for word in words:
+            if word.startswith("-"):
+                assert word.split("=")[0] in flags, f"`stall-watchdog {command}`: {parser.prog} has no {word}"
+
+
+def test_a_folders_notes_are_not_evidence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder of evidence with its SOURCES.md: the notes (which say "step 1 ... step 197" of the items they
+    describe) are named as skipped, never read as a training log that made progress."""
+    from watchdog.cli import main as cli
+
+    (tmp_path / "SOURCES.md").write_text("- step 1: the job starts\n- step 197: the job was reported stuck\n")
+    assert cli(["analyze", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "SOURCES.md: a document (.md), not evidence" in err and "nothing to analyse" in err
+    timeout = Path(__file__).parent.parent / "bench" / "evidence" / "items" / "timeout"
+    shutil.copy(next(timeout.glob("*.txt")), tmp_path / "rank.log")
+    assert cli(["analyze", "--json", str(tmp_path)]) == 0
+    assert '"kind": "hang"' in capsys.readouterr().out
+    assert cli(["analyze", str(tmp_path / "SOURCES.md")]) == 0  # named on its own, it is read

@@ -123,3 +123,39 @@ def test_analyze_never_merges_unrelated_processes(tmp_path: Path, capsys: pytest
     train = by_name["train.py"]
     assert train["outliers"] == ["pid 103"] and "pid 200" not in json.dumps(train)
     assert "pid 103" not in json.dumps(by_name["-m vllm.entrypoints.api_server"])
+
+
+def _caught(rank: int, pg: str, seq: int, op: str = "ALLREDUCE") -> str:
+    return (f"[rank{rank}]:[E1101 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [{pg} Rank {rank}] Watchdog caught "
+            f"collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=600000) ran for 600010 milliseconds before timing out.\n")
+
+
+def test_two_groups_that_share_a_pg_id_are_told_apart_by_their_guid() -> None:
+    """Each rank numbers the groups it is in, so PG ID 11 on one rank and PG ID 11 on another can be two groups;
+    their GUIDs tell. Counters 50,000 apart in two groups are not one rank behind the other."""
+    found = nccl_timeouts.parse(_caught(0, "PG ID 11 PG GUID 11", 100) + _caught(1, "PG ID 11 PG GUID 35", 50100))
+    assert found.culprits == (), found.summary
+    same = nccl_timeouts.parse(_caught(0, "PG ID 11 PG GUID 35(dp)", 100) + _caught(1, "PG ID 11 PG GUID 35(dp)", 101))
+    assert same.culprits == (0,), same.summary
+
+
+def test_in_a_job_of_two_ranks_the_silent_one_is_the_peer_that_never_arrived() -> None:
+    one = _caught(0, "PG ID 0 PG GUID 0(default_pg)", 7)
+    assert nccl_timeouts.parse(one).culprits == ()  # the size unknown: the others' logs hold the answer
+    found = nccl_timeouts.parse("[rank0]: world_size=2\n" + one)
+    assert found.culprits == (1,) and "the peer that never arrived" in found.behind[1], found.summary
+    both = found = nccl_timeouts.parse("NCCL INFO comm 0x55 rank 0 nranks 2 cudaDev 0\n" + one +
+                                       _caught(1, "PG ID 0 PG GUID 0(default_pg)", 7))
+    assert both.culprits == () and both.same_work  # both timed out at the same work: neither is named
+    wider = nccl_timeouts.parse("WORLD_SIZE=4\n" + one + _caught(1, "PG ID 0 PG GUID 0(default_pg)", 7))
+    assert wider.culprits == () and wider.silent == (2, 3), wider.summary  # ranks above the highest that logged
+
+
+def test_one_rank_on_each_side_of_a_mismatch_blames_neither() -> None:
+    pg = "PG ID 0 PG GUID 0(default_pg)"
+    two = nccl_timeouts.parse(_caught(0, pg, 9, "ALLREDUCE") + _caught(1, pg, 9, "BROADCAST"))
+    assert two.culprits == (), two.summary
+    three = nccl_timeouts.parse(_caught(0, pg, 9, "ALLREDUCE") + _caught(1, pg, 9, "BROADCAST") +
+                                _caught(2, pg, 9, "ALLREDUCE"))
+    assert three.culprits == (1,), three.summary

@@ -49,7 +49,7 @@ def test_a_group_rank_is_said_as_such_and_the_global_rank_comes_from_the_prefix(
     found = nccl_timeouts.parse((ITEMS / "timeout/nemo-rl-megatron-ray-tp-ep-groups-global9-local1.txt").read_text())
     event = next(e for e in found.events if e.seq == 49387)
     assert (event.rank, event.group_rank, event.global_known) == (9, 1, True)
-    assert "of process group 5 (TENSOR_MODEL_PARALLEL_GROUP)" in found.summary
+    assert "of process group 5 (GUID 37, TENSOR_MODEL_PARALLEL_GROUP)" in found.summary
     alone = nccl_timeouts.parse("[PG ID 3 PG GUID 3 Rank 1]  failure detected by watchdog at work sequence id: 7 PG "
                                 "status: last enqueued work: 7, last completed work: 6\n")
     assert "rank 1 of process group 3" in alone.summary and alone.culprits == ()

@@ -6,6 +6,10 @@
     ncclras reports (JSON or text; two = stuck test)    the ranks behind
     NCCL watchdog timeout logs (one or many ranks)      the ranks behind by sequence number, the silent ones
     coordinator job bundles                             the job verdict across nodes, re-derived
+    nvidia-smi tables                                   GPUs that spin near idle power, or idle holding memory
+    kernel logs (Xid, a GPU lost, PCIe AER)             the GPU that failed, and what its Xid means
+    crash logs (OOM, illegal access, NCCL error...)     which rank crashed of what: a crash, not a hang
+    training logs (step counters, progress bars)        progress, when nothing else shows trouble
 
 The output is `stacks analyze`'s contract: `groups`, `outliers` ("rank N" / "pid N"), `summary`,
 `verdict`, plus `flight_recorder` and `nccl_ras` when those were given.
@@ -20,6 +24,8 @@ from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.evidence import Evidence, gather
 from watchdog.cli.stacks import print_pictures
 from watchdog.model import Severity, Verdict
+from watchdog.pasted import crash_log, kernel_log, smi_table
+from watchdog.pasted.finding import Finding
 from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report, timeout_verdict
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.confirm import ONE_LOOK
@@ -46,6 +52,17 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
                          tuple(e for f in found.fr_text for e in f.entries)) if found.fr_text else None
     notes = [n for n in (timeouts.summary if timeouts else None, fr.summary if fr else None,
                          ras.summary if ras else None, frt.summary if frt else None) if n]
+    crash = _crash(found, bool(found.dumps) or _stuck_elsewhere(timeouts, fr, ras, frt))
+    if crash is not None:
+        analysis = Analysis((), crash.named, ". ".join(notes), 0)
+        return StackPicture(name, None, False, analysis, crash.verdict().noted(notes), fr=fr, ras=ras,
+                            timeouts=timeouts)
+    table = smi_table.judge(found.smi_tables)
+    if table is not None:
+        if not (found.dumps or timeouts or fr or ras or frt or found.progress or found.doubts):
+            analysis = Analysis((), table.named, table.reason, 0)
+            return StackPicture(name, None, False, analysis, table.verdict())
+        notes.append(table.reason)
     if found.dumps:
         analysis = analyze(found.dumps)
         decided = with_job_evidence(verdict(analysis), fr, ras)
@@ -75,6 +92,21 @@ def picture_of(found: Evidence, name: str) -> StackPicture:
                           "cannot tell: " + _read_what(found))
     analysis = Analysis((), tuple(f"rank {r}" for r in culprits), ". ".join(notes), 0)
     return StackPicture(name, None, False, analysis, decided, fr=fr, ras=ras, timeouts=timeouts)
+
+
+def _crash(found: Evidence, stuck: bool) -> Finding | None:
+    """The crash that explains the evidence, if one does: a GPU the hardware failed always (the ranks that wait
+    wait on it); a rank that died of an error it names, also when the others then time out or hang waiting for
+    it; a crash with no rank named only when nothing else shows the job stuck."""
+    gpu = kernel_log.judge(found.gpu_events)
+    if gpu is not None and gpu.kind == "crash" and (gpu.severity is Severity.CRITICAL or not stuck):
+        return gpu
+    crash = crash_log.judge(found.crashes)
+    if crash is not None and (crash.named or not stuck or found.crashes[0].what in crash_log.GPU_FAULTS):
+        return crash
+    if gpu is not None and not stuck and not found.crashes and not found.smi_tables:
+        return gpu  # corrected errors only: said, judged nothing
+    return None
 
 
 def _culprits(timeouts: timeout_verdict.TimeoutFinding | None, fr: fr_matching.FlightRecorderAnalysis | None,
@@ -154,9 +186,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         pictures += [picture_of(Evidence(dumps=[d for d in found.dumps if d.job == job]), f"{name}: {job or 'unnamed'}")
                      for job in jobs]
         found = Evidence(traces=found.traces, ras=found.ras, timeout_lines=found.timeout_lines, fr_text=found.fr_text,
-                         progress=found.progress, doubts=found.doubts, kinds=[k for k in found.kinds if k != "stacks"])
+                         progress=found.progress, doubts=found.doubts, smi_tables=found.smi_tables,
+                         gpu_events=found.gpu_events, crashes=found.crashes,
+                         kinds=[k for k in found.kinds if k != "stacks"])
     if found.dumps or found.traces or found.ras or found.timeout_lines or found.fr_text or found.progress or \
-            found.doubts:
+            found.doubts or found.smi_tables or found.gpu_events or found.crashes:
         pictures.append(picture_of(found, name))
     if not pictures:
         error("nothing to analyse in " + ", ".join(args.paths))

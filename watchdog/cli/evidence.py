@@ -10,6 +10,7 @@ from pathlib import Path
 
 from watchdog import rank_files, untrusted_data
 from watchdog.coordinate import job_bundle
+from watchdog.pasted import crash_log, kernel_log, smi_table
 from watchdog.stack_model import StackDump
 from watchdog.stacks import fr_dumps, fr_text, nccl_timeouts, progress_log, ras_report
 from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, from_json, parse_capture, parse_pyspy_json
@@ -20,6 +21,8 @@ from watchdog.stacks.pyspy_text import looks_like_pyspy, parse_text
 from watchdog.stacks.ras_report import RasError, RasStatus
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"
+# Inside a folder, these are its notes (a README, a SOURCES.md), not what a job left: read only when named
+_DOCUMENTS = (".md", ".markdown", ".rst", ".html", ".pdf")
 _JOB_MARKER = ".stall-watchdog-job-bundle"
 
 
@@ -34,6 +37,9 @@ class Evidence:
     fr_text: list[fr_text.FrText] = field(default_factory=list)  # torchfrtrace / fr_trace output
     progress: list[str] = field(default_factory=list)  # a training log's counter rising: "iteration went from 1 to 9"
     doubts: list[str] = field(default_factory=list)  # a counter that rose in a log that also shows trouble
+    smi_tables: list[list[smi_table.SmiGpu]] = field(default_factory=list)  # nvidia-smi's tables, in order
+    gpu_events: list[kernel_log.GpuEvent] = field(default_factory=list)  # Xid lines, GPUs lost, PCIe errors
+    crashes: list[crash_log.Crash] = field(default_factory=list)  # the error each rank died of
     ras_seen: set[int] = field(default_factory=set)  # the RAS texts read, so that a copy is not a second query
     skipped: list[str] = field(default_factory=list)  # "path: why", said on stderr, never dropped silently
     read_bytes: int = 0  # what this run has read, against MAX_TOTAL_BYTES
@@ -138,6 +144,9 @@ def _each_file(folder: Path, found: Evidence, depth: int = 0) -> None:
         if path.is_symlink():
             found.skipped.append(f"{path}: a symbolic link, not followed inside a folder (name its target)")
             continue
+        if path.suffix.lower() in _DOCUMENTS and path.is_file():
+            found.skipped.append(f"{path}: a document ({path.suffix}), not evidence: name it on its own to read it")
+            continue
         if path.is_dir():
             if depth == 0:
                 _folder(path, found, depth + 1)
@@ -180,6 +189,7 @@ def _file(path: Path, found: Evidence) -> None:
         found.fr_text.append(fr_text.parse(text))
         found.kinds.append("flight recorder analyzer output")
         read = True
+    read = _pasted(text, found) or read
     if looks_like_pyspy(text) or not read:
         dumps = parse_text(text, str(path))
         if dumps:
@@ -200,6 +210,28 @@ def _file(path: Path, found: Evidence) -> None:
         raise StackFormatError(f"{path}: none of the formats `analyze` reads (py-spy text or JSON, NCCL watchdog "
                                "timeout log, ncclras report, Flight Recorder dump or analyzer output, a training "
                                "log's step counter)")
+
+
+def _pasted(text: str, found: Evidence) -> bool:
+    """What people paste beside stacks and timeouts: nvidia-smi's table, the kernel's GPU lines, a crash."""
+    read = False
+    tables = smi_table.tables(text) if smi_table.looks_like(text) else []
+    if tables:
+        found.smi_tables.extend(tables)
+        found.kinds.append("nvidia-smi table")
+        read = True
+    events = kernel_log.events(text) if kernel_log.looks_like(text) else []
+    if events:
+        found.gpu_events.extend(events)
+        found.kinds.append("kernel log")
+        read = True
+    crashes = crash_log.crashes(text, generic=not nccl_timeouts.looks_like_timeout_log(text)) \
+        if crash_log.looks_like(text) else []
+    if crashes:
+        found.crashes.extend(crashes)
+        found.kinds.append("crash log")
+        read = True
+    return read
 
 
 def _add_ras(path: Path, text: str, found: Evidence) -> None:

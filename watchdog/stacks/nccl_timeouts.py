@@ -121,13 +121,19 @@ def unwrap(text: str) -> list[str]:
 
 
 def _group(tag: str | None) -> str:
-    """`PG 1`, `PG ID 1 PG GUID 1`, `PG ID 0 PG GUID 0(default_pg)` -> `1`, `1`, `0 (default_pg)`."""
+    """`PG 1`, `PG ID 1 PG GUID 1`, `PG ID 0 PG GUID 0(default_pg)`, `PG ID 11 PG GUID 35(ep)` -> `1`, `1`,
+    `0 (default_pg)`, `11 (GUID 35, ep)`. A group is its GUID: two groups can share one PG ID (each rank numbers
+    the groups it is in), so a GUID other than the ID is kept, and lines of two GUIDs are never compared."""
     if not tag:
         return ""
     number = re.match(r"PG(?:\s+ID)?\s+(\d{1,9})", tag)
+    guid = re.search(r"GUID\s+([\w.:-]{1,60}?)\s{0,2}(?:\(|$)", tag)
     named = re.search(r"\(([^)]{1,60})\)", tag)
     if number:
-        return number.group(1) + (f" ({named.group(1)})" if named else "")
+        other = guid.group(1) if guid and guid.group(1) != number.group(1) else None
+        inside = ", ".join(part for part in (f"GUID {other}" if other else None, named.group(1) if named else None)
+                           if part)
+        return number.group(1) + (f" ({inside})" if inside else "")
     return named.group(1) if named else tag.strip()[:60]
 
 
@@ -138,7 +144,10 @@ def parse(text: str) -> TimeoutFinding:
 
 # A word of each pattern `parse_lines` reads (and of those it counts as unread): a line with none holds nothing
 _WORDS = ("atchdog", "Timeout", "failure", "Received", "caught", "work", "Heartbeat", "First", "joined", "collective",
-          "lagging")
+          "lagging", "orld", "WORLD", "nranks", "nRanks")
+# The job's size, where the log says it: `world_size=2`, `WORLD_SIZE=2`, NCCL's `... rank 0 nranks 2 cudaDev 0`
+_WORLD = re.compile(r"\bworld[_ ]?size\s{0,4}[=:]\s{0,4}(\d{1,7})\b|\bnranks\s{0,4}[=:]?\s{0,4}(\d{1,7})\b",
+                    re.IGNORECASE)
 
 
 def read_lines(text: str) -> list[str]:
@@ -158,6 +167,7 @@ def parse_lines(lines: Iterable[str]) -> TimeoutFinding:
     from_report: set[tuple[int, bool, str, int]] = set()  # events made from its "joined" lines
     stuck: set[int] = set()
     unread = 0
+    world: int | None = None
 
     def event(m: re.Match[str], line: str) -> RankTimeout:
         group = _group(m["pg"])
@@ -179,6 +189,8 @@ def parse_lines(lines: Iterable[str]) -> TimeoutFinding:
 
     for line in lines:
         matched = False
+        for size in _WORLD.finditer(line) if world is None else ():
+            world = int(size.group(1) or size.group(2)) or None
         # each record's words first, found at C speed: the patterns' tag prefix costs microseconds per character
         for caught in _CAUGHT.finditer(line) if "caught" in line else ():
             found = event(caught, line)
@@ -239,7 +251,7 @@ def parse_lines(lines: Iterable[str]) -> TimeoutFinding:
     elif inside and outside:
         lagging.update({r: "joined but didn't finish the collective the others finished (TORCH_NCCL_DESYNC_DEBUG)"
                         for r in inside if r not in lagging})
-    return judge(list(events.values()), lagging, signalled, tuple(sorted(stuck)), unread, tuple(sorted(own)))
+    return judge(list(events.values()), lagging, signalled, tuple(sorted(stuck)), unread, tuple(sorted(own)), world)
 
 
 def _rank_list(text: str) -> list[int]:

@@ -77,7 +77,8 @@ def _frame(line: str) -> Frame | None:
     where = body[cut + 2:-1]
     file, colon, number = where.rpartition(":")
     numbered = bool(colon) and number.isascii() and number.isdigit() and len(number) <= 9
-    return Frame(body[:cut][:MAX_NAME], (file if numbered else where)[:MAX_NAME], int(number) if numbered else None)
+    return Frame(body[:cut].rstrip()[:MAX_NAME], (file if numbered else where)[:MAX_NAME],
+                 int(number) if numbered else None)
 
 
 MAX_CLAIMED = 64  # processes one count line ("6 processes are in:", a person's digest of a node) may stand for
@@ -190,7 +191,7 @@ def parse_text(text: str, source: str = "") -> list[StackDump]:
     flush_process()
     if digest and not _dense(digest_lines, lines):
         dumps = [d for d in dumps if id(d) not in digest]
-    return dumps or _frame_lists(text, source)
+    return dumps or _rank_digest(text, source) or _frame_lists(text, source)
 
 
 def _dense(read: int, lines: int) -> bool:
@@ -200,6 +201,11 @@ def _dense(read: int, lines: int) -> bool:
 
 
 _SOURCE_FILE = re.compile(r"\.py\b|^<|\.so\b|/")
+# A person's digest of many ranks' stacks, keyed by the ranks: `DP0,3,5,7:  broadcast  (distributed_c10d.py:2841)`,
+# `Rank 1 (waiting): recv (socket.py:9)`, `ranks 3..7: ...`, then the outer frames indented below
+_RANK_KEY = re.compile(r"^\s{0,4}(?P<kind>DP|TP|PP|EP|CP|[Rr]anks?\s?)?(?P<ranks>\d{1,6}(?:\s{0,2}(?:,|\.\.|-)\s{0,2}"
+                       r"\d{1,6}){0,255})\s{0,2}(?:\([^()\n]{0,40}\))?:\s+(?P<frame>\S.{0,400})$")
+_COMMENT = re.compile(r"\s+(?:<-|#|//).{0,200}$")  # a reporter's note after a frame
 _PID_HEADER = re.compile(r"\bpid[= ](\d{1,10})\b")
 
 
@@ -244,3 +250,40 @@ def _frame_lists(text: str, source: str) -> list[StackDump]:
     return [StackDump(member_id(pid, None) if pid is not None else f"stack {n + 1}",
                       (ThreadStack(None, "MainThread", None, tuple(block[:MAX_FRAMES])),), pid, source=source)
             for n, (pid, block) in enumerate(blocks[:MAX_THREADS])]
+
+
+def _rank_numbers(text: str) -> list[int]:
+    """`0,3,5,7` -> [0, 3, 5, 7]; `3..7` or `3-7` -> [3, 4, 5, 6, 7] (at most MAX_THREADS in all)."""
+    found: list[int] = []
+    for part in re.split(r"\s{0,2},\s{0,2}", text):
+        low, _, high = re.sub(r"\s{0,2}(?:\.\.|-)\s{0,2}", "-", part.strip(), count=1).partition("-")
+        if high.isdigit() and low.isdigit() and int(low) <= int(high):
+            found.extend(range(int(low), min(int(high), int(low) + MAX_THREADS) + 1))
+        elif low.isdigit():
+            found.append(int(low))
+    return list(dict.fromkeys(found))[:MAX_THREADS]
+
+
+def _rank_digest(text: str, source: str) -> list[StackDump]:
+    """A digest keyed by ranks (module constant _RANK_KEY): one dump per rank named, each with the frames its line
+    and the indented lines under it give, innermost first, and the rank kept as the reporter named it."""
+    groups: list[tuple[list[int], str, list[Frame]]] = []
+    lines = 0
+    for raw in text.splitlines()[:200_000]:
+        line = _COMMENT.sub("", raw.rstrip()[:4096])
+        lines += bool(line.strip())
+        key = _RANK_KEY.match(line)
+        first = _frame(" " + key["frame"].strip()) if key else None
+        if key and first is not None and _SOURCE_FILE.search(first.file):
+            groups.append((_rank_numbers(key["ranks"]), (key["kind"] or "").strip(), [first]))
+            continue
+        found = _frame(line) if groups else None
+        if found is not None and _SOURCE_FILE.search(found.file):
+            groups[-1][2].append(found)
+    if len(groups) < 2 or not _dense(sum(len(f) for _, _, f in groups), lines):
+        return []
+    dumps = []
+    for ranks, _, frames in groups:
+        thread = ThreadStack(None, "MainThread", None, tuple(frames[:MAX_FRAMES]))
+        dumps += [StackDump(member_id(None, rank), (thread,), rank=rank, source=source) for rank in ranks]
+    return dumps[:MAX_THREADS]

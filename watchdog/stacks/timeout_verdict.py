@@ -123,7 +123,7 @@ class TimeoutFinding:
         if self.events:
             return (head + f"; all {len({e.rank for e in self.events})} ranks that logged are at the same work: "
                     "none is behind, so the transport (network interface, InfiniBand, P2P) is the usual cause, or "
-                    "a rank whose log is not here; run `stall-watchdog doctor --all` on the nodes" + unread)
+                    "a rank whose log is not here; run `stall-watchdog doctor --all-ranks` on the nodes" + unread)
         return head + unread
 
     def to_json(self) -> dict[str, object]:
@@ -145,8 +145,11 @@ def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
 
 def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
           signalled: dict[int, tuple[int, int | None]] | None = None, stuck: tuple[int, ...] = (),
-          unread: int = 0, own: tuple[int, ...] = ()) -> TimeoutFinding:
-    """`signalled`: rank -> (the rank whose timeout it was told of, its own last enqueued work or None)."""
+          unread: int = 0, own: tuple[int, ...] = (), world: int | None = None) -> TimeoutFinding:
+    """`signalled`: rank -> (the rank whose timeout it was told of, its own last enqueued work or None); `world`:
+    the job's size where the log says it. In a job of two ranks whose one rank timed out and the other left no
+    line, the other is the peer it waits on; a known size also lists the silent ranks above the highest that
+    logged."""
     behind = dict(lagging or {})
     told = {r: s for r, s in (signalled or {}).items() if not any(e.rank == r for e in events)}
     known = [e for e in events if e.rank != ANONYMOUS]
@@ -180,8 +183,9 @@ def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
                 suspect(e, f"completed work #{e.last_completed}, others #{max(done)}")
         at_top = [e for e in members if e.seq == top and e.op]
         ops = Counter(e.op for e in at_top)
-        if len(ops) > 1:  # the same sequence number in different collectives: they will never match
-            (common, _), = ops.most_common(1)
+        (common, most), *rest = ops.most_common() if ops else [("", 0)]
+        if rest and most >= 2 and most > rest[0][1]:  # the same sequence number in different collectives: they
+            # will never match; the odd side is the smaller one, and one rank on each side blames neither
             for e in at_top:
                 if e.op != common:
                     suspect(e, f"is in {e.op} #{e.seq} while the others are in {common} #{top}: the collectives do "
@@ -198,11 +202,21 @@ def judge(events: list[RankTimeout], lagging: dict[int, str] | None = None,
             behind.setdefault(rank, f"did not time out (told of rank {source}'s): it never entered the collective "
                                     "the others wait in")
     sources = {r: s for r, (s, _) in told.items()}
-    logged = sorted({e.rank for e in first.values() if e.global_known and e.rank >= 0} | set(sources) | set(own))
-    silent = _absent(logged) if logged and len(groups) <= 1 and len(logged) > 1 and not behind and not local else ()
+    # A rank that signalled its timeout to the others timed out itself: it is not silent
+    logged = sorted({e.rank for e in first.values() if e.global_known and e.rank >= 0} | set(sources) | set(own) |
+                    {s for s in sources.values() if 0 <= s < 1 << 24})
+    if world == 2 and len(logged) == 1 and logged[0] in (0, 1) and not behind and not local and len(groups) <= 1 \
+            and all(default_group(e.group) for e in first.values()):
+        peer = 1 - logged[0]
+        behind[peer] = (f"left no line in a job of 2 ranks whose rank {logged[0]} timed out waiting: the peer that "
+                        "never arrived")
+    sized = world is not None and bool(logged) and logged[-1] + 1 < world <= 1 << 20
+    ceiling = [*logged, world] if sized and world is not None else logged
+    silent = _absent(ceiling) if logged and len(groups) <= 1 and (len(logged) > 1 or sized) and not behind and \
+        not local else ()
     return TimeoutFinding(tuple(first.values()), behind, silent, same and not behind and not local, sources, unread,
                           stuck, tuple(local), tuple(r for r in own if not any(e.rank == r for e in first.values())),
-                          logged[-1] + 1 - len(logged) if silent else 0)
+                          (world if sized and world else logged[-1] + 1) - len(logged) if silent else 0)
 
 
 MAX_LISTED = 64
