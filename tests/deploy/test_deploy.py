@@ -109,6 +109,11 @@ def test_dashboard_is_grafana_json_with_queries() -> None:
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "instance", "gpu"}
     per_gpu = [q for q in queries if "stall_watchdog_gpu_" in q]
     assert per_gpu and all('gpu=~"$gpu"' in q for q in per_gpu)  # the GPU picker filters every GPU panel
+    # A counter plotted raw is a line that only climbs: every _total is read through rate() or increase()
+    import re
+    for query in queries:
+        for counter in re.finditer(r"stall_watchdog_\w+_total\{[^}]*\}(\[[^\]]+\])?", query):
+            assert counter.group(1), f"the counter in {query!r} is plotted raw"
 
 
 def verified_with_the_unit(tmp: Path, name: str) -> str:
