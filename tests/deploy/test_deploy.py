@@ -27,6 +27,14 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
                    "NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=/var/lib/stall-watchdog",
                    "ProtectHome=", "PrivateTmp=yes", "ExecReload=/bin/kill -HUP $MAINPID"):
         assert needed in unit, needed
+    # `systemctl help` opens what Documentation= names: pages that exist for every install (pip installs no
+    # README under /opt), the runbook being the one the alerts link to
+    from watchdog.config import AlertsConfig
+    [documentation] = [line.split("=", 1)[1].split() for line in unit.splitlines()
+                       if line.startswith("Documentation=")]
+    assert all(url.startswith("https://") for url in documentation), documentation
+    assert AlertsConfig().runbook_url in documentation
+    assert (REPO / "docs" / AlertsConfig().runbook_url.rsplit("/docs/", 1)[1]).is_file()
     # systemd-analyze checks that ExecStart exists: verify a copy that starts this checkout's command,
     # identical but for that path.
     installed = str(Path(sys.executable).with_name("stall-watchdog"))  # this environment's console script
