@@ -105,3 +105,29 @@ def test_a_digest_keyed_by_ranks_keeps_the_ranks_it_names(capsys: pytest.Capture
     members = sorted(m for g in picture["groups"] for m in g["members"])  # type: ignore[attr-defined]
     assert members == [f"rank {n}" for n in range(8)]
     assert "7 of 8 ranks wait in broadcast" in picture["verdict"]["sentence"]  # type: ignore[index]
+
+
+def test_words_that_only_look_like_a_crash_or_trouble_are_not_one() -> None:
+    """Found by a new user's trial: `WorkNCCL error docs` on a [rankN]: line was "rank 3 crashed: a NCCL error";
+    `exitcode -9` in prose a SIGKILL; and harmless words in a healthy Trainer log (ddp_timeout=, a mean squared
+    error, "exchange", a NCCL plugin warning) took its NO_STALL away."""
+    from watchdog.stacks import progress_log
+
+    assert crash_log.crashes("[rank3]: see WorkNCCL error docs\n") == []
+    assert crash_log.crashes("rank Watchdog exitcode -9 loss NCCL\n") == []
+    assert [c.what for c in crash_log.crashes("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled\n")] \
+        == ["a NCCL error"]
+    for harmless in ("ddp_timeout=1800,", "'eval_mean_squared_error': 0.31", "Dataset exchange rates loaded",
+                     "NCCL WARN NET/Plugin: Failed to find ncclNetPlugin_v8 symbol."):
+        assert progress_log.trouble(harmless) is None, harmless
+    for trouble in ("the job hangs at step 30", "RuntimeError: x", "Watchdog caught collective operation timeout"):
+        assert progress_log.trouble(trouble) is not None, trouble
+
+
+def test_a_gpu_that_reads_err_is_named() -> None:
+    table = ("|   1  NVIDIA A100-SXM4-80GB          On  | 00000000:10:1D.0 Off |                    0 |\n"
+             "| N/A   29C    P0            ERR! / 400W |  77001MiB / 81920MiB |     ERR!     Default |\n")
+    [[gpu]] = smi_table.tables(table)
+    assert gpu.unreadable and gpu.util is None and gpu.power_w is None
+    finding = smi_table.judge([[gpu]])
+    assert finding is not None and finding.named == ("GPU 1 (00000000:10:1D.0)",) and "ERR!" in finding.headline

@@ -159,3 +159,11 @@ def test_one_rank_on_each_side_of_a_mismatch_blames_neither() -> None:
     three = nccl_timeouts.parse(_caught(0, pg, 9, "ALLREDUCE") + _caught(1, pg, 9, "BROADCAST") +
                                 _caught(2, pg, 9, "ALLREDUCE"))
     assert three.culprits == (1,), three.summary
+
+
+def test_the_size_torchrun_was_launched_with_is_the_world() -> None:
+    one = _caught(1, "PG ID 0 PG GUID 0(default_pg)", 7)
+    found = nccl_timeouts.parse("+ torchrun --nnodes=1 --nproc_per_node=2 train.py\n" + one)
+    assert found.culprits == (0,), found.summary
+    elastic = nccl_timeouts.parse("+ torchrun --nnodes=1:4 --nproc_per_node=2 train.py\n" + one)
+    assert elastic.culprits == ()  # a range of nodes says no size

@@ -169,6 +169,8 @@ def _cannot_tell(found: Evidence, timeouts: timeout_verdict.TimeoutFinding | Non
                    "the same collective" if ras.queries == 1 else "the RAS counts did not move between the reports")
     if frt is not None and not frt.culprits:
         why.append("the Flight Recorder output names no missing rank")
+    if found.doubts and not why:
+        why.append("a counter rose, but the log also shows trouble, and progress before it says nothing of after it")
     return "Cannot tell: " + ("; ".join(why) if why else "nothing read shows progress or a hang")
 
 

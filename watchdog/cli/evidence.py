@@ -202,7 +202,8 @@ def _file(path: Path, found: Evidence) -> None:
         # steps rising before the hang.
         trouble = None if read else progress_log.trouble(text)
         if read or trouble:
-            found.doubts.append(f"{steps}, then {trouble or 'the evidence above'}")
+            found.doubts.append(f"{steps}, but the log also says {trouble}" if trouble else
+                                f"{steps}, beside the evidence above")
         else:
             found.progress.append(steps)
         read = True

@@ -20,18 +20,21 @@ _ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(patte
     ("an illegal memory access", r"illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address"),
     ("a device-side assert", r"device-side assert(?:ion)? triggered"),
     ("a CUDA error", r"CUDA error:|CUDA_ERROR_|cudaError"),
-    ("a NCCL error", r"NCCL error|nccl(?:UnhandledCuda|System|Internal|InvalidUsage|Remote)Error"),
+    ("a NCCL error", r"(?<![\w-])NCCL error(?: in:|:)|"
+                     r"\bnccl(?:UnhandledCuda|System|Internal|InvalidUsage|Remote)Error\b"),
     ("a GPU hardware exception", r"HW Exception by GPU"),
     ("collectives that do not match (TORCH_DISTRIBUTED_DEBUG)", r"Detected mismatch between collectives"),
-    ("a segmentation fault", r"Segmentation fault|SIGSEGV|exitcode\s*:?\s*-11\b"),
-    ("SIGKILL (the host's out-of-memory killer, or a person)", r"Signal 9 \(SIGKILL\)|exitcode\s*:?\s*-9\b"),
-    ("a Python exception", r"^\s*(?:\[rank\d{1,6}\]:\s*)?(?:[A-Za-z_][\w.]{0,80}\.)?[A-Z]\w{0,60}(?:Error|Exception):"),
+    ("a segmentation fault", r"Segmentation fault|SIGSEGV|exitcode\s{0,4}:\s{0,4}-11\b"),
+    ("SIGKILL (the host's out-of-memory killer, or a person)", r"Signal 9 \(SIGKILL\)|exitcode\s{0,4}:\s{0,4}-9\b"),
+    ("a Python exception", r"^\s*(?:\[rank\d{1,6}\]:\s*)?(?:[A-Za-z_][\w.]{0,80}\.)?(?!ChildFailedError)[A-Z]\w{0,60}"
+                           r"(?:Error|Exception):"),  # ChildFailedError is torchrun's own: its summary names the rank
 ))
 # A watchdog's timeout and the abort after it (a watchdog thread that died of an error is a crash, and said)
 _TIMEOUT = re.compile(r"time[ds]?[ _-]?out|Timeout|SIGABRT|exitcode\s*:?\s*-6\b|Signal 6\b", re.IGNORECASE)
 GPU_FAULTS = ("a GPU hardware exception",)  # the GPU failed: the ranks that then time out wait on it
 _RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)\s?(?P<rank>\d{1,6})\]:?")
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,6})\s*\(local_rank")
+_SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,4})\b")
 _FAILED_LOCAL = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<local>\d{1,6})")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|ChildFailedError|exitcode\s*:?\s*-?\d|"
                         r"terminate called after", re.IGNORECASE)
@@ -62,11 +65,15 @@ def crashes(text: str, generic: bool = True) -> list[Crash]:
     timeout's consequence (PyTorch raises and the launcher kills after it), not a crash."""
     found: dict[str | None, Crash] = {}
     summary_rank: str | None = None
+    summary_exit: str | None = None
     for line in text.splitlines()[:_MOST_LINES]:
         line = line[:2000]
         m = _SUMMARY_RANK.match(line)
         if m:
             summary_rank = f"rank {int(m['rank'])}"
+        m = _SUMMARY_EXIT.match(line)
+        if m and summary_rank is not None and summary_exit is None and m["code"] not in ("-6", "0"):
+            summary_exit = _short(line)
         m = _FAILED_LOCAL.search(line)
         if m and f"local rank {int(m['local'])}" not in found and not _TIMEOUT.search(line):
             name = _what(line)
@@ -87,6 +94,8 @@ def crashes(text: str, generic: bool = True) -> list[Crash]:
         first = next(iter(found.values()), None)
         if first is not None:
             return [Crash(first.what, first.line, summary_rank)]
+        if summary_exit is not None and generic:  # torchrun's summary alone: the rank and how it exited
+            return [Crash(f"an error (torchrun: {summary_exit.strip()})", summary_exit, summary_rank)]
     named = [c for c in found.values() if c.rank is not None]
     return named or list(found.values())[:1]
 
@@ -96,8 +105,12 @@ def _what(line: str) -> str | None:
 
 
 def _short(line: str) -> str:
+    """The line, cut at a word's end near 160 characters (a number cut short would read as another)."""
     line = " ".join(line.split())
-    return line[:160] + ("..." if len(line) > 160 else "")
+    if len(line) <= 160:
+        return line
+    cut = line.rfind(" ", 100, 160)
+    return line[:cut if cut > 0 else 160] + " ..."
 
 
 def judge(found: list[Crash]) -> Finding | None:

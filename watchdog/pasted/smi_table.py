@@ -22,8 +22,8 @@ from watchdog.pasted.finding import Finding
 
 _GPU = re.compile(r"^\|\s{0,6}(?P<index>\d{1,2})\s+(?P<name>\S.{0,60}?)\s+(?:On|Off)\s*\|\s*(?P<bus>[0-9A-Fa-f]{4,8}:"
                   r"[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s")
-_READINGS = re.compile(r"^\|.{0,40}?(?P<power>\d{1,5}|N/A)W?\s{0,4}/\s{0,4}(?P<cap>\d{1,5}|N/A)W?\s*\|\s*"
-                       r"(?P<used>\d{1,7})MiB\s{0,4}/\s{0,4}(?P<total>\d{1,7})MiB\s*\|\s*(?P<util>\d{1,3}|N/A)\s?%")
+_READINGS = re.compile(r"^\|.{0,40}?(?P<power>\d{1,5}|N/A|ERR!)W?\s{0,4}/\s{0,4}(?P<cap>\d{1,5}|N/A|ERR!)W?\s*\|\s*"
+                       r"(?P<used>\d{1,7})MiB\s{0,4}/\s{0,4}(?P<total>\d{1,7})MiB\s*\|\s*(?P<util>\d{1,3}\s?%|N/A|ERR!)")
 _MOST_GPUS = 64
 _HELD_MIB = 1024  # memory a job holds (an idle GPU with a bare context holds a few hundred MiB at most)
 _SPIN_UTIL = 90  # the table rounds to whole percents: a spinning kernel reads 100
@@ -39,6 +39,7 @@ class SmiGpu:
     used_mib: int
     total_mib: int
     util: int | None
+    unreadable: bool = False  # a cell reads ERR!: nvidia-smi could not read this GPU
 
     @property
     def label(self) -> str:
@@ -57,6 +58,8 @@ class SmiGpu:
         return self.util is not None and self.util > 0 and not self.spins(cfg)
 
     def text(self) -> str:
+        if self.unreadable:
+            return f"GPU {self.index} ERR!"
         power = f"{self.power_w:g} W of {self.cap_w:g} W" if self.power_w is not None and self.cap_w else "power N/A"
         util = f"{self.util}%" if self.util is not None else "N/A"
         return f"GPU {self.index} {util} at {power}, {self.used_mib} of {self.total_mib} MiB"
@@ -92,14 +95,14 @@ def tables(text: str) -> list[list[SmiGpu]]:
 
 
 def _number(cell: str) -> float | None:
-    return None if cell == "N/A" else float(cell)
+    return None if cell in ("N/A", "ERR!") else float(cell)
 
 
 def _gpu(header: re.Match[str], readings: re.Match[str]) -> SmiGpu:
-    util = readings["util"]
+    util = readings["util"].rstrip("% ")
     return SmiGpu(int(header["index"]), header["bus"], " ".join(header["name"].split()), _number(readings["power"]),
                   _number(readings["cap"]), int(readings["used"]), int(readings["total"]),
-                  None if util == "N/A" else int(util))
+                  None if util in ("N/A", "ERR!") else int(util), "ERR!" in readings.group(0))
 
 
 def judge(found: list[list[SmiGpu]], cfg: BusySpinConfig | None = None) -> Finding | None:
@@ -116,9 +119,17 @@ def judge(found: list[list[SmiGpu]], cfg: BusySpinConfig | None = None) -> Findi
         {g.index for g in table if g.spins(cfg)} == {g.index for g in spinning}
         and {g.index for g in table if g.held and g.util == 0} == {g.index for g in held_idle} for table in found)
     look = (f"The {len(found)} tables agree, but tables carry no clock: run stall-watchdog on the node to confirm"
-            if agree else "One table is one look: whether anything moves is not in it (run stall-watchdog, or take "
-            "nvidia-smi again a minute later)")
+            if agree else ("The last table is judged: the tables before it differ" if len(found) > 1 else
+                           "One table is one look") + ": whether anything moves is not in it (run stall-watchdog, or "
+            "take nvidia-smi again a minute later)")
     readings = "; ".join(g.text() for g in last[:8]) + ("; ..." if len(last) > 8 else "")
+    broken = [g for g in last if g.unreadable]
+    if broken:
+        them = "it" if len(broken) == 1 else "them"
+        return Finding("unknown", None, f"{seen}: {_gpus(broken)} read ERR! (nvidia-smi could not read {them}: a "
+                       f"GPU failing or lost by its driver; look for Xid lines in the kernel log). {readings}. {look}",
+                       f"{_gpus(broken)} read ERR!: the GPU may be failing",
+                       tuple(g.label for g in broken))
     if len(spinning) >= 2 and not working:  # a collective's spin holds every GPU of it but the odd one
         odd = held_idle if held_idle else []
         cause = (f"; {_gpus(odd)} at 0% with memory held: the rank there never arrived, or stopped before the "
@@ -147,8 +158,12 @@ def judge(found: list[list[SmiGpu]], cfg: BusySpinConfig | None = None) -> Findi
         return Finding("no_stall" if not held_idle else "unknown", None,
                        f"{seen}: {_gpus(working)} at work (utilization with power above idle){note}. {readings}",
                        f"{_gpus(working)} at work in this table" + (": the idle ones may wait on them" if note else ""))
-    return Finding("unknown", None, f"{seen}: {readings}. No GPU holds a job's memory, or the readings are "
-                   "mixed", "cannot tell from this table")
+    if spinning and working:
+        return Finding("unknown", None, f"{seen}: {_gpus(working)} at work and {_gpus(spinning)} at 100% near idle "
+                       f"power, both holding memory: mixed readings, which one table cannot tell apart (a spin, or "
+                       f"light kernels between heavy ones). {readings}. {look}", "mixed readings: cannot tell from "
+                       "this table")
+    return Finding("unknown", None, f"{seen}: {readings}. No GPU holds a job's memory", "no job's memory on these GPUs")
 
 
 def _gpus(gpus: list[SmiGpu]) -> str:

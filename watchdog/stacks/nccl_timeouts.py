@@ -144,8 +144,11 @@ def parse(text: str) -> TimeoutFinding:
 
 # A word of each pattern `parse_lines` reads (and of those it counts as unread): a line with none holds nothing
 _WORDS = ("atchdog", "Timeout", "failure", "Received", "caught", "work", "Heartbeat", "First", "joined", "collective",
-          "lagging", "orld", "WORLD", "nranks", "nRanks")
+          "lagging", "orld", "WORLD", "nranks", "nRanks", "nproc")
 # The job's size, where the log says it: `world_size=2`, `WORLD_SIZE=2`, NCCL's `... rank 0 nranks 2 cudaDev 0`
+# torchrun's own line: --nnodes=2 --nproc_per_node=4 is a job of 8 (a range of nodes, 1:4, says no size)
+_NPROC = re.compile(r"--nproc[_-]per[_-]node[= ](?P<n>\d{1,4})\b")
+_NNODES = re.compile(r"--nnodes[= ](?P<n>\d{1,5})(?![\d:])")
 _WORLD = re.compile(r"\bworld[_ ]?size\s{0,4}[=:]\s{0,4}(\d{1,7})\b|\bnranks\s{0,4}[=:]?\s{0,4}(\d{1,7})\b",
                     re.IGNORECASE)
 
@@ -191,6 +194,10 @@ def parse_lines(lines: Iterable[str]) -> TimeoutFinding:
         matched = False
         for size in _WORLD.finditer(line) if world is None else ():
             world = int(size.group(1) or size.group(2)) or None
+        if world is None and (per := _NPROC.search(line)) is not None:
+            nodes = _NNODES.search(line)
+            if nodes is not None or "--nnodes" not in line:  # a range of nodes (1:4) says no size
+                world = int(per["n"]) * (int(nodes["n"]) if nodes else 1) or None
         # each record's words first, found at C speed: the patterns' tag prefix costs microseconds per character
         for caught in _CAUGHT.finditer(line) if "caught" in line else ():
             found = event(caught, line)

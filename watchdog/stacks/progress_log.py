@@ -18,8 +18,9 @@ _EPOCH = re.compile(r"""['"]epoch['"]\s{0,4}:\s{0,4}(?P<n>\d{1,9}(?:\.\d{1,12})?
 _BAR = re.compile(r"(?<![\w/.])(?P<n>\d{1,9})/(?P<of>\d{1,9})\s{0,2}\[\d{1,4}:\d\d(?::\d\d)?\s{0,2}<")
 MAX_LINES = 2_000_000
 # Words a log uses when something went wrong: a counter that rose before them says nothing about after them.
-_TROUBLE = re.compile(r"time[ds]?[ _-]?out|hang|hung\b|stuck|deadlock|Traceback|Error\b|Exception|watchdog|abort|"
-                      r"killed|terminat|SIG[A-Z]{2,6}|no step|not responding|NCCL WARN", re.IGNORECASE)
+_TROUBLE = re.compile(r"\b(?:time[ds]?[ _-]?out|timing out|hang(?:s|ing)?|hung|stuck|deadlock(?:ed)?|killed|"
+                      r"terminat\w*|abort\w*|not responding|no step)\b|Traceback|watchdog caught|"
+                      r"(?-i:\b[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bSIG[A-Z]{2,6}\b)", re.IGNORECASE)
 
 
 def trouble(text: str) -> str | None:
