@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.users import ALICE, portable_install, shared_folder, unit_capabilities, user_process, with_capabilities
+from tests.users import ALICE, BOB, portable_install, shared_folder, unit_capabilities, user_process, with_capabilities
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNIT = DEPLOY / "systemd" / "stall-watchdog.service"
@@ -162,3 +162,37 @@ def test_the_daemon_is_armed_only_with_the_capability_to_act(install: tuple[Path
         _, log = daemon.communicate(timeout=30)
     assert ("lacks CAP_KILL" in log) is not drop_in, log[-2000:]
     assert "event=privileges_short" not in log  # the unit's set reads and traces every rank
+
+
+PROOFS = """
+import json, sys
+from watchdog.act import membership
+from watchdog.sample.ranks import RankDiscovery
+ranks = [RankDiscovery().describe(int(pid), (0,)) for pid in sys.argv[1:]]  # both on GPU 0
+jobs, left = membership.prove(ranks, float("inf"), membership.no_slurm)
+print(json.dumps({"proofs": {str(pid): list(p) for pid, p in membership.proofs(ranks, membership.no_slurm).items()},
+                  "keys": {str(r.pid): list(j.ledger_keys) for j in jobs for r in j.ranks},
+                  "restarted": {str(r.pid): j.restarted() for j in jobs for r in j.ranks},
+                  "targets": {str(t.pid): t.job for t in membership.sample_targets(ranks, membership.no_slurm)},
+                  "conflicts": membership.conflicts(jobs), "left": [a.text() for a in left]}))
+"""
+
+
+@pytest.mark.parametrize("who", ["systemd unit", "DaemonSet"])
+def test_the_shipped_privileges_prove_two_users_jobs_apart(install: tuple[Path, dict[str, str]], who: str) -> None:
+    """As the units run (the unit's dynamic user with its capabilities; the DaemonSet's root with only its own),
+    two users' ranks under launchers of their own, both claiming one run id on one GPU: each is proven by its
+    launcher with its own uid (rank_info's proof and uid labels), the sampler keys them by proof (never by the
+    claim), their ledger keys differ, the restart count is read, and the shared claim is a conflict."""
+    caps, uid = (unit_capabilities(UNIT), DYNAMIC_USER) if who == "systemd unit" else (daemonset_capabilities(), None)
+    claim = {**RANK, "TORCHELASTIC_RESTART_COUNT": "1"}
+    with user_process(install[0], ALICE, ["queue"], claim) as alice, \
+            user_process(install[0], BOB, ["queue"], {**claim, "RANK": "2"}) as bob:
+        done = run_as(install, caps, uid, "-c", PROOFS, str(alice.pid), str(bob.pid))
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["proofs"] == {str(alice.pid): ["launcher", ALICE], str(bob.pid): ["launcher", BOB]}, seen
+    assert len(set(seen["targets"].values())) == 2 and all(k.startswith("launcher:") for k in seen["targets"].values())
+    assert seen["keys"][str(alice.pid)] != seen["keys"][str(bob.pid)]
+    assert seen["restarted"][str(alice.pid)][0] == 1
+    assert len(seen["conflicts"]) == 2 and seen["left"] == []
