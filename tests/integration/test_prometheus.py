@@ -300,7 +300,7 @@ def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> Non
     empty = []
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            expr = target["expr"].replace("$instance", ".*").replace("$gpu", ".*")
+            expr = target["expr"].replace("$instance", ".*").replace("$gpu", ".*").replace("$__rate_interval", "5m")
             if not query(prom, expr):
                 empty.append(f"{panel['title']}: {expr}")
     assert not empty, "panels with no data:\n" + "\n".join(empty)
