@@ -55,9 +55,8 @@ def test_a_rank_whose_parent_never_reaps_it_is_gone_once_it_is_a_zombie() -> Non
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        started = time.monotonic()
         [step] = actions(grace_seconds=5, timeout_seconds=10).run(target(describe(child)), dry=False)
-        assert step.result == DONE and time.monotonic() - started < 3, step
+        assert step.result == DONE and "SIGKILL" not in step.detail, step  # gone at SIGTERM, no grace waited
         assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     finally:
         parent.kill()
