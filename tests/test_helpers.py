@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,8 @@ from tests.conftest import wait_for
 
 def test_wait_for_stops_when_a_process_dies(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], text=True)
-    started = time.monotonic()
-    with pytest.raises(AssertionError, match="exited before it was ready"):
+    with pytest.raises(AssertionError, match="exited before it was ready"):  # not the 60 s timeout's message
         wait_for([tmp_path / "never"], timeout=60, processes=[process])
-    assert time.monotonic() - started < 10
 
 
 def test_wait_for_returns_when_the_files_appear(tmp_path: Path) -> None:

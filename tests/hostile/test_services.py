@@ -70,9 +70,9 @@ def test_the_coordinator_asks_its_callers_for_credentials(tmp_path: Path) -> Non
         assert call("/v1/jobs", "bearer callers-token") == 200  # the scheme is case-insensitive
         many = json.dumps({"version": "4", "alerts": [{"labels": {"training_job": f"j{n}"}}
                                                       for n in range(3000)]}).encode()
-        started = time.monotonic()
+        started = time.process_time()  # CPU seconds of this process, the service's threads included
         assert call("/v1/alerts", "Bearer callers-token", many) == 400
-        assert time.monotonic() - started < 5
+        assert time.process_time() - started < 5
         assert coordinator._running == set()
     finally:
         server.shutdown()

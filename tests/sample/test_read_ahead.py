@@ -113,13 +113,11 @@ def test_a_reader_that_fails_says_how(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_leaving_early_stops_the_reader(tmp_path: Path) -> None:
     spec = str(_csv(tmp_path / "a.csv", SNAPSHOTS * 40))
-    started = time.monotonic()
     with read_ahead.open_trace_ahead(spec) as trace:
         next(iter(trace.stretches))
         reader = _reader()
         time.sleep(0.5)  # the reader runs ahead until the pipe is full, and waits
     assert not reader.is_alive() and not multiprocessing.active_children()
-    assert time.monotonic() - started < 20
 
 
 def test_the_replay_takes_in_a_bounded_number_of_messages_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
