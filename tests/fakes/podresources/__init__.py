@@ -5,6 +5,7 @@ answer on its own, so this checks it against the real wire format, not against i
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 import tempfile
 import threading
@@ -36,6 +37,7 @@ def generated() -> tuple[ModuleType, ModuleType]:
                 _compiled = importlib.import_module("api_pb2"), importlib.import_module("api_pb2_grpc")
             finally:
                 sys.path.remove(str(out))
+                shutil.rmtree(out, ignore_errors=True)  # imported: the modules need their files no more
         return _compiled
 
 
