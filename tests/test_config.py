@@ -100,3 +100,24 @@ def test_every_generated_file_is_up_to_date() -> None:
     result = subprocess.run([sys.executable, str(REPO / "tools" / "docs.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_readme_says_each_telemetry_only_wait_as_the_config_sets_it() -> None:
+    """One truth per fact: when a pause or a wait seen on telemetry alone turns critical is said in the README's
+    opening, in the zero_util bullet and in the episode table; each figure is read here from the configuration
+    (the README once said 9 minutes, 10 minutes and, in replay, 15 for the same thing)."""
+    import re
+
+    from watchdog.config import Config
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    detectors = Config().detectors
+    zero = detectors.zero_util.critical_after_seconds / 60
+    idle, busy = detectors.waiting.critical_after_seconds / 60, detectors.waiting.critical_after_busy_seconds / 60
+    opening = readme[:readme.index("## ")]
+    assert f"(at most {zero:g} minutes)" in opening
+    bullet = readme[readme.index("- **zero_util**"):readme.index("- **waiting**")]
+    said = [float(n) for n in re.findall(r"(\d+) minutes", bullet)]
+    assert said == [zero], said
+    assert f"({idle:g} min; `critical_after_busy_seconds`, {busy:g} min," in readme
+    assert "within 10 minutes" not in readme

@@ -98,7 +98,7 @@ class WaitingConfig(EpisodeTiming):
     critical_after_seconds: Seconds = Field(
         540.0,
         description="Escalate to critical once the wait on idle GPUs outlives what a checkpoint or evaluation "
-        "plausibly takes (every hang is critical within 10 minutes).",
+        "plausibly takes (critical_after_busy_seconds instead while an odd GPU works).",
     )
     critical_after_busy_seconds: Seconds = Field(
         900.0, description="The same while an odd GPU has been seen at work on something else during the wait (a "
