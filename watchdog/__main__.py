@@ -1,5 +1,5 @@
 """Allows `python -m watchdog`."""
 
-from watchdog.cli import main
+from watchdog.entry import main
 
 raise SystemExit(main())
