@@ -315,10 +315,10 @@ def test_ras_replies_built_to_backtrack_are_read_in_linear_time() -> None:
                + ",".join(f'{{"rank": {r}, "collective_counts": {{"op{r}": 1, "AllReduce": {r % 2}}}}}'
                           for r in range(4000)) + "]}]}"]
     for reply in replies:
-        started = time.monotonic()
+        started = time.process_time()  # CPU seconds of the parse
         with contextlib.suppress(nccl_ras.RasError):
             ras_report.behind(ras_report.parse(reply))
-        assert time.monotonic() - started < 2, reply[:40]
+        assert time.process_time() - started < 2, reply[:40]
 
 
 def test_a_job_id_claimed_past_any_reason_is_bounded_and_still_tells_jobs_apart() -> None:
@@ -356,9 +356,9 @@ def test_an_environment_of_megabytes_is_read_bounded_and_never_misread(tmp_path:
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
         time.sleep(0.3)
-        started = time.monotonic()
+        started = time.process_time()  # CPU seconds of the read
         kept, problem = RankDiscovery().environment(process.pid)
-        took = time.monotonic() - started
+        took = time.process_time() - started
     finally:
         process.kill()
         process.wait()

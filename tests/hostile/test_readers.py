@@ -220,9 +220,9 @@ def test_a_pathological_line_is_read_in_well_under_a_second(name: str, tmp_path:
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "paste.txt"
     path.write_text(PATHOLOGICAL[name])
-    started = time.perf_counter()
+    started = time.process_time()  # CPU seconds: a pathological line costs as much as a plain one, loaded or not
     main(["analyze", "--json", str(path)])
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert "Traceback" not in capsys.readouterr().err
 
 
