@@ -10,9 +10,9 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--version"]:
-        from watchdog import __version__
+        from watchdog import VERSION_LINE
 
-        print(f"stall-watchdog {__version__}")
+        print(VERSION_LINE)
         return 0
     from watchdog.cli import main as command
 

@@ -5,6 +5,7 @@ paste can make them do."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,12 @@ def test_hostile_pastes_cost_bounded_work() -> None:
     assert len(events) == 10_000
     finding = kernel_log.judge(events)
     assert finding is not None and finding.named == ("GPU 0000:3b:00",) and len(finding.reason) < 1000
+    # 10,000 events each of its own GPU and Xid: judged in one pass (each looked up among all: 3.6 CPU s before)
+    distinct = kernel_log.events("".join(f"NVRM: Xid (PCI:0000:{n // 256:02x}:{n % 256:02x}): {13 + n % 900}, "
+                                         "pid=1, name=x, y\n" for n in range(20_000)))
+    started = time.process_time()
+    judged_all = kernel_log.judge(distinct)
+    assert judged_all is not None and len(judged_all.named) == 10_000 and time.process_time() - started < 1
     many = "".join(f"[rank{n}]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
                    for n in range(5000))
     judged = crash_log.judge(crash_log.crashes(many))

@@ -178,7 +178,8 @@ def _file(path: Path, found: Evidence) -> None:
     if text.lstrip().startswith(("{", "[")) and _json_file(path, text, found):
         return
     read = False
-    if nccl_timeouts.looks_like_timeout_log(text):
+    timeout_log = nccl_timeouts.looks_like_timeout_log(text)
+    if timeout_log:
         found.timeout_lines.extend(nccl_timeouts.read_lines(text) or [""])  # read, if only to say so
         found.kinds.append("nccl timeout log")
         read = True
@@ -189,7 +190,7 @@ def _file(path: Path, found: Evidence) -> None:
         found.fr_text.append(fr_text.parse(text))
         found.kinds.append("flight recorder analyzer output")
         read = True
-    read = _pasted(text, found) or read
+    read = _pasted(text, found, timeout_log) or read
     if looks_like_pyspy(text) or not read:
         dumps = parse_text(text, str(path))
         if dumps:
@@ -213,8 +214,9 @@ def _file(path: Path, found: Evidence) -> None:
                                "log's step counter)")
 
 
-def _pasted(text: str, found: Evidence) -> bool:
-    """What people paste beside stacks and timeouts: nvidia-smi's table, the kernel's GPU lines, a crash."""
+def _pasted(text: str, found: Evidence, timeout_log: bool) -> bool:
+    """What people paste beside stacks and timeouts: nvidia-smi's table, the kernel's GPU lines, a crash
+    (`timeout_log`: the text is also a timeout log, whose own traceback and abort are no crash)."""
     read = False
     tables = smi_table.tables(text) if smi_table.looks_like(text) else []
     if tables:
@@ -226,8 +228,7 @@ def _pasted(text: str, found: Evidence) -> bool:
         found.gpu_events.extend(events)
         found.kinds.append("kernel log")
         read = True
-    crashes = crash_log.crashes(text, generic=not nccl_timeouts.looks_like_timeout_log(text)) \
-        if crash_log.looks_like(text) else []
+    crashes = crash_log.crashes(text, generic=not timeout_log) if crash_log.looks_like(text) else []
     if crashes:
         found.crashes.extend(crashes)
         found.kinds.append("crash log")

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Callable
 from typing import TypeAlias
 
-from watchdog import __version__
+from watchdog import VERSION_LINE
 from watchdog.sample import sim
 from watchdog.sample.replay import TRACE_SUFFIXES
 
@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "straggler rank and the GPU that reports hardware faults.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error.",
     )
-    parser.add_argument("--version", action="version", version=f"stall-watchdog {__version__}")
+    parser.add_argument("--version", action="version", version=VERSION_LINE)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     _add_replay(verbs)

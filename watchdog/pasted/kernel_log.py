@@ -62,8 +62,10 @@ def judge(found: list[GpuEvent]) -> Finding | None:
     faults: list[tuple[str, str, str]] = []  # (bus, what, the line said)
     programs: list[tuple[str, str, str]] = []
     said: list[str] = []
-    for bus, what in dict.fromkeys((e.bus, e.what) for e in found):
-        event = next(e for e in found if (e.bus, e.what) == (bus, what))
+    first: dict[tuple[str, str], GpuEvent] = {}  # each GPU's first event of each kind, in the order they came
+    for e in found:
+        first.setdefault((e.bus, e.what), e)
+    for (bus, what), event in first.items():
         if event.xid is not None:
             meaning, action, hardware = xid_words(event.xid)
             line = f"{what} on the GPU at {bus}: {meaning} ({action})"
