@@ -140,12 +140,12 @@ def _program(rank: RankInfo) -> tuple[str, ...]:
     return ()
 
 
-_Proof = tuple[str, str, str, Workload, "str | None", "str | None"]
+_Proof = tuple[str, str, str, Workload, "str | None", bool]
 
 
 def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> _Proof | str:
-    """(key, durable, proof, workload, pod uid, another ledger key) for a rank whose job is proven, else why it
-    is not."""
+    """(key, durable, proof, workload, pod uid, whether the ledger also knows the job by its program) for a rank
+    whose job is proven, else why it is not."""
     assert rank.uid is not None
     notes = []
     job = slurm_cgroup(rank.cgroup, rank.uid)
@@ -156,7 +156,7 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> _Proof | str:
             proven = Workload(slurm_job_id=job, slurm_step=w.slurm_step if "slurm_step" not in w.claimed else None,
                               slurm_user=w.slurm_user if "slurm_user" not in w.claimed else None)
             return (f"slurm:{job}", f"slurm:{job}", f"Slurm job {job}: slurmstepd's cgroup, confirmed by Slurm",
-                    proven, None, _command_key(rank))
+                    proven, None, True)
         notes.append(f"its cgroup names Slurm job {job}, which Slurm does not confirm ({refused})")
     pod_uid = workloads.pod_uid(rank.cgroup)
     w = rank.workload
@@ -171,7 +171,7 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> _Proof | str:
         command = argv[1:] if argv[:1] and "python" in os.path.basename(argv[0]) else argv
         return (f"pod:{pod_uid}", f"pod:{w.namespace}:{rank.uid}:{_digest(command)}",
                 f"pod UID {pod_uid}, on a GPU the kubelet gave to pod {where}",
-                Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid, None)
+                Workload(namespace=w.namespace, pod=w.pod, container=w.container), pod_uid, False)
     if pod_uid is None and w.pod and not {"pod", "namespace"} & set(w.claimed):
         notes.append(f"it runs outside any pod on a GPU the kubelet gave to pod {w.namespace}/{w.pod}")
     parent = rank.parent
@@ -181,7 +181,7 @@ def _prove(rank: RankInfo, slurm_check: SlurmCheck) -> _Proof | str:
         return "; ".join([*notes, f"no launcher proves its job (its parent, pid {parent.pid}, runs as another "
                                   "user)"])
     return (f"launcher:{parent.pid}@{parent.create_time:.2f}", _command_key(rank),
-            f"started by pid {parent.pid} as uid {rank.uid}", Workload(), None, None)
+            f"started by pid {parent.pid} as uid {rank.uid}", Workload(), None, False)
 
 
 def _command_key(rank: RankInfo) -> str:
@@ -205,13 +205,13 @@ def prove(ranks: Iterable[RankInfo], onset: float, slurm_check: SlurmCheck) -> t
             continue
         groups.setdefault(proven[0], (proven, []))[1].append(rank)
     jobs = []
-    for (key, durable, proof, workload, pod_uid, also), members in groups.values():
+    for (key, durable, proof, workload, pod_uid, by_program), members in groups.values():
         uids = {r.uid for r in members}
         if len(uids) > 1:  # one job runs as one user; a mix is not one job
             left.extend(LeftAlone(r, f"{proof}, but its ranks run as {len(uids)} users") for r in members)
             continue
         members.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
-        extra = (_command_key(members[0]),) if also else ()  # its first rank's program: one key, however many
+        extra = (_command_key(members[0]),) if by_program else ()  # its first rank's program: one key, however many
         jobs.append(ProvenJob(key, durable, proof, tuple(members), workload, pod_uid, extra))
     return jobs, left
 
