@@ -87,3 +87,31 @@ def test_its_settings_move_it() -> None:
 
 def test_a_tick_at_a_time_and_stretches_agree() -> None:
     assert_same(Config(), stream_of(0.85, seconds=700))
+
+
+def signatures_fired(stream: list[NodeSnapshot], config: Config | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    engine = DetectorEngine(config or Config())
+    return [(e.signature.value, e.gpus) for s in stream for e in engine.observe(s) if e.event is EventKind.FIRED]
+
+
+def test_one_sick_gpu_among_working_peers_is_one_alert_the_straggler() -> None:
+    """Held down by the hardware below its working peers: the straggler warning (with the slowdown it costs the
+    job), not a THROTTLED warning first and a STRAGGLER one after it for the same cause."""
+    assert signatures_fired(stream_of(0.85)) == [("straggler", (5,))]
+    # The odd GPU is left to the straggler rule from its first slow tick, before the window has judged it too.
+    assert signatures_fired(stream_of(0.85, seconds=ONSET + 50)) == []
+
+
+def test_a_throttle_the_straggler_rule_does_not_judge_is_still_a_throttle_warning() -> None:
+    # Straggler off: the throttle rule names it as before.
+    off = parse_config({"detectors": {"straggler": {"enabled": False}}})
+    assert signatures_fired(stream_of(0.85), off) == [("throttle", (5,))]
+    # Held down but idle (no working peers' pace to be below), or with too few GPUs to compare.
+    assert signatures_fired(stream_of(0.5, util=0.0)) == [("throttle", (5,))]
+    assert signatures_fired(stream_of(0.7, gpus=2, slow=1)) == [("throttle", (1,))]
+    # Every GPU held down together (a hot room): each its own throttle warning, no straggler among equals.
+    stream = [NodeSnapshot(s.time_seconds, tuple(g._replace(
+        sm_clock_hertz=g.sm_clock_max_hertz * 0.7, clock_event_reasons=CLOCK_EVENT_HW_SLOWDOWN)
+        if n >= ONSET and g.sm_clock_max_hertz and g.utilization_ratio else g for g in s.gpus))
+        for n, s in enumerate(stream_of(1.0, reasons=0))]
+    assert sorted(signatures_fired(stream)) == [("throttle", (g,)) for g in range(8)]

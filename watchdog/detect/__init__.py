@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from watchdog.detect import busy_spin, gpu_lost, straggler, throttle, underuse, zero_util
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.stretch import Cells, Context
@@ -27,12 +29,18 @@ class DetectorSpec:
     rule: Rule
     scope: str  # "gpu": a per-GPU episode of `severity`; "job": the job's verdict; "node": one warning
     severity: Severity | None = None
+    # The cells whose GPUs this detector judges, that another leaves to it (its gate, as a mask of cells).
+    claims: Callable[[Cells, Any], np.ndarray] | None = None
+    yields_to: str | None = None  # the detector whose claimed cells this one leaves alone, while it runs
 
 
 DETECTORS: dict[str, DetectorSpec] = {
     "gpu_lost": DetectorSpec(gpu_lost.detect, "gpu", Severity.CRITICAL),
-    "throttle": DetectorSpec(throttle.detect, "gpu", Severity.WARNING),
-    "straggler": DetectorSpec(straggler.detect, "gpu", Severity.WARNING),
+    # A GPU held down below its working peers is the straggler rule's to name (one alert, with the slowdown
+    # it costs the job); throttle names the rest: a GPU idle, alone, or held down with all its peers.
+    "throttle": DetectorSpec(throttle.detect, "gpu", Severity.WARNING, yields_to="straggler"),
+    "straggler": DetectorSpec(straggler.detect, "gpu", Severity.WARNING,
+                              claims=lambda cells, cfg: straggler.below_peers(cells, cfg)[0]),
     "busy_spin": DetectorSpec(busy_spin.detect, "job"),
     "zero_util": DetectorSpec(zero_util.detect, "job"),
     "underuse": DetectorSpec(underuse.detect, "node"),

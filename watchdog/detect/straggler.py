@@ -27,13 +27,19 @@ from watchdog.detect.stretch import MIN_WINDOW_SAMPLES, Cells, Context, nearest_
 from watchdog.model import THROTTLE_REASON_MASK, Signature, throttle_reason_names
 
 
-def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Evidence]:
-    """The evidence of each cell (by its number) whose GPU computes at clocks its working peers do not."""
+def below_peers(cells: Cells, cfg: StragglerConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The gate: whether each cell's GPU works at a newest clock this far below its working peers' (a candidate
+    the window then judges), and which cells work."""
     clock, util = cells.latest("sm_clock_hertz"), cells.latest("utilization_ratio")
     working = (util >= cfg.busy_min_ratio) & _plausible(clock, cells.latest("sm_clock_max_hertz"))
-    clocks = np.where(working, clock, np.nan)
-    peers, counted = _tick_median(cells.at, clocks)
-    chosen = np.flatnonzero(working & (counted >= cfg.min_gpus) & (clock <= (1 - cfg.clock_deficit_ratio) * peers))
+    peers, counted = _tick_median(cells.at, np.where(working, clock, np.nan))
+    return working & (counted >= cfg.min_gpus) & (clock <= (1 - cfg.clock_deficit_ratio) * peers), working
+
+
+def detect(cells: Cells, cfg: StragglerConfig, ctx: Context) -> dict[int, Evidence]:
+    """The evidence of each cell (by its number) whose GPU computes at clocks its working peers do not."""
+    candidates, working = below_peers(cells, cfg)
+    chosen = np.flatnonzero(candidates)
     if not len(chosen):
         return {}
     # The window of every working GPU of the ticks that have a candidate: their medians make the reference.
