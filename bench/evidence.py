@@ -16,7 +16,7 @@ Scored per item:
                     crash: a crash verdict naming the labelled culprits (when labelled)
   false all-clear   no_stall where the label is stuck, unclear or crash
   false hang        a hang verdict (suspected or not) where the label is progress
-  refused           analyze exited non-zero or printed nothing on an item of a format the README lists
+  refused           analyze exited non-zero or printed nothing on an item of a format the docs list
                     (on a plain training log, kind "mixed", that is counted as wrong)
   wrong             anything else
 
@@ -112,7 +112,7 @@ def score(item: dict[str, object], perturb: str = "", folder: Path = HERE) -> tu
 def _judged(item: dict[str, object], code: int, pictures: list[dict[str, object]], err: str) -> tuple[str, str]:
     if code != 0 or not pictures:
         why = err.splitlines()[-1] if err else f"exit {code}"
-        # A plain training log is no format the README lists: not reading it is a miss, not a refusal.
+        # A plain training log is no format the docs list: not reading it is a miss, not a refusal.
         return ("refused" if item["kind"] not in ("mixed", "progress_log") else "wrong"), why
     top = max(pictures, key=lambda p: _ORDER.get(str(p["verdict"]["kind"]), 0))  # type: ignore[index]
     kind = str(top["verdict"]["kind"])  # type: ignore[index]

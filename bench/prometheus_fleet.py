@@ -378,7 +378,7 @@ def run(args: argparse.Namespace, url: str, process: psutil.Process, nodes: list
     slowest_group = max(max(times) for times in history.values())
     print(f"10,000 nodes, an estimate taking series, memory and rule time to scale linearly with nodes: "
           f"{head * scale / 1e6:.2f} M head series, ~{resident * scale / 2**30:.0f} GiB resident, the slowest rule "
-          f"group ~{slowest_group * scale:.1f} s (the README's Fleet scale says how to split it)")
+          f"group ~{slowest_group * scale:.1f} s (docs/measured.md, Fleet scale, says how to split it)")
 
 
 def main() -> None:

@@ -8,7 +8,7 @@
 # slurmd gives an epilog Slurm's variables only, so what it needs is found at fixed places by default:
 #   STALL_WATCHDOG_URL         the daemon (default http://127.0.0.1:9944, export.listen_address)
 #   STALL_WATCHDOG_TOKEN_FILE  the dump token (default /etc/stall-watchdog/dump.token, where it exists: the
-#                              file the daemon's dump.token_file holds, README "Run it with Slurm")
+#                              file the daemon's dump.token_file holds, docs/deploy.md, "Run it with Slurm")
 #   STALL_WATCHDOG_TIMEOUT     seconds to wait for the dump (default 45)
 url=${STALL_WATCHDOG_URL:-http://127.0.0.1:9944}
 timeout=${STALL_WATCHDOG_TIMEOUT:-45}
@@ -42,7 +42,7 @@ case $code in
     200) say "last dump written by the stall-watchdog daemon (see its incident bundles)" ;;
     404) : ;;  # no open episode of this job on this node: the usual case
     000) say "the stall-watchdog daemon at $url could not be reached or did not answer within ${timeout}s" ;;
-    401|403) say "the stall-watchdog daemon refused the dump (HTTP $code): put the token of its dump.token_file in $token_file (README: Run it with Slurm)" ;;
+    401|403) say "the stall-watchdog daemon refused the dump (HTTP $code): put the token of its dump.token_file in $token_file (docs/deploy.md: Run it with Slurm)" ;;
     *) say "the stall-watchdog daemon answered HTTP $code" ;;
 esac
 exit 0

@@ -69,7 +69,7 @@ class FleetConfig(_Section):
 
 class ActionsConfig(_Section):
     """What the daemon does about a confirmed hang by itself. Off (observe) by default: roll out as observe,
-    then dry_run, then act on a canary partition, then act (README: Acting on a hang)."""
+    then dry_run, then act on a canary partition, then act (docs/actions.md: Acting on a hang)."""
 
     mode: Literal["observe", "dry_run", "act"] = Field(
         "observe", description="observe: never act; dry_run: alert what would have been done; act: do it.")

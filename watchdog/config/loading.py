@@ -1,6 +1,6 @@
 """The whole configuration, and loading it: unknown keys rejected, every problem reported at once with its key
 path, e.g. `config.yaml: detectors.busy_spin.for_seconds: expected a number > 0, got '30s'`; the example
-file and the README reference generated from the model."""
+file and the reference in docs/configuration.md generated from the model."""
 
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def example_yaml() -> str:
 
 
 def reference_markdown() -> str:
-    """The README's configuration reference: every key, its default and meaning, from the model."""
+    """The configuration reference of docs/configuration.md: every key, its default and meaning, from the model."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [f"| `{'.'.join(path)}` | `{shown}` | {doc.replace('|', '/')} |"
              for path, section, doc, shown in _keys(Config()) if section is None]

@@ -10,7 +10,7 @@ the node's GPUs together (underuse).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,3 +45,16 @@ DETECTORS: dict[str, DetectorSpec] = {
     "zero_util": DetectorSpec(zero_util.detect, "job"),
     "underuse": DetectorSpec(underuse.detect, "node"),
 }
+
+
+def leave_claimed(found: dict[str, dict[int, Evidence]], failed: set[str], cells: Cells,
+                  detectors: Mapping[str, DetectorSpec], sections: Any) -> None:
+    """A GPU another detector judges is left to it (one alert for one cause): the evidence of a detector that
+    yields drops the cells the other claims, while the other runs."""
+    for name, spec in detectors.items():
+        other = spec.yields_to
+        if other and found.get(name) and other in found and other not in failed:
+            claims = detectors[other].claims
+            assert claims is not None, f"{name} yields to {other}, which claims nothing"
+            claimed = claims(cells, getattr(sections, other))
+            found[name] = {cell: e for cell, e in found[name].items() if not claimed[cell]}

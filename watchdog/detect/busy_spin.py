@@ -100,8 +100,8 @@ def detect(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> dict[int, Evidenc
 
 
 def legs_markdown() -> str:
-    """The README's table of the legs (make docs), from the legs' order here and the settings that define each:
-    a setting of BusySpinConfig whose description begins "Leg <name>" is that leg's."""
+    """The table of the legs in docs/how-it-works.md (make docs), from the legs' order here and the settings that
+    define each: a setting of BusySpinConfig whose description begins "Leg <name>" is that leg's."""
     fields = BusySpinConfig.model_fields
     rows = ["| leg | fires when | setting (default) |", "|---|---|---|"]
     for leg in _LEG_ORDER:

@@ -17,7 +17,7 @@ from functools import partial
 import numpy as np
 
 from watchdog.config import Config
-from watchdog.detect import DETECTORS, DetectorSpec, busy_spin
+from watchdog.detect import DETECTORS, DetectorSpec, busy_spin, leave_claimed
 from watchdog.detect.episodes import Episode, EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Frames, Ticks
@@ -207,13 +207,7 @@ class DetectorEngine:
                 failed.add(name)
                 found[name] = {}
                 self.on_error(f"detector_{name}", exc)
-        for name, spec, _ in self._sections:  # a GPU another detector judges is left to it (one alert, one cause)
-            other = spec.yields_to
-            if other and found.get(name) and other in found and other not in failed:
-                claims = self.detectors[other].claims
-                assert claims is not None, f"{name} yields to {other}, which claims nothing"
-                claimed = claims(cells, getattr(self.config.detectors, other))
-                found[name] = {cell: e for cell, e in found[name].items() if not claimed[cell]}
+        leave_claimed(found, failed, cells, self.detectors, self.config.detectors)
         if failed or len(self.detector_up) != len(self._enabled) or not all(self.detector_up.values()):
             self.detector_up = {f"detector_{name}": name not in failed for name in self._enabled}
         per_tick: list[list[tuple[str, DetectorSpec, Evidence]]] = [[] for _ in rows]

@@ -384,7 +384,7 @@ _TEXT = [_text_layout(spec) for spec in METRICS]
 
 
 def metric_list_markdown() -> str:
-    """The README's metric list, generated from METRICS (a test keeps the README in step)."""
+    """The metric list of docs/metrics.md, generated from METRICS (a test keeps it in step)."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in METRICS:
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
