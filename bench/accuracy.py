@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.traces import perturb  # noqa: E402
 from tests.traces.corpus import HANGS, HEALTHY, corpus  # noqa: E402
 from tests.traces.judge import ACT, ACT_ON_TELEMETRY, Job, Outcome, alerts, replay, run_job, would_act  # noqa: E402
-from watchdog.model import EventKind, NodeSnapshot, Severity  # noqa: E402
+from watchdog.vocabulary.model import EventKind, NodeSnapshot, Severity  # noqa: E402
 
 MODES = ("telemetry", "live")
 GROUPS = {"healthy": HEALTHY, "spin": ("hang_spin", "hang_spin_uneven", "hang_spin_startup", "hang_spin_low_range"),

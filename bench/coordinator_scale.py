@@ -51,7 +51,7 @@ from watchdog.stacks.analysis import analyze
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.picture import with_job_evidence
 from watchdog.stacks.verdict import verdict
-from watchdog.words import iso_time
+from watchdog.vocabulary.words import iso_time
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = "llm-pretrain-42"

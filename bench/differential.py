@@ -37,7 +37,7 @@ from tests.traces.corpus import corpus, snapshots  # noqa: E402
 from tests.traces.judge import START  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
-from watchdog.model import NodeSnapshot  # noqa: E402
+from watchdog.vocabulary.model import NodeSnapshot  # noqa: E402
 
 TICK_SECONDS = 1.0  # times within one tick of each other are the same judgement
 

@@ -35,13 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.hostile import test_readers as hostile  # noqa: E402  the hostile inputs, and how a reading is measured
 from tests.hostile import test_traces as traces  # noqa: E402  the hostile traces
+from watchdog.boundary.webhook import training_jobs
 from watchdog.config import StacksConfig
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.service import Coordinator
 from watchdog.stacks import fr_dumps
 from watchdog.stacks.capture import StackCapturer, Target
 from watchdog.stacks.sampling import RankSampler, SampleTarget
-from watchdog.webhook import training_jobs
 
 
 def memo_bomb(levels: int) -> bytes:

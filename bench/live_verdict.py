@@ -33,11 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.conftest import gloo_job  # noqa: E402
-from watchdog import logfmt  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
-from watchdog.model import Severity  # noqa: E402
+from watchdog.plumbing import logfmt  # noqa: E402
 from watchdog.sample import sim  # noqa: E402
 from watchdog.service import build  # noqa: E402
+from watchdog.vocabulary.model import Severity  # noqa: E402
 
 ONSET = 300  # both scenarios stall at t=300 s
 LIMIT = 60  # a run without a critical verdict this long after the onset counts as this

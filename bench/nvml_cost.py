@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
-from watchdog.model import HEALTH_COUNTERS  # noqa: E402
 from watchdog.sample import nvml_readings, recording  # noqa: E402
 from watchdog.sample.nvml import NvmlSource, NvmlUnavailable  # noqa: E402
+from watchdog.vocabulary.model import HEALTH_COUNTERS  # noqa: E402
 
 QUERY = ("timestamp,index,utilization.gpu,utilization.memory,power.draw,enforced.power.limit,clocks.sm,"
          "clocks.max.sm,memory.used,memory.total,temperature.gpu,clocks_event_reasons.active")

@@ -45,9 +45,9 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from watchdog import logfmt
 from watchdog.config import parse_config
 from watchdog.daemon import Daemon
+from watchdog.plumbing import logfmt
 from watchdog.sample import sim
 from watchdog.service import build
 

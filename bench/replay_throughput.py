@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.traces.messy_day import DAY_SHAPES, write_messy_day  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
-from watchdog.model import NodeSnapshot, SnapshotBlock, each_snapshot  # noqa: E402
 from watchdog.sample import recording  # noqa: E402
 from watchdog.sample.replay import open_trace  # noqa: E402
+from watchdog.vocabulary.model import NodeSnapshot, SnapshotBlock, each_snapshot  # noqa: E402
 
 JSON_GOAL = 400_000  # GPU-samples/s, end to end, for the JSON Lines recording of the day (issue 27)
 

@@ -29,8 +29,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
-from watchdog import logfmt  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
+from watchdog.plumbing import logfmt  # noqa: E402
 from watchdog.sample.nvml import NvmlSource  # noqa: E402
 from watchdog.service import build  # noqa: E402
 

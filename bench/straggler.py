@@ -40,8 +40,8 @@ from tests.traces.judge import START  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
 from watchdog.detect.rank_waits import WaitLedger  # noqa: E402
-from watchdog.model import EventKind, NodeSnapshot, Signature  # noqa: E402
 from watchdog.sample import sim  # noqa: E402
+from watchdog.vocabulary.model import EventKind, NodeSnapshot, Signature  # noqa: E402
 
 
 def held_down(deficit: float) -> tuple[float | None, float | None]:

@@ -38,9 +38,9 @@ from pathlib import Path
 import psutil
 
 from watchdog.config import parse_config
-from watchdog.model import Signature
 from watchdog.sample import sim
 from watchdog.service import build
+from watchdog.vocabulary.model import Signature
 
 RANK = Path(__file__).resolve().parents[1] / "tests" / "targets" / "straggler_job.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")

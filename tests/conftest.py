@@ -15,7 +15,7 @@ import pytest
 
 from watchdog.config import Config
 from watchdog.detect.engine import DetectorEngine
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot
 
 REPO = Path(__file__).resolve().parent.parent
 REALDATA = Path(os.environ.get("STALL_WATCHDOG_REALDATA", REPO.parent / "shared" / "realdata"))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from watchdog.model import NodeSnapshot
 from watchdog.sample import sim
+from watchdog.vocabulary.model import NodeSnapshot
 
 TARGET = Path(__file__).parent / "targets" / "elastic_job.py"
 WORKERS = 4

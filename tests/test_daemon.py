@@ -14,8 +14,8 @@ import pytest
 
 from tests.fakes.daemon import FlakySource, Receiver, daemon_config, scrape, stepping_clock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from watchdog import logfmt
 from watchdog.daemon import Daemon
+from watchdog.plumbing import logfmt
 from watchdog.sample import sim
 from watchdog.sample.nvml import NvmlSource
 from watchdog.service import build
@@ -189,7 +189,7 @@ def test_bundles_rotate_under_the_count_limit(tmp_path: Path) -> None:
     service = build(config, spin_source())
     daemon = service.daemon
     from watchdog.act.bundles import Incident
-    from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
+    from watchdog.vocabulary.model import EpisodeEvent, EventKind, Severity, Signature
 
     for n in range(4):
         event = EpisodeEvent(EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL, (n,), (), 1e9 + n, 1e9 + n, "s")

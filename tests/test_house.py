@@ -52,3 +52,73 @@ def test_no_module_of_the_package_is_over_400_lines() -> None:
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in (REPO / "watchdog").rglob("*.py")}
     assert len(sizes) > 100, "the package's modules were not found"
     assert not {path: n for path, n in sizes.items() if n > MAX_LINES}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+
+
+# The composition root, the entry points and the demo: everything else lives in a folder that says its floor.
+TOP_LEVEL = {"__init__", "__main__", "entry", "daemon", "service", "demo", "demo_rank"}
+
+
+def test_nothing_sits_loose_at_the_top_of_the_package() -> None:
+    loose = {p.stem for p in (REPO / "watchdog").glob("*.py")} - TOP_LEVEL
+    assert not loose, f"give these a folder that says their floor: {sorted(loose)}"
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at its top or inside a function (a deferred import is an
+    import all the same: the two modules cannot be understood apart)."""
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+                graph[name] |= {t for t in targets if t in modules} or {node.module}
+            elif isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in modules}
+        graph[name].discard(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert not cycles(import_graph(REPO / "watchdog"))
+
+
+def test_the_cycle_check_sees_a_deferred_import(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import f\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg import a\n")
+    assert cycles(import_graph(tmp_path / "pkg")) == [["pkg.a", "pkg.b"]]

@@ -1,8 +1,9 @@
-"""The one renderer of an episode's sentence (watchdog/telling.py): the parts in their order, each said once."""
+"""The one renderer of an episode's sentence (watchdog/vocabulary/telling.py): the parts in their order, each said
+once."""
 
 from __future__ import annotations
 
-from watchdog.telling import Telling
+from watchdog.vocabulary.telling import Telling
 
 
 def test_the_episode_alone_is_its_summary() -> None:

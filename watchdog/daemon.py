@@ -17,23 +17,23 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from watchdog import logfmt
 from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
 from watchdog.act.responder import Responder
 from watchdog.config import Config, ConfigError, load_config
-from watchdog.counters import Counters
 from watchdog.detect import busy_spin
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.export.metrics import AlertRow, EpisodeView, Published
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature, Verdict
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
+from watchdog.plumbing.schedule import Ticker
 from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.rank_labels import RankLabels, RankRow
-from watchdog.schedule import Ticker
 from watchdog.stacks.sampling import RankSampler
-from watchdog.words import gpu_list
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature, Verdict
+from watchdog.vocabulary.words import gpu_list
 
 T = TypeVar("T")
 

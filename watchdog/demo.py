@@ -18,10 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from watchdog import logfmt
 from watchdog.config import parse_config
 from watchdog.daemon import Daemon
 from watchdog.export.server import EndpointError
+from watchdog.plumbing import logfmt
 from watchdog.service import build
 
 RANKS = 8

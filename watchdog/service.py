@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 from prometheus_client.registry import CollectorRegistry
 
-from watchdog import logfmt, privileges
 from watchdog.act import membership
 from watchdog.act.actions import Actions
 from watchdog.act.alerts import AlertDispatcher, Receiver
@@ -28,6 +27,7 @@ from watchdog.act.bundles import BundleStore
 from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
 from watchdog.act.responder import Responder
+from watchdog.boundary import privileges
 from watchdog.config import Config
 from watchdog.daemon import Board, Daemon, Guard, Source
 from watchdog.detect.engine import DetectorEngine
@@ -35,7 +35,7 @@ from watchdog.export.metrics import WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
 from watchdog.export.server import DumpHandler, Endpoint
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.model import Verdict
+from watchdog.plumbing import logfmt
 from watchdog.sample import sim
 from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.kubelet import pod_directory
@@ -45,7 +45,8 @@ from watchdog.sample.ranks import RankDiscovery
 from watchdog.sample.replay import scenario
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.sampling import RankSampler, SampleTarget
-from watchdog.words import counted
+from watchdog.vocabulary.model import Verdict
+from watchdog.vocabulary.words import counted
 
 
 def source_for(config: Config) -> Source:

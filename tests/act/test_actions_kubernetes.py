@@ -16,7 +16,7 @@ import pytest
 from tests.fakes.daemon import daemon_config
 from tests.fakes.loopback import Quiet, Served
 from watchdog.act.actions import DONE, FAILED, SKIPPED, Actions, Target
-from watchdog.model import Workload
+from watchdog.vocabulary.model import Workload
 
 TOKEN = "k8s-token-for-tests"
 POD_UID = "0f8a3c2e-1b2d-4e5f-8a9b-0c1d2e3f4a5b"

@@ -20,9 +20,9 @@ from watchdog.act import fleet, policy
 from watchdog.act.actions import problems as action_problems
 from watchdog.config import ActionsConfig, ConfigError, FleetConfig, parse_config
 from watchdog.daemon import Daemon
-from watchdog.model import Severity
 from watchdog.sample import sim
 from watchdog.service import build
+from watchdog.vocabulary.model import Severity
 
 HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
 

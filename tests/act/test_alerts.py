@@ -14,11 +14,11 @@ import pytest
 
 from tests.fakes.daemon import Receiver
 from watchdog.act.alerts import Alert, AlertDispatcher, AlertmanagerReceiver, build_receivers
-from watchdog.alert_identity import AlertIdentity
 from watchdog.config import parse_config
-from watchdog.counters import Counters
 from watchdog.export.metrics import new_counters
-from watchdog.model import Severity, Signature
+from watchdog.plumbing.counters import Counters
+from watchdog.vocabulary.alert_identity import AlertIdentity
+from watchdog.vocabulary.model import Severity, Signature
 
 
 def alerts_config(receivers: list[dict[str, object]], **extra: object):  # type: ignore[no-untyped-def]

@@ -23,9 +23,9 @@ from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.integration.test_prometheus import free_port
 from watchdog.export.metrics import EpisodeView
-from watchdog.model import Severity, Signature
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.service import Service, build
+from watchdog.vocabulary.model import Severity, Signature
 
 
 def post(url: str, body: object, headers: dict[str, str] | None = None, timeout: float = 60

@@ -13,8 +13,8 @@ import pytest
 
 from tests.users import ALICE, BOB, shared_folder, user_process
 from watchdog.act import membership
-from watchdog.model import Workload
 from watchdog.sample.ranks import Parent, RankDiscovery, RankInfo
+from watchdog.vocabulary.model import Workload
 
 LAUNCHED = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
 

@@ -19,8 +19,8 @@ from watchdog.act import policy
 from watchdog.act.actions import DONE, FAILED, SKIPPED, STOPPED, Actions, Step, Target
 from watchdog.act.responder import action_text
 from watchdog.config import ActionsConfig
-from watchdog.model import Workload
 from watchdog.sample.ranks import RankDiscovery, RankInfo
+from watchdog.vocabulary.model import Workload
 
 RANK = {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "t"}
 
@@ -131,8 +131,8 @@ def test_actions_recorded_while_the_verdict_is_rewritten_are_all_kept(tmp_path: 
     from watchdog.act.bundles import BundleStore
     from watchdog.config import BundlesConfig
     from watchdog.export.metrics import new_counters
-    from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
-    from watchdog.telling import Telling
+    from watchdog.vocabulary.model import EpisodeEvent, EventKind, Severity, Signature
+    from watchdog.vocabulary.telling import Telling
     store = BundleStore(BundlesConfig(directory=str(tmp_path)), new_counters(), render_report=lambda folder: None)
     bundle = tmp_path / "bundle"
     bundle.mkdir()

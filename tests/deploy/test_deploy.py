@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, need_tool
-from watchdog.alert_identity import RUNBOOK_URL, alert_name, runbook_url
-from watchdog.model import Signature
+from watchdog.vocabulary.alert_identity import RUNBOOK_URL, alert_name, runbook_url
+from watchdog.vocabulary.model import Signature
 
 DEPLOY = REPO / "deploy"
 

@@ -85,7 +85,7 @@ import json, sys
 import psutil
 from watchdog.act.actions import Actions, Target
 from watchdog.config import ActionsConfig
-from watchdog.model import Workload
+from watchdog.vocabulary.model import Workload
 from watchdog.sample.ranks import RankDiscovery
 rank = RankDiscovery().describe(int(sys.argv[1]))
 steps = Actions(ActionsConfig(mode="act", grace_seconds=2, timeout_seconds=10)).run(

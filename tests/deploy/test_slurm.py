@@ -16,9 +16,9 @@ from tests.conftest import REPO, gloo_job
 from tests.fakes.daemon import daemon_config, stepping_clock
 from tests.test_daemon import wait_for_looks
 from watchdog.daemon import Daemon
-from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 from watchdog.sample import sim
 from watchdog.service import Service, build
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, Severity, Signature
 
 SLURM = REPO / "deploy" / "slurm"
 JOB = "31337"

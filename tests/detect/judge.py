@@ -13,7 +13,7 @@ from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Frames, Ticks
 from watchdog.detect.levels import Levels, LevelsConfig
 from watchdog.detect.stretch import Cells, Context, Stretch
-from watchdog.model import GpuSample, NodeSnapshot
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 GIB = 2**30
 

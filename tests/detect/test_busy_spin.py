@@ -13,7 +13,7 @@ from watchdog.detect import busy_spin
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Ticks
 from watchdog.detect.stretch import Cells, Context
-from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuSample, NodeSnapshot
+from watchdog.vocabulary.model import CLOCK_EVENT_HW_THERMAL, GpuSample, NodeSnapshot
 
 CFG = Config().detectors.busy_spin
 H100 = {"power_limit_watts": 700.0, "sm_clock_max_hertz": 1.98e9, "memory_used_bytes": 40 * 2**30}

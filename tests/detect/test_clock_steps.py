@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from watchdog.config import Config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.stream_clock import StreamClock
-from watchdog.model import EventKind, GpuSample, NodeSnapshot, Severity
+from watchdog.vocabulary.model import EventKind, GpuSample, NodeSnapshot, Severity
 
 HEADER = ("timestamp, index, utilization.gpu [%], power.draw [W], enforced.power.limit [W], memory.used [MiB]\n")
 GPUS = 4

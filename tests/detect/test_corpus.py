@@ -8,7 +8,7 @@ import pytest
 
 from tests.traces.corpus import make, snapshots
 from tests.traces.judge import START, judge, replay
-from watchdog.model import EventKind, Severity, Signature
+from watchdog.vocabulary.model import EventKind, Severity, Signature
 
 
 def outcome(cls: str, seed: int):  # type: ignore[no-untyped-def]

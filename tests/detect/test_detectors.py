@@ -14,7 +14,7 @@ from watchdog.detect import gpu_lost, throttle, underuse, zero_util
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.node import GpuView, job_findings
 from watchdog.detect.stretch import Context
-from watchdog.model import CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, Severity, Signature
+from watchdog.vocabulary.model import CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, Severity, Signature
 
 D = Config().detectors
 GIB = 2**30
@@ -159,7 +159,7 @@ def test_node_verdicts(spin: list[int], zero: list[int], other: list[int], expec
 def test_a_failing_detector_costs_only_itself() -> None:
     from watchdog.detect import DETECTORS, DetectorSpec
     from watchdog.detect.engine import DetectorEngine
-    from watchdog.model import EventKind, NodeSnapshot
+    from watchdog.vocabulary.model import EventKind, NodeSnapshot
 
     def broken(cells: object, cfg: object, ctx: object) -> None:
         raise ZeroDivisionError("a bug")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from watchdog.config import Config, EpisodeTiming, JobConfig, WaitingConfig
 from watchdog.detect.episodes import EpisodeTracker
-from watchdog.model import EventKind, Finding, Severity, Signature, Verdict
+from watchdog.vocabulary.model import EventKind, Finding, Severity, Signature, Verdict
 
 TIMING = {sig: getattr(Config().detectors, sig.value) for sig in Signature}
 

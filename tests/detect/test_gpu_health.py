@@ -15,9 +15,9 @@ from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
 from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.gpu_health import XIDS
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
 from watchdog.sample import recording, sim
 from watchdog.sample.nvml import NvmlSource
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
 
 
 def train_then(behaviour: str, seconds: int, gpus: int = 8, at: int = 300) -> list[NodeSnapshot]:
@@ -272,7 +272,7 @@ def lost_events(events: list[EpisodeEvent]) -> list[EpisodeEvent]:
 def test_one_slow_nvml_call_or_one_lost_cell_is_no_lost_gpu_and_a_lasting_one_is() -> None:
     """Driver lock contention holds one call for seconds: GPU LOST, drain the node, paged critical and resolved
     3 s later (before). A call hung for a minute, or a GPU that stays lost, still pages."""
-    from watchdog.model import GpuHealth
+    from watchdog.vocabulary.model import GpuHealth
 
     def health(at: int, until: int, state: GpuHealth, ticks: int = 400) -> list[EpisodeEvent]:
         return run(with_health(train_then("train", ticks), {at: {0: {"health": state}},

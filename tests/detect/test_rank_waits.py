@@ -15,8 +15,15 @@ from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.rank_waits import Spread, WaitLedger, gap
 from watchdog.detect.summary import summarize
-from watchdog.model import CLOCK_EVENT_HW_SLOWDOWN, EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
 from watchdog.sample import sim
+from watchdog.vocabulary.model import (
+    CLOCK_EVENT_HW_SLOWDOWN,
+    EpisodeEvent,
+    EventKind,
+    NodeSnapshot,
+    Severity,
+    Signature,
+)
 
 RECORD = 15  # seconds of one py-spy record: the counts move once per record
 RATE = round(Config().stacks.sample_rate_hz)  # samples a second, as the sampler takes them by default

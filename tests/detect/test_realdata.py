@@ -13,8 +13,8 @@ from tests.detect.judge import newest, stretch_of
 from watchdog.config import Config
 from watchdog.detect import busy_spin
 from watchdog.detect.stretch import Context
-from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample.smi_csv import read_smi_csv
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 
 MiB = 2**20
 

@@ -12,8 +12,8 @@ from tests.conftest import realdata
 from tests.traces.corpus import make
 from tests.traces.judge import Job, Outcome, replay, run_job
 from tests.traces.perturb import COMBINED, apply
-from watchdog.model import EventKind, Severity
 from watchdog.sample.replay import open_trace
+from watchdog.vocabulary.model import EventKind, Severity
 
 SPIN_CRITICAL_SECONDS = 60
 ALERT_SECONDS = 60  # unless the hang came when the job's rhythm expected a pause

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import run_engine
 from watchdog.config import Config
-from watchdog.model import EpisodeEvent, EventKind, Severity, Signature
 from watchdog.sample import sim
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, Severity, Signature
 
 START = 1_767_225_600.0
 

@@ -11,8 +11,15 @@ import pytest
 from tests.detect.test_stretches import assert_same
 from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
-from watchdog.model import CLOCK_EVENT_HW_SLOWDOWN, EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
 from watchdog.sample import sim
+from watchdog.vocabulary.model import (
+    CLOCK_EVENT_HW_SLOWDOWN,
+    EpisodeEvent,
+    EventKind,
+    NodeSnapshot,
+    Severity,
+    Signature,
+)
 
 ONSET = 300
 

@@ -20,9 +20,9 @@ from tests.traces.messy_day import write_messy_day
 from tests.traces.perturb import PERTURBATIONS, apply
 from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
-from watchdog.model import EpisodeEvent, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import sim
 from watchdog.sample.replay import open_trace
+from watchdog.vocabulary.model import EpisodeEvent, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 
 
 def one_by_one(config: Config, stream: Sequence[NodeSnapshot]) -> tuple[DetectorEngine, list[EpisodeEvent]]:

@@ -13,7 +13,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
-from watchdog.alert_identity import AlertIdentity
 from watchdog.export.metrics import (
     METRICS,
     PREFIX,
@@ -24,10 +23,11 @@ from watchdog.export.metrics import (
     metric_list_markdown,
     new_counters,
 )
-from watchdog.model import Severity, Signature, Workload
 from watchdog.sample import sim
 from watchdog.sample.rank_labels import RankRow
 from watchdog.service import build
+from watchdog.vocabulary.alert_identity import AlertIdentity
+from watchdog.vocabulary.model import Severity, Signature, Workload
 
 GOLDEN = REPO / "tests" / "golden" / "odd_rank.prom"
 # Values that depend on the machine, not on the scenario.

@@ -19,9 +19,9 @@ from watchdog.act.bundles import BundleStore, Incident
 from watchdog.config import BundlesConfig
 from watchdog.export import report
 from watchdog.export.metrics import new_counters
-from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample import sim
 from watchdog.service import build
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 
 ARTIFACTS = REPO / "test-output"
 

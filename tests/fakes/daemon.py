@@ -14,7 +14,7 @@ from typing import Any
 from watchdog.config import Config, parse_config
 from watchdog.daemon import Daemon
 from watchdog.export.metrics import WatchdogCollector
-from watchdog.model import NodeSnapshot
+from watchdog.vocabulary.model import NodeSnapshot
 
 
 def daemon_config(tmp: Path, **sections: Any) -> Config:

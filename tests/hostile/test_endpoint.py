@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO, need_tool
 from tests.export.test_server import get, serve
-from watchdog import http_gate, http_server
+from watchdog.boundary import http_gate, http_server
 
 
 def self_signed(tmp: Path) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from tests.conftest import REPO, python_target
 from watchdog.act.bundles import MARKER, BundleStore, Incident
 from watchdog.config import parse_config
 from watchdog.export.metrics import new_counters
-from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 
 
 def event(onset: float) -> EpisodeEvent:

@@ -20,14 +20,14 @@ from tests.fakes.daemon import daemon_config
 from tests.fakes.nccl_ras import FakeRank, json_report
 from tests.users import ALICE, BOB, described, shared_folder, user_process
 from watchdog.act.bundles import MAX_ACTION_RECORDS, Incident
+from watchdog.boundary.secrets import REDACTED, redact_arguments, redact_variable
 from watchdog.config import StacksConfig
-from watchdog.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 from watchdog.sample.ranks import RankDiscovery, job_of
-from watchdog.secrets import REDACTED, redact_arguments, redact_variable
 from watchdog.service import build
 from watchdog.stacks import nccl_ras, ras_report
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import capture_job
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
 
 S = "SeCrEt0x"  # every form below hides this; nothing else of the command line is lost
 

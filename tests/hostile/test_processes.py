@@ -61,7 +61,7 @@ def test_a_short_command_is_bounded_in_bytes_and_time_whatever_it_prints_or_read
     grandchild holding the pipes, is still cut at its timeout."""
     import resource
 
-    from watchdog import children
+    from watchdog.boundary import children
 
     flood = "import os, sys\nfor _ in range(1600):\n    os.write(1, b'x' * 65536); os.write(2, b'y' * 65536)\n"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

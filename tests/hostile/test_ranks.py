@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog import logfmt, rank_files
+from watchdog.boundary import rank_files
+from watchdog.plumbing import logfmt
 from watchdog.sample.ranks import RankInfo, number
 from watchdog.stacks import fr_dumps, fr_matching, nccl_ras, ras_report
 from watchdog.stacks.capture import FAILED, OK, StackCapturer, Target

@@ -441,7 +441,8 @@ def test_a_tiny_pickle_whose_key_takes_for_ever_to_hash_is_read_at_once(tmp_path
         dump.parent.mkdir()
         dump.write_bytes(b"\x80\x04" + _HASHED[way].replace(_NESTED, nested))
         try:
-            done = subprocess.run([sys.executable, "-c", "import sys; from watchdog.untrusted_data import loads_pickle;"
+            done = subprocess.run([sys.executable, "-c", "import sys;"
+                                   " from watchdog.boundary.untrusted_data import loads_pickle;"
                                    " print(type(loads_pickle(open(sys.argv[1], 'rb').read())).__name__)", str(dump)],
                                   capture_output=True, text=True, timeout=20)
         except subprocess.TimeoutExpired:

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.export.test_server import serve
-from watchdog import http_client
+from watchdog.boundary import http_client
+from watchdog.boundary.http_server import Auth, is_loopback
 from watchdog.coordinate import job_bundle
 from watchdog.coordinate.job_verdict import merge
 from watchdog.coordinate.nodes import NodeAnswer, NodeClient, valid_instance
 from watchdog.coordinate.service import MAX_JOBS_PER_REQUEST, Coordinator, CoordinatorError
-from watchdog.http_server import Auth, is_loopback
 
 
 @contextmanager
@@ -323,7 +323,7 @@ def test_a_request_body_of_empty_lists_is_refused_before_it_is_built() -> None:
     1.4 million lists (about 100 MiB). The body is refused with what it would build, before building it."""
     import tracemalloc
 
-    from watchdog.webhook import PayloadError, training_jobs
+    from watchdog.boundary.webhook import PayloadError, training_jobs
 
     body = b'{"alerts": [' + b"[]," * (4 * 2**20 // 3 - 10) + b"[]]}"
     tracemalloc.start()

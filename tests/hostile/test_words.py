@@ -27,7 +27,12 @@ from watchdog.doctor.facts import Interface, gather
 from watchdog.doctor.finding import ERROR, OK, UNKNOWN
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report
-from watchdog.model import (
+from watchdog.sample import sim
+from watchdog.sample.nvml_inventory import GpuFacts, Inventory
+from watchdog.sample.ranks import HostActivity
+from watchdog.stacks.analysis import analyze
+from watchdog.stacks.verdict import verdict
+from watchdog.vocabulary.model import (
     EventKind,
     Finding,
     GpuSample,
@@ -37,11 +42,6 @@ from watchdog.model import (
     Signature,
     Verdict,
 )
-from watchdog.sample import sim
-from watchdog.sample.nvml_inventory import GpuFacts, Inventory
-from watchdog.sample.ranks import HostActivity
-from watchdog.stacks.analysis import analyze
-from watchdog.stacks.verdict import verdict
 
 START = 1_767_225_600.0
 

@@ -14,12 +14,12 @@ import pytest
 
 from tests.conftest import REPO
 from tests.hostile.test_files import event, store
-from watchdog import private_files, secrets
 from watchdog.act.alerts import Alert
 from watchdog.act.bundles import Incident
-from watchdog.alert_identity import AlertIdentity
-from watchdog.model import Severity, Signature
+from watchdog.boundary import private_files, secrets
 from watchdog.sample.ranks import REDACTED, redact_arguments
+from watchdog.vocabulary.alert_identity import AlertIdentity
+from watchdog.vocabulary.model import Severity, Signature
 
 
 def test_a_bundle_past_its_budget_is_refused_before_it_reaches_the_disk(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import time
 import psutil
 import pytest
 
-from watchdog.model import GpuSample, NodeSnapshot
 from watchdog.sample import host_progress
 from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.proc_counters import proc_counters
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 
 def test_counters_agree_with_psutil() -> None:

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakes.podresources import KubeletServer, generated
-from watchdog.model import GpuSample, NodeSnapshot, Workload
 from watchdog.sample.kubelet import KubeletError, PodContainer, PodDirectory, PodResourcesClient, parse_list
 from watchdog.sample.ranks import RankDiscovery
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot, Workload
 
 UUID = [f"GPU-{n:08x}-aaaa-bbbb-cccc-{n:012x}" for n in range(8)]
 PODS = [

@@ -10,9 +10,9 @@ import pynvml
 import pytest
 
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from watchdog.model import GpuHealth
 from watchdog.sample import nvml, nvml_readings
 from watchdog.sample.nvml import FUNCTIONS, NvmlSource, NvmlUnavailable
+from watchdog.vocabulary.model import GpuHealth
 
 
 def opened(*gpus: FakeGpu, timeout: float = 0.5, **kwargs: object) -> tuple[NvmlSource, FakeNvml]:

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from tests.conftest import python_target
-from watchdog.model import GpuSample, NodeSnapshot
 from watchdog.sample.proc_counters import HostActivity
 from watchdog.sample.ranks import RankDiscovery, RankInfo, group_jobs
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 RANK_ENV = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.1",
             "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job-7", "CUDA_VISIBLE_DEVICES": "4,5",

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.model import NodeSnapshot, SnapshotBlock
 from watchdog.sample import read_ahead, recording, sim
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import open_trace
+from watchdog.vocabulary.model import NodeSnapshot, SnapshotBlock
 
 pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork()")
 

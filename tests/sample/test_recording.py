@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchdog.model import HEALTH_COUNTERS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import MAX_GPUS
+from watchdog.vocabulary.model import HEALTH_COUNTERS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot
 
 HEAD = recording.header("test", "2026-01-01T00:00:00+00:00")
 

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import realdata
-from watchdog.model import GpuHealth
 from watchdog.sample import lines as lines_module
 from watchdog.sample import smi_csv
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import MAX_GPUS, TextLines
 from watchdog.sample.smi_cells import parse_number
 from watchdog.sample.smi_csv import read_smi_csv
+from watchdog.vocabulary.model import GpuHealth
 
 TELEMETRY = ("telemetry", "grantwilkins-training_profile")
 

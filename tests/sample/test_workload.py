@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from watchdog.model import Workload
 from watchdog.sample import workload
 from watchdog.sample.ranks import RankDiscovery
+from watchdog.vocabulary.model import Workload
 
 POD = "0f3c1e2a-7b5d-4c9e-8a1f-2b3c4d5e6f70"
 CID = "a" * 64

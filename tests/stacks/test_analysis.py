@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import realdata
-from watchdog.model import Severity
 from watchdog.sample.proc_counters import HostActivity
-from watchdog.stack_model import Frame, StackDump, ThreadStack
 from watchdog.stacks.analysis import analyze
 from watchdog.stacks.classify import (
     BACKWARD,
@@ -24,6 +22,8 @@ from watchdog.stacks.formats import load
 from watchdog.stacks.fr_matching import FlightRecorderAnalysis, GroupFinding
 from watchdog.stacks.picture import corroborated, corroborations
 from watchdog.stacks.verdict import verdict
+from watchdog.vocabulary.model import Severity
+from watchdog.vocabulary.stack_model import Frame, StackDump, ThreadStack
 
 
 def stack(*frames: tuple[str, str]) -> ThreadStack:

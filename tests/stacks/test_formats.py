@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REALDATA, realdata
-from watchdog.stack_model import Frame
 from watchdog.stacks.formats import StackFormatError, load, parse_pyspy_json
 from watchdog.stacks.pyspy_text import parse_text
+from watchdog.vocabulary.stack_model import Frame
 
 PYSPY_TEXT = """Process 4711: python train.py
 Python v3.11.7 (/usr/bin/python3.11)

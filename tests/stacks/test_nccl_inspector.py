@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nccl_inspector import line
-from watchdog import rank_files
+from watchdog.boundary import rank_files
+from watchdog.boundary.rank_files import RankFileError
 from watchdog.config import StacksConfig
-from watchdog.model import RANK_WAITS, GpuSample, NodeSnapshot
-from watchdog.rank_files import RankFileError
 from watchdog.stacks import nccl_inspector
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.nccl_inspector import InspectorTail, collective_micros, log_folder
 from watchdog.stacks.sampling import RankSampler, SampleTarget
+from watchdog.vocabulary.model import RANK_WAITS, GpuSample, NodeSnapshot
 
 
 def p2p(exec_us: int) -> str:

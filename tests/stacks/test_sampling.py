@@ -18,12 +18,12 @@ from typing import Any
 
 from tests.conftest import TARGETS, wait_for
 from watchdog.config import StacksConfig, parse_config
-from watchdog.model import RANK_WAITS, GpuSample, NodeSnapshot
 from watchdog.sample import sim
 from watchdog.sample.ranks import RankDiscovery, RankInfo
 from watchdog.service import build
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.sampling import PLANNED, WAITING, WORKING, RankSampler, SampleTarget, main_thread_samples
+from watchdog.vocabulary.model import RANK_WAITS, GpuSample, NodeSnapshot
 
 
 @contextmanager

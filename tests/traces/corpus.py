@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tests.traces import perturb
-from watchdog.model import GpuSample, NodeSnapshot
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 GiB = 2**30
 

@@ -13,7 +13,7 @@ from tests.traces.corpus import Trace, snapshots
 from watchdog.act import policy
 from watchdog.config import ActionsConfig, Config
 from watchdog.detect.engine import DetectorEngine
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature
 
 START = 1.9e9
 EXPECTED_SIGNATURE = {"spin": Signature.BUSY_SPIN, "odd": Signature.WAITING, "zero": Signature.ZERO_UTIL}

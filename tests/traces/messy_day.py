@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from watchdog.words import iso_time
+from watchdog.vocabulary.words import iso_time
 
 DAY = 24 * 3600
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Iterator
 
-from watchdog.model import GpuSample, NodeSnapshot
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 Perturbation = Callable[[Iterable[NodeSnapshot], random.Random, int], Iterator[NodeSnapshot]]
 

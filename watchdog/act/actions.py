@@ -26,12 +26,12 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from watchdog import children, http_client, privileges, secrets
 from watchdog.act import pidfds
+from watchdog.boundary import children, http_client, privileges, secrets
 from watchdog.config import ActionsConfig
-from watchdog.model import Workload
 from watchdog.sample.ranks import RankInfo
-from watchdog.words import iso_time, number_runs
+from watchdog.vocabulary.model import Workload
+from watchdog.vocabulary.words import iso_time, number_runs
 
 DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED = "done", "failed", "timed_out", "dry_run", "skipped", "stopped"
 RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED)

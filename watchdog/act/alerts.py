@@ -18,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from watchdog import children, http_client, logfmt, secrets
-from watchdog.alert_identity import AlertIdentity, alert_name
+from watchdog.boundary import children, http_client, secrets
 from watchdog.config import AlertsConfig, ReceiverConfig
-from watchdog.counters import Counters
-from watchdog.model import Severity
-from watchdog.words import iso_time
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
+from watchdog.vocabulary.alert_identity import AlertIdentity, alert_name
+from watchdog.vocabulary.model import Severity
+from watchdog.vocabulary.words import iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
 
@@ -177,7 +178,7 @@ class AlertmanagerReceiver(_HttpReceiver):
 
 class CommandReceiver:
     """Runs argv (no shell) with the alert JSON on stdin and the bundle path as the last argument, in an
-    environment without the daemon's secrets (watchdog/children.py)."""
+    environment without the daemon's secrets (watchdog/boundary/children.py)."""
 
     def __init__(self, cfg: ReceiverConfig):
         self.name, self.timeout = cfg.name, cfg.timeout_seconds

@@ -8,7 +8,7 @@
     report.html       all of it on one self-contained page (`stall-watchdog report BUNDLE` rebuilds it)
 
 Written into a hidden folder of its own and renamed into place (a reader never sees half a bundle), by the
-package's private-file writer (watchdog/private_files.py: folders 0700, files 0600, never through a link,
+package's private-file writer (watchdog/boundary/private_files.py: folders 0700, files 0600, never through a link,
 each bundle within `bundles.max_bundle_bytes`, refused before a byte passes it). A disk budget and a count
 limit remove the oldest bundles first. A full or read-only disk, or a bundle over its budget, costs that
 one bundle, not the loop.
@@ -29,16 +29,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog import logfmt, private_files
+from watchdog.boundary import private_files
 from watchdog.config import BundlesConfig
-from watchdog.counters import Counters
 from watchdog.doctor.finding import DoctorFinding
-from watchdog.model import EpisodeEvent, NodeSnapshot, Severity
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
 from watchdog.sample import recording
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture, capture_file_name
-from watchdog.telling import Telling
-from watchdog.words import iso_time
+from watchdog.vocabulary.model import EpisodeEvent, NodeSnapshot, Severity
+from watchdog.vocabulary.telling import Telling
+from watchdog.vocabulary.words import iso_time
 
 
 @dataclass

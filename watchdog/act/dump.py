@@ -32,18 +32,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from watchdog import logfmt
 from watchdog.act import membership
 from watchdog.act.bundles import BundleStore
+from watchdog.boundary.webhook import PayloadError, dump_target
 from watchdog.config import Config
-from watchdog.counters import Counters
-from watchdog.model import NodeSnapshot
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.confirm import look_twice
 from watchdog.stacks.picture import StackPicture
-from watchdog.webhook import PayloadError, dump_target
-from watchdog.words import iso_time
+from watchdog.vocabulary.model import NodeSnapshot
+from watchdog.vocabulary.words import iso_time
 
 MAX_RANKS = 128  # processes one dump describes and captures
 MAX_CLAIMANTS_SHOWN = 8

@@ -18,7 +18,7 @@ import json
 import math
 import urllib.parse
 
-from watchdog import http_client
+from watchdog.boundary import http_client
 from watchdog.config import FleetConfig
 
 RECORD = "stall_watchdog:fleet_acted_ratio"

@@ -8,7 +8,7 @@ suspected  look at the affected job's stacks (py-spy, host activity) and hand th
 fired      write the incident bundle (the stacks already captured, the doctor's findings, the telemetry)
            and alert with the episode's severity and sentence, as the detectors decided them; the incident
            keeps the doctor's top finding and what could not be gathered as fields, and every alert and
-           bundle verdict is rendered from them by watchdog/telling.py
+           bundle verdict is rendered from them by watchdog/vocabulary/telling.py
 escalated  rewrite the bundle's verdict and alert again as critical
 resolved   send the resolve
 critical   act/responder.py takes it from here: the actions policy, the job's evidence taken again, the steps
@@ -31,23 +31,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
-from watchdog import logfmt
 from watchdog.act import membership
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
 from watchdog.act.open_incident import OpenIncident, culprit_text, on_gpus, telling
-from watchdog.alert_identity import PER_GPU_SIGNATURES, AlertIdentity, runbook_url
 from watchdog.config import Config
-from watchdog.counters import Counters
 from watchdog.doctor.checks import examine, top_finding
 from watchdog.doctor.facts import gather
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
 from watchdog.sample.nvml_inventory import Inventory
 from watchdog.sample.ranks import RankDiscovery, RankInfo
 from watchdog.sample.workload import common
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.confirm import look_twice
 from watchdog.stacks.picture import StackPicture, capture_job
+from watchdog.vocabulary.alert_identity import PER_GPU_SIGNATURES, AlertIdentity, runbook_url
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Verdict
 
 _MAX_PENDING = 4
 # A job's end (its ranks killed) often resolves its episode before the scheduler's epilog asks for a last

@@ -25,11 +25,11 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from watchdog.model import Workload
 from watchdog.sample import workload as workloads
 from watchdog.sample.ranks import RESTART_VARIABLES, UNLAUNCHED, Job, RankInfo, group_jobs, job_of, number
 from watchdog.stacks import nccl_inspector
 from watchdog.stacks.sampling import SampleTarget
+from watchdog.vocabulary.model import Workload
 
 _LAUNCHED = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
 

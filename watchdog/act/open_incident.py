@@ -9,12 +9,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from watchdog.act import policy
-from watchdog.alert_identity import AlertIdentity
-from watchdog.model import EpisodeEvent, NodeSnapshot, Severity, Workload
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.picture import StackPicture
-from watchdog.telling import Telling
-from watchdog.words import gpu_list
+from watchdog.vocabulary.alert_identity import AlertIdentity
+from watchdog.vocabulary.model import EpisodeEvent, NodeSnapshot, Severity, Workload
+from watchdog.vocabulary.telling import Telling
+from watchdog.vocabulary.words import gpu_list
 
 
 @dataclass
@@ -51,7 +51,7 @@ class OpenIncident:
 
 def telling(state: OpenIncident, event: EpisodeEvent) -> Telling:
     """What is said about the episode at this event: the event's summary with the incident's fields (the one
-    renderer, watchdog/telling.py, writes the sentence every reader gets)."""
+    renderer, watchdog/vocabulary/telling.py, writes the sentence every reader gets)."""
     return Telling(event.summary, state.doctor, state.notes, state.action,
                    (state.bundle or "") if state.action else "")
 

@@ -42,11 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog import private_files, rank_files
+from watchdog.boundary import private_files, rank_files
 from watchdog.config import ActionsConfig
-from watchdog.model import Severity
 from watchdog.stacks.picture import StackPicture
-from watchdog.words import duration_text
+from watchdog.vocabulary.model import Severity
+from watchdog.vocabulary.words import duration_text
 
 FINAL = frozenset({"act", "dry_run", "deterministic"})
 # Decisions said in an alert (the first time they are reached): what a person would want to know.

@@ -20,19 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from watchdog import logfmt
 from watchdog.act import fleet, membership, policy
 from watchdog.act.actions import DONE, SKIPPED, Actions, Step, Target
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.bundles import BundleStore
 from watchdog.act.open_incident import OpenIncident, bundle_on_disk, on_gpus
 from watchdog.config import Config
-from watchdog.counters import Counters
-from watchdog.model import EpisodeEvent, NodeSnapshot, Severity
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
 from watchdog.sample.ranks import RankDiscovery, job_of
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
-from watchdog.words import duration_text
+from watchdog.vocabulary.model import EpisodeEvent, NodeSnapshot, Severity
+from watchdog.vocabulary.words import duration_text
 
 LEDGER_NAME = "actions-ledger.json"
 _RECONSIDER_SECONDS = 30.0  # a decision that held an action back (paused, cooldown...) is looked at again
@@ -309,7 +309,7 @@ def action_text(results: Sequence[tuple[str, policy.Decision, Sequence[Step]]], 
     """What was done once the policy decided, one clause per job: 'ACTED: terminated ranks 0-3 of job run:x
     after 2 min 10 s of hang'. ACTED only where the job's ranks were ended; a step that failed makes it
     'NOT ACTED (failed: ...)' with the cause. The alert and the bundle say it before the episode's sentence
-    (watchdog/telling.py), with where the evidence is."""
+    (watchdog/vocabulary/telling.py), with where the evidence is."""
     after = f"after {duration_text(lasted)} of hang"
     heads = []
     for _, decision, steps in results:

@@ -23,7 +23,6 @@ from dataclasses import replace
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error
 from watchdog.cli.evidence import Evidence, gather
 from watchdog.cli.stacks import print_pictures
-from watchdog.model import Severity, Verdict
 from watchdog.pasted import crash_log, kernel_log, smi_table
 from watchdog.pasted.finding import Finding
 from watchdog.stacks import fr_matching, fr_text, nccl_timeouts, ras_report, timeout_verdict
@@ -31,6 +30,7 @@ from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.confirm import ONE_LOOK
 from watchdog.stacks.picture import StackPicture, named_by, with_job_evidence
 from watchdog.stacks.verdict import verdict
+from watchdog.vocabulary.model import Severity, Verdict
 
 
 def _ras(found: Evidence) -> ras_report.RasFinding | None:
@@ -199,3 +199,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print_pictures(pictures, args.json)
     return EXIT_OK
+
+
+def cmd_stacks_analyze(args: argparse.Namespace) -> int:
+    """The stacks part of `analyze`: the same reading of the same files and folders, the same split into jobs."""
+    return cmd_analyze(argparse.Namespace(paths=args.files, json=args.json))

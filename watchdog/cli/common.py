@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from watchdog.boundary.untrusted_data import CONTROL_ESCAPES
 from watchdog.config import Config
 from watchdog.sample.nvml import NvmlSource, NvmlUnavailable
-from watchdog.untrusted_data import CONTROL_ESCAPES
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 

@@ -7,12 +7,13 @@ import json
 import signal
 import threading
 
-from watchdog import http_client, logfmt, secrets
+from watchdog.boundary import http_client, secrets
+from watchdog.boundary.http_server import Auth, parse_address
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.config import ConfigError, CoordinatorConfig, load_config, parse_config
 from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.service import Coordinator, CoordinatorError
-from watchdog.http_server import Auth, parse_address
+from watchdog.plumbing import logfmt
 
 # Each flag and the key of the `coordinator:` section it overrides.
 _FLAGS = {"prometheus": "prometheus_url", "listen": "listen_address", "out": "out_directory",

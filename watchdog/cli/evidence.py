@@ -8,10 +8,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog import rank_files, untrusted_data
+from watchdog.boundary import rank_files, untrusted_data
 from watchdog.coordinate import job_bundle
 from watchdog.pasted import crash_log, kernel_log, smi_table
-from watchdog.stack_model import StackDump
 from watchdog.stacks import fr_dumps, fr_text, nccl_timeouts, progress_log, ras_report
 from watchdog.stacks.formats import MAX_DUMP_BYTES, StackFormatError, from_json, parse_capture, parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace
@@ -19,6 +18,7 @@ from watchdog.stacks.paste import pasted
 from watchdog.stacks.picture import StackPicture
 from watchdog.stacks.pyspy_text import looks_like_pyspy, parse_text
 from watchdog.stacks.ras_report import RasError, RasStatus
+from watchdog.vocabulary.stack_model import StackDump
 
 _BUNDLE_MARKER = ".stall-watchdog-bundle"
 # Inside a folder, these are its notes (a README, a SOURCES.md), not what a job left: read only when named

@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from watchdog import privileges
 from watchdog.act.actions import problems as action_problems
 from watchdog.act.alerts import build_receiver
+from watchdog.boundary import privileges
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.cli.coordinate import NotReady, ready
 from watchdog.cli.stacks import describe_pids, proven_jobs

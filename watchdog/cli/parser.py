@@ -115,7 +115,7 @@ def _add_stacks(verbs: Verbs) -> None:
     analyse.add_argument("files", nargs="+", metavar="FILE")
     analyse.add_argument("--json", action="store_true",
                          help="JSON Lines: one JSON object per job (groups, outliers, summary, verdict) per line")
-    analyse.set_defaults(func=_command("stacks", "cmd_stacks_analyze"))
+    analyse.set_defaults(func=_command("analyze", "cmd_stacks_analyze"))
 
 
 def _add_run(verbs: Verbs) -> None:

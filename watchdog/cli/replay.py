@@ -22,11 +22,18 @@ from watchdog.config import Config, load_config
 from watchdog.detect.engine import DetectorEngine
 from watchdog.export import report as report_html
 from watchdog.export.timeline import TextTimeline, json_line
-from watchdog.model import EpisodeEvent, EventKind, NodeSnapshot, SnapshotBlock, snapshot_range, snapshot_times
 from watchdog.sample import read_ahead
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import SIM_PREFIX, TRACE_SUFFIXES, open_trace
-from watchdog.words import gpu_list
+from watchdog.vocabulary.model import (
+    EpisodeEvent,
+    EventKind,
+    NodeSnapshot,
+    SnapshotBlock,
+    snapshot_range,
+    snapshot_times,
+)
+from watchdog.vocabulary.words import gpu_list
 
 _BATCH = 2048  # snapshots handed to the engine at once
 

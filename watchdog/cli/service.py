@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from watchdog import logfmt
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.config import load_config
 from watchdog.export.server import EndpointError
+from watchdog.plumbing import logfmt
 from watchdog.sample.nvml import NvmlUnavailable
 from watchdog.service import build, source_for
 

@@ -12,12 +12,12 @@ from watchdog.act import membership
 from watchdog.act.actions import Actions
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, open_nvml, shown
 from watchdog.config import Config, load_config
-from watchdog.model import NodeSnapshot
 from watchdog.sample.ranks import Job, RankDiscovery, RankInfo
 from watchdog.stacks.capture import StackCapturer
 from watchdog.stacks.confirm import look_twice
 from watchdog.stacks.picture import StackPicture, write_captures
 from watchdog.stacks.text import render as render_stacks
+from watchdog.vocabulary.model import NodeSnapshot
 
 
 def print_pictures(pictures: list[StackPicture], as_json: bool) -> None:
@@ -102,10 +102,3 @@ def _ranks_on_gpus(discovery: RankDiscovery, gpus: list[int] | None, config: Con
     if gpus:
         snapshot = NodeSnapshot(snapshot.time_seconds, tuple(g for g in snapshot.gpus if g.index in gpus))
     return discovery.from_snapshot(snapshot) or ([] if gpus else discovery.scan())
-
-
-def cmd_stacks_analyze(args: argparse.Namespace) -> int:
-    """The stacks part of `analyze`: the same reading of the same files and folders, the same split into jobs."""
-    from watchdog.cli.analyze import cmd_analyze
-
-    return cmd_analyze(argparse.Namespace(paths=args.files, json=args.json))

@@ -16,11 +16,11 @@ from typing import Protocol
 
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml
 from watchdog.config import load_config
-from watchdog.model import NodeSnapshot
+from watchdog.plumbing.schedule import Ticker
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import SIM_PREFIX, scenario
-from watchdog.schedule import Ticker
+from watchdog.vocabulary.model import NodeSnapshot
 
 
 # -- record --------------------------------------------------------------------------------------

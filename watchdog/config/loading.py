@@ -12,13 +12,13 @@ import yaml
 from pydantic import BaseModel, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from watchdog.boundary.rank_files import RankFileError, read_given
 from watchdog.config.actions import ActionsConfig
 from watchdog.config.base import _EXCERPT, _SECRET_KEYS, MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_NODES, _Section
 from watchdog.config.coordinator import CoordinatorConfig
 from watchdog.config.detectors import DetectorsConfig
 from watchdog.config.outputs import AlertsConfig, BundlesConfig, DumpConfig, ExportConfig
 from watchdog.config.sampling import JobConfig, KubernetesConfig, SampleConfig, SourceConfig, StacksConfig
-from watchdog.rank_files import RankFileError, read_given
 
 
 class Config(_Section):

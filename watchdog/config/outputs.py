@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from watchdog import logfmt
-from watchdog.alert_identity import RUNBOOK_URL
 from watchdog.config.base import Seconds, _http_url, _listen_address, _Section
+from watchdog.plumbing import logfmt
+from watchdog.vocabulary.alert_identity import RUNBOOK_URL
 
 
 class ExportConfig(_Section):

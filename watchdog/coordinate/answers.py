@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchdog.stack_model import StackDump
 from watchdog.stacks.formats import parse_pyspy_json
 from watchdog.stacks.fr_dumps import FlightRecorderError, RankTrace, SharedGroups
+from watchdog.vocabulary.stack_model import StackDump
 
 MAX_NODE_NAME = 253  # a host name's length
 MAX_TEXT = 300

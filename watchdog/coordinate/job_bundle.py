@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from watchdog import private_files
+from watchdog.boundary import private_files
 
 from .job_verdict import MAX_BUNDLE_BYTES, JobVerdict, merge
 from .nodes import NodeAnswer, Placement

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchdog.model import Severity, Verdict
 from watchdog.stacks import fr_matching
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.confirm import ONE_LOOK
@@ -27,6 +26,7 @@ from watchdog.stacks.fr_dumps import SharedGroups
 from watchdog.stacks.fr_matching import FlightRecorderAnalysis
 from watchdog.stacks.picture import corroborated, corroborations
 from watchdog.stacks.verdict import verdict
+from watchdog.vocabulary.model import Severity, Verdict
 
 from . import answers
 from .answers import NodeEvidence

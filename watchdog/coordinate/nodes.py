@@ -1,6 +1,6 @@
 """Where a training job runs (Prometheus) and what each of its nodes says (their daemons' /v1/dump).
 
-Both go through the package's HTTP client (watchdog/http_client.py): no redirects (the node token goes to
+Both go through the package's HTTP client (watchdog/boundary/http_client.py): no redirects (the node token goes to
 the node named and nowhere else), one deadline per exchange, bodies read up to a cap. Instance labels go
 into URLs only when they are host:port."""
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from watchdog import http_client, untrusted_data
+from watchdog.boundary import http_client, untrusted_data
 
 MAX_ANSWER_BYTES = 16 * 2**20  # one node's /v1/dump answer
 MAX_JOB_BYTES = 256 * 2**20  # every node's answers to one investigation, together

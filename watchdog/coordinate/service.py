@@ -26,10 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from watchdog import logfmt
+from watchdog.boundary.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
+from watchdog.boundary.webhook import PayloadError, training_jobs
 from watchdog.config import DAEMON_SCRAPE_JOB
-from watchdog.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
-from watchdog.webhook import PayloadError, training_jobs
+from watchdog.plumbing import logfmt
 
 from . import job_bundle
 from .job_verdict import JobEvidence, JobVerdict

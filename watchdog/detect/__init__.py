@@ -19,7 +19,7 @@ import numpy as np
 from watchdog.detect import busy_spin, gpu_lost, straggler, throttle, underuse, zero_util
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.stretch import Cells, Context
-from watchdog.model import Severity
+from watchdog.vocabulary.model import Severity
 
 Rule = Callable[[Cells, Any, Context], "dict[int, Evidence]"]
 

@@ -41,7 +41,7 @@ from watchdog.detect.stretch import (
     ranked,
     run_start,
 )
-from watchdog.model import THROTTLE_REASON_MASK, GpuSample, Signature
+from watchdog.vocabulary.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
 _FLAT_MIN_SAMPLES = 8  # the flatness of fewer samples means little
 _AT_WORK_FACTOR = 2  # memory traffic or SM activity this many times a spin's most, in one sample: real work

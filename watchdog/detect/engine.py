@@ -29,7 +29,7 @@ from watchdog.detect.recovery import recovered
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.detect.stream_clock import StreamClock
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
-from watchdog.model import (
+from watchdog.vocabulary.model import (
     HEALTH_COUNTERS,
     EpisodeEvent,
     Finding,

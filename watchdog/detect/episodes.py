@@ -39,7 +39,7 @@ from watchdog.config import Config, EpisodeTiming
 from watchdog.detect.pauses import PauseMemory
 from watchdog.detect.severity import PAUSES, STACK_SIGNATURES, judge
 from watchdog.detect.summary import summarize
-from watchdog.model import EpisodeEvent, EventKind, Finding, Severity, Signature, Verdict
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, Finding, Severity, Signature, Verdict
 
 _SEEN_SECONDS = 15.0  # a wait on GPUs at work fires only once seen this long, whatever its window dates it back
 # to: a GPU whose window still holds what it did before the hang may only be slower to show the spin

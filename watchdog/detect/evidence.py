@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from watchdog.model import Signature
+from watchdog.vocabulary.model import Signature
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is three times slower to build, and busy_spin builds

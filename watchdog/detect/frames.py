@@ -18,7 +18,7 @@ import numpy as np
 from watchdog.detect.levels import LEARNT, LEVELS, Levels
 from watchdog.detect.stream_clock import StreamClock
 from watchdog.detect.stretch import HEALTH_CODES, NUMERIC, Stretch, no_pids
-from watchdog.model import GpuSample, NodeSnapshot, SnapshotBlock
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot, SnapshotBlock
 
 _KEEP_ROWS = 64  # kept whatever their age: a window of -l 5 samples still has enough to judge
 _SLOT = {name: slot for slot, name in enumerate(GpuSample._fields)}

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.config import GpuHealthConfig
-from watchdog.model import HEALTH_COUNTERS, Finding, GpuSample, Severity, Signature
-from watchdog.words import duration_text, gpu_list
+from watchdog.vocabulary.model import HEALTH_COUNTERS, Finding, GpuSample, Severity, Signature
+from watchdog.vocabulary.words import duration_text, gpu_list
 
 # Xid -> (what NVIDIA documents it to mean, the action it names, whether the GPU or its driver is at fault
 # rather than the program that ran on it). In our words; NVIDIA's Xid catalog has the full list.

@@ -11,7 +11,7 @@ import numpy as np
 from watchdog.config import GpuLostConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.stretch import HEALTH_CODES, Cells, Context
-from watchdog.model import GpuHealth, Signature
+from watchdog.vocabulary.model import GpuHealth, Signature
 
 
 def detect(cells: Cells, cfg: GpuLostConfig, ctx: Context) -> dict[int, Evidence]:

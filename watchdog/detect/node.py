@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 
 from watchdog.detect.evidence import Evidence
-from watchdog.model import Finding, GpuHealth, GpuSample, Progress, Severity, Signature
+from watchdog.vocabulary.model import Finding, GpuHealth, GpuSample, Progress, Severity, Signature
 
 
 class GpuView:

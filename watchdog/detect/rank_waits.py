@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from watchdog.config import StragglerConfig
 from watchdog.detect.evidence import Evidence
-from watchdog.model import RANK_WAITS, Signature
+from watchdog.vocabulary.model import RANK_WAITS, Signature
 
 _JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))
 LONG_WINDOWS = 4  # the longer window, in short ones: a 10% slower rank stands out of chance there

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from watchdog.config import Config, EpisodeTiming, WaitingConfig, ZeroUtilConfig
 from watchdog.detect.pauses import PauseMemory
-from watchdog.model import Finding, Progress, Severity, Signature, Verdict
-from watchdog.words import duration_text, plural
+from watchdog.vocabulary.model import Finding, Progress, Severity, Signature, Verdict
+from watchdog.vocabulary.words import duration_text, plural
 
 PAUSES = (Signature.ZERO_UTIL, Signature.WAITING)  # what a healthy job also shows for a while
 STACK_SIGNATURES = (Signature.BUSY_SPIN, Signature.ZERO_UTIL, Signature.WAITING)  # worth a look at the stacks

@@ -24,7 +24,7 @@ from watchdog.config import StragglerConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import zeroed
 from watchdog.detect.stretch import MIN_WINDOW_SAMPLES, Cells, Context, nearest_rank, ranked, run_start
-from watchdog.model import THROTTLE_REASON_MASK, Signature, throttle_reason_names
+from watchdog.vocabulary.model import THROTTLE_REASON_MASK, Signature, throttle_reason_names
 
 
 def below_peers(cells: Cells, cfg: StragglerConfig) -> tuple[np.ndarray, np.ndarray]:

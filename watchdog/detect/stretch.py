@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from watchdog.model import NUMERIC_FIELDS, GpuHealth, GpuSample
+from watchdog.vocabulary.model import NUMERIC_FIELDS, GpuHealth, GpuSample
 
 NUMERIC = NUMERIC_FIELDS
 HEALTH_CODES = (GpuHealth.OK, GpuHealth.LOST, GpuHealth.HUNG)

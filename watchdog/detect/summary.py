@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from watchdog.detect.gpu_health import summary_of
-from watchdog.model import Finding, Severity, Signature, Verdict
-from watchdog.words import duration_text, gpu_list, plural
+from watchdog.vocabulary.model import Finding, Severity, Signature, Verdict
+from watchdog.vocabulary.words import duration_text, gpu_list, plural
 
 
 def _power(facts: dict[str, float | str]) -> str:

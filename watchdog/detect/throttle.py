@@ -9,7 +9,7 @@ from watchdog.config import ThrottleConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import zeroed
 from watchdog.detect.stretch import Cells, Context
-from watchdog.model import THROTTLE_REASON_MASK, Signature
+from watchdog.vocabulary.model import THROTTLE_REASON_MASK, Signature
 
 
 def detect(cells: Cells, cfg: ThrottleConfig, ctx: Context) -> dict[int, Evidence]:

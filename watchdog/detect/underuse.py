@@ -9,7 +9,7 @@ from watchdog.config import UnderuseConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import UNIT, zeroed
 from watchdog.detect.stretch import Cells, Context, active
-from watchdog.model import Signature
+from watchdog.vocabulary.model import Signature
 
 
 def detect(cells: Cells, cfg: UnderuseConfig, ctx: Context) -> dict[int, Evidence]:

@@ -10,7 +10,7 @@ import numpy as np
 from watchdog.config import ZeroUtilConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.stretch import MIN_WINDOW_SAMPLES, Cells, Context, at_rank, nearest_rank, ranked, run_start
-from watchdog.model import Signature
+from watchdog.vocabulary.model import Signature
 
 
 def detect(cells: Cells, cfg: ZeroUtilConfig, ctx: Context) -> dict[int, Evidence]:

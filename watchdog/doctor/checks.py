@@ -14,7 +14,7 @@ from watchdog.doctor.facts import NodeFacts, kernel_version_tuple
 from watchdog.doctor.finding import ERROR, INFO, OK, ORDER, UNKNOWN, WARNING, DoctorFinding, model_short
 from watchdog.doctor.job_checks import job_findings
 from watchdog.sample.ranks import RankInfo
-from watchdog.words import counted, gpu_list
+from watchdog.vocabulary.words import counted, gpu_list
 
 
 def check_driver(f: NodeFacts) -> DoctorFinding:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from watchdog.doctor.facts import Interface, NodeFacts
 from watchdog.doctor.finding import ERROR, INFO, KNOWN_P2P_TROUBLE, OK, UNKNOWN, WARNING, DoctorFinding, model_short
 from watchdog.sample.ranks import RankInfo
-from watchdog.words import counted
+from watchdog.vocabulary.words import counted
 
 
 def interface_matches(spec: str, interfaces: Sequence[Interface]) -> list[str]:

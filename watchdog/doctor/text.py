@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from watchdog.doctor.finding import ERROR, INFO, UNKNOWN, WARNING, DoctorFinding
-from watchdog.words import counted
+from watchdog.vocabulary.words import counted
 
 _MARK = {"error": "ERROR", "warning": "WARN ", "unknown": "  ?  ", "info": "info ", "ok": " ok  "}  # by Level value
 

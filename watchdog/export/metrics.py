@@ -17,10 +17,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
-from watchdog.alert_identity import AlertIdentity
 from watchdog.config import ACTION_NAMES
-from watchdog.counters import Counters
-from watchdog.model import (
+from watchdog.plumbing.counters import Counters
+from watchdog.sample.rank_labels import RankRow
+from watchdog.vocabulary.alert_identity import AlertIdentity
+from watchdog.vocabulary.model import (
     RANK_WAITS,
     WORKLOAD_LABELS,
     GpuHealth,
@@ -29,7 +30,6 @@ from watchdog.model import (
     Severity,
     Signature,
 )
-from watchdog.sample.rank_labels import RankRow
 
 PREFIX = "stall_watchdog_"
 

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog import private_files
+from watchdog.boundary import private_files
 from watchdog.detect.summary import duration_text
-from watchdog.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, NodeSnapshot, Workload
 from watchdog.sample import recording
-from watchdog.stack_model import member_id
-from watchdog.words import iso_time
+from watchdog.vocabulary.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, NodeSnapshot, Workload
+from watchdog.vocabulary.stack_model import member_id
+from watchdog.vocabulary.words import iso_time
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")

@@ -1,6 +1,6 @@
 """The daemon's HTTP endpoint: /metrics serves the exposition text it is given, /healthz says whether the
 loop is sampling, POST /v1/dump hands its body to the dump service (act/dump.py, wired by the composition
-root). Optional TLS and basic auth. Served by the package's hardened server (watchdog/http_server.py:
+root). Optional TLS and basic auth. Served by the package's hardened server (watchdog/boundary/http_server.py:
 slow and half-open clients never hold a worker, one deadline per request), so a slow scraper never delays
 a tick and a hostile one cannot starve the scrapes.
 
@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from watchdog import logfmt, secrets
+from watchdog.boundary import secrets
+from watchdog.boundary.http_server import Auth, HardenedServer, QuietHandler, is_loopback, parse_address, read_body
 from watchdog.config import DumpConfig, ExportConfig
-from watchdog.http_server import Auth, HardenedServer, QuietHandler, is_loopback, parse_address, read_body
+from watchdog.plumbing import logfmt
 
 
 class EndpointError(Exception):

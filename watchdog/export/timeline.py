@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from watchdog.detect.summary import duration_text
-from watchdog.model import EpisodeEvent, EventKind, Severity
-from watchdog.words import counted, iso_time
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, Severity
+from watchdog.vocabulary.words import counted, iso_time
 
 
 def json_line(event: EpisodeEvent, naive_time: bool, trace: str | None = None) -> str:

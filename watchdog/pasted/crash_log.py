@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from watchdog.model import Severity
 from watchdog.pasted.finding import Finding
+from watchdog.vocabulary.model import Severity
 
 # (what a person calls it, the line that says it), the most telling first
 _ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (  # noqa: E501

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.model import Severity, Verdict
+from watchdog.vocabulary.model import Severity, Verdict
 
 
 @dataclass(frozen=True)

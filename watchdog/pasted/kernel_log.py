@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 
 from watchdog.detect.gpu_health import xid_words
-from watchdog.model import Severity
 from watchdog.pasted.finding import Finding
+from watchdog.vocabulary.model import Severity
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f:.]{7,20})\):\s{0,4}(?P<xid>\d{1,4})\b"
                   r"(?P<rest>[^\n]{0,200})")

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 
 from watchdog.config import BusySpinConfig
-from watchdog.model import Severity
 from watchdog.pasted.finding import Finding
+from watchdog.vocabulary.model import Severity
 
 _GPU = re.compile(r"^\|\s{0,6}(?P<index>\d{1,2})\s+(?P<name>\S.{0,60}?)\s+(?:On|Off)\s*\|\s*(?P<bus>[0-9A-Fa-f]{4,8}:"
                   r"[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s")

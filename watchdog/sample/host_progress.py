@@ -24,8 +24,8 @@ import os
 import time
 from collections.abc import Callable
 
-from watchdog.model import GpuSample, NodeSnapshot
 from watchdog.sample.proc_counters import io_counters, proc_counters, stat_counters
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 
 class _Process:

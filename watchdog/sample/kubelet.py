@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from watchdog import logfmt
 from watchdog.config import KubernetesConfig
+from watchdog.plumbing import logfmt
 
 _METHOD = "/v1.PodResourcesLister/List"
 _MAX_ANSWER_BYTES = 16 * 2**20  # a node of a few hundred pods answers in tens of KiB

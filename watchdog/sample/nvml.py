@@ -26,10 +26,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from watchdog import logfmt
-from watchdog.model import GpuHealth, GpuSample, NodeSnapshot
+from watchdog.plumbing import logfmt
 from watchdog.sample.nvml_inventory import Inventory, read_inventory, text_of
 from watchdog.sample.nvml_readings import Device, Reader, readers
+from watchdog.vocabulary.model import GpuHealth, GpuSample, NodeSnapshot
 
 T = TypeVar("T")
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from watchdog import logfmt
-from watchdog.counters import Counters
-from watchdog.model import GpuSample, NodeSnapshot, Workload
+from watchdog.plumbing import logfmt
+from watchdog.plumbing.counters import Counters
 from watchdog.sample.ranks import RankDiscovery, RankInfo
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot, Workload
 
 
 class RankRow(NamedTuple):

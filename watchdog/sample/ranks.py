@@ -20,14 +20,14 @@ from pathlib import Path
 
 import psutil
 
-from watchdog.model import NodeSnapshot, Workload
+from watchdog.boundary.secrets import REDACTED as REDACTED  # re-exported: tests and callers name it here
+from watchdog.boundary.secrets import redact_arguments, redact_variable
 from watchdog.sample import workload
 from watchdog.sample.kubelet import PodDirectory
 from watchdog.sample.proc_counters import HostActivity, proc_counters, read_proc, stat_counters
 from watchdog.sample.workload import WORKLOAD_VARIABLES
-from watchdog.secrets import REDACTED as REDACTED  # re-exported: tests and callers name it here
-from watchdog.secrets import redact_arguments, redact_variable
-from watchdog.stack_model import member_id
+from watchdog.vocabulary.model import NodeSnapshot, Workload
+from watchdog.vocabulary.stack_model import member_id
 
 # How many times the launcher restarted a rank (torchrun's elastic agent; Slurm's requeue).
 RESTART_VARIABLES = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")

@@ -18,9 +18,9 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
-from watchdog.model import NUMERIC_FIELDS, GpuSample, NodeSnapshot, SnapshotBlock
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.replay import Trace, open_trace
+from watchdog.vocabulary.model import NUMERIC_FIELDS, GpuSample, NodeSnapshot, SnapshotBlock
 
 _BATCH = 256  # single snapshots sent at once (blocks go one by one)
 _AHEAD_BYTES = 32 << 20  # messages taken in ahead of the detectors, at most: about half a day of an 8-GPU node

@@ -25,10 +25,18 @@ from typing import Annotated, Any, Literal, TextIO
 
 import msgspec
 
-from watchdog.model import INTEGER_FIELDS, GpuHealth, GpuSample, NodeSnapshot, SnapshotBlock, each_snapshot, samples_of
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import MAX_GPUS, TextLines, TraceGpus, line_blocks
 from watchdog.sample.smi_cells import KINDS, most
+from watchdog.vocabulary.model import (
+    INTEGER_FIELDS,
+    GpuHealth,
+    GpuSample,
+    NodeSnapshot,
+    SnapshotBlock,
+    each_snapshot,
+    samples_of,
+)
 
 FORMAT_KEY = "stall_watchdog_recording"
 FORMAT_VERSION = 1

@@ -8,11 +8,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.model import NodeSnapshot, SnapshotBlock, each_snapshot
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import TextLines
 from watchdog.sample.smi_csv import smi_csv_stretches
+from watchdog.vocabulary.model import NodeSnapshot, SnapshotBlock, each_snapshot
 
 SIM_PREFIX = "sim:"
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".log", ".txt")  # what a folder given to `replay` contributes

@@ -12,7 +12,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from watchdog.model import CLOCK_EVENT_HW_SLOWDOWN, CLOCK_EVENT_HW_THERMAL, GpuHealth, GpuSample, NodeSnapshot
+from watchdog.vocabulary.model import (
+    CLOCK_EVENT_HW_SLOWDOWN,
+    CLOCK_EVENT_HW_THERMAL,
+    GpuHealth,
+    GpuSample,
+    NodeSnapshot,
+)
 
 GiB = 2**30
 

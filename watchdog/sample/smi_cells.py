@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from watchdog.model import HEALTH_COUNTERS
+from watchdog.vocabulary.model import HEALTH_COUNTERS
 
 # nvidia-smi field name -> (GpuSample field, unit nvidia-smi uses when the log has no units)
 NUMERIC: dict[str, tuple[str, str]] = {

@@ -17,15 +17,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from watchdog.model import (
-    SAMPLE_DEFAULTS,
-    GpuHealth,
-    GpuSample,
-    NodeSnapshot,
-    SnapshotBlock,
-    each_snapshot,
-    samples_of,
-)
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import MAX_GPUS, TextLines, TraceGpus, line_blocks
 from watchdog.sample.smi_cells import (
@@ -41,6 +32,15 @@ from watchdog.sample.smi_cells import (
     parse_timestamp,
 )
 from watchdog.sample.smi_gpu_count import group_by_time, with_index
+from watchdog.vocabulary.model import (
+    SAMPLE_DEFAULTS,
+    GpuHealth,
+    GpuSample,
+    NodeSnapshot,
+    SnapshotBlock,
+    each_snapshot,
+    samples_of,
+)
 
 RowParser = Callable[[list[str]], tuple[float | None, int | None, str | None, GpuSample]]
 

@@ -11,8 +11,8 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from watchdog.model import GpuSample, NodeSnapshot
 from watchdog.sample.errors import SkipLog, TraceError
+from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
 _MAX_GPUS = 32
 _CHUNK = 128  # gaps per voting chunk

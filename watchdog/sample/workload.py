@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from watchdog.model import WORKLOAD_LABELS, Workload
+from watchdog.vocabulary.model import WORKLOAD_LABELS, Workload
 
 # The variables read from a rank's environment for this (also kept for the bundle's environment.json).
 WORKLOAD_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_USER", "HOSTNAME", "POD_NAME", "POD_NAMESPACE")

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from watchdog.stack_model import Frame, StackDump
 from watchdog.stacks.classify import COLLECTIVE, UNKNOWN, Activity, classify, normalized, where_text
+from watchdog.vocabulary.stack_model import Frame, StackDump
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog import children, untrusted_data
+from watchdog.boundary import children, untrusted_data
 from watchdog.config import StacksConfig
-from watchdog.stack_model import StackDump
 from watchdog.stacks.formats import parse_pyspy_json, trim_pyspy_json
+from watchdog.vocabulary.stack_model import StackDump
 
 OK, PERMISSION, GONE, NOT_PYTHON, TIMEOUT, FAILED, NO_PY_SPY = (
     "ok", "permission", "gone", "not_python", "timeout", "failed", "no_py_spy")

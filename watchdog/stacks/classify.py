@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from watchdog.stack_model import Frame, ThreadStack
+from watchdog.vocabulary.stack_model import Frame, ThreadStack
 
 # -- activities ----------------------------------------------------------------------------------------
 COLLECTIVE = "collective"

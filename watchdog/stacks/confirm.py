@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from watchdog.config import StacksConfig
-from watchdog.model import Severity, Verdict
 from watchdog.sample.ranks import Job, RankDiscovery
 from watchdog.stacks.analysis import Analysis
 from watchdog.stacks.capture import OK, StackCapturer
 from watchdog.stacks.picture import StackPicture, capture_job
+from watchdog.vocabulary.model import Severity, Verdict
 
 BLOCKED = ("hang", "remote")  # "remote": every local rank in one collective, the job's other ranks elsewhere
 _MOVED_BYTES = 64 * 1024  # read or written across the two looks: a data loader or a checkpoint at work

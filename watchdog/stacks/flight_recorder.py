@@ -4,7 +4,7 @@ When a rank runs with TORCH_NCCL_DEBUG_INFO_PIPE_FILE=<stem> (newer PyTorch: TOR
 and TORCH_NCCL_TRACE_BUFFER_SIZE (TORCH_FR_BUFFER_SIZE) > 0, ProcessGroupNCCL opens a named pipe
 `<stem><rank>.pipe`; writing to it makes that rank write its collective history to
 `<TORCH_FR_DUMP_TEMP_FILE or TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>` (default /tmp/nccl_trace_rank_<rank>).
-The pipe and the dump are reached inside the rank's own filesystem only (watchdog/rank_files.py: from
+The pipe and the dump are reached inside the rank's own filesystem only (watchdog/boundary/rank_files.py: from
 /proc/<pid>/root, no `..`, no symlinks, the type checked on the opened descriptor, reads capped and
 timed), so a rank in a container is found in its own filesystem and a rank cannot point root elsewhere.
 `collect` waits for the dumps asked for and reads them back (stacks/fr_dumps.py).
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog import rank_files
+from watchdog.boundary import rank_files
 from watchdog.sample.ranks import RankInfo
 from watchdog.stacks.fr_dumps import MAX_DUMP_BYTES, FlightRecorderError, RankTrace, parse
 

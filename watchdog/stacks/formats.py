@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from watchdog import rank_files, untrusted_data
-from watchdog.stack_model import Frame, StackDump, ThreadStack, member_id
+from watchdog.boundary import rank_files, untrusted_data
 from watchdog.stacks.pyspy_text import MAX_FRAMES, MAX_FRAMES_TOTAL, MAX_NAME, MAX_THREADS, parse_text
+from watchdog.vocabulary.stack_model import Frame, StackDump, ThreadStack, member_id
 
 MAX_DUMP_BYTES = 64 * 2**20  # a saved dump, as a person hands it to `analyze` or `stacks analyze`
 

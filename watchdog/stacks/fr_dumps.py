@@ -7,7 +7,7 @@ a pickle (or the JSON twin `_dump_fr_trace_json` writes) holding `entries` (one 
 `pg_config` (each group's ranks) and `pg_status` (per group: the last collective enqueued, started and
 completed).
 
-Pickles and JSON are read by watchdog/untrusted_data.py: every class refused (a file in /tmp must never run
+Pickles and JSON are read by watchdog/boundary/untrusted_data.py: every class refused (a file in /tmp must never run
 code in a daemon that may run as root), and the objects built while reading bounded (16 MiB of empty-list
 opcodes would build a GiB), so a dump over that budget is refused. What is kept of a dump is bounded too:
 a pickle may share one list many times through its memo (437 bytes that unfold into gigabytes of JSON), so
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from watchdog import rank_files, untrusted_data
+from watchdog.boundary import rank_files, untrusted_data
 
 MAX_DUMP_BYTES = 16 * 2**20  # 2,000 entries with their stack frames are a few MB
 MAX_ENTRIES = 4096  # PyTorch keeps TORCH_NCCL_TRACE_BUFFER_SIZE entries; 2,000 is the usual setting

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from watchdog.rank_files import RankFileError, Tail, read_tail
+from watchdog.boundary.rank_files import RankFileError, Tail, read_tail
 
 MAX_TAIL_BYTES = 8 << 20  # of one log in one read: a rank that runs thousands of collectives a second fills it
 _EXEC = re.compile(rb'"coll_exec_time_us"\s*:\s*(\d{1,15})(?=[\s,}])')

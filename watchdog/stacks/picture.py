@@ -12,12 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from watchdog import private_files
+from watchdog.boundary import private_files
 from watchdog.config import StacksConfig
-from watchdog.model import Verdict
 from watchdog.sample.proc_counters import HostActivity
 from watchdog.sample.ranks import Job, RankDiscovery
-from watchdog.stack_model import StackDump, member_id
 from watchdog.stacks import fr_matching, nccl_ras
 from watchdog.stacks.analysis import Analysis, analyze
 from watchdog.stacks.capture import OK, Capture, StackCapturer, Target
@@ -27,6 +25,8 @@ from watchdog.stacks.fr_matching import FlightRecorderAnalysis
 from watchdog.stacks.ras_report import RasFinding
 from watchdog.stacks.timeout_verdict import TimeoutFinding
 from watchdog.stacks.verdict import verdict
+from watchdog.vocabulary.model import Verdict
+from watchdog.vocabulary.stack_model import StackDump, member_id
 
 
 @dataclass

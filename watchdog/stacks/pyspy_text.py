@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from watchdog.stack_model import Frame, StackDump, ThreadStack, member_id
+from watchdog.vocabulary.stack_model import Frame, StackDump, ThreadStack, member_id
 
 # What one dump keeps, however it was read
 MAX_THREADS = 256

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog import untrusted_data
+from watchdog.boundary import untrusted_data
 
 
 class RasError(Exception):

@@ -29,13 +29,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from watchdog.boundary.rank_files import RankFileError
 from watchdog.config import StacksConfig
-from watchdog.model import RANK_WAITS, NodeSnapshot
-from watchdog.rank_files import RankFileError
-from watchdog.stack_model import Frame, ThreadStack
 from watchdog.stacks.capture import FAILED, OK, TIMEOUT, StackCapturer
 from watchdog.stacks.classify import CHECKPOINT_IO, COLLECTIVE, EVALUATION, classify
 from watchdog.stacks.nccl_inspector import InspectorTail
+from watchdog.vocabulary.model import RANK_WAITS, NodeSnapshot
+from watchdog.vocabulary.stack_model import Frame, ThreadStack
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")  # "f (file[:line])"
 _PLANNED = {CHECKPOINT_IO, EVALUATION}

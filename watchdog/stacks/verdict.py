@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from watchdog.model import Severity, Verdict
 from watchdog.sample.proc_counters import HostActivity
 from watchdog.stacks.analysis import Analysis
 from watchdog.stacks.classify import (
@@ -25,7 +24,8 @@ from watchdog.stacks.classify import (
     IDLE_WAIT,
     UNKNOWN,
 )
-from watchdog.words import plural
+from watchdog.vocabulary.model import Severity, Verdict
+from watchdog.vocabulary.words import plural
 
 _PROGRESS_BYTES = 64 * 1024  # written during the observation: a checkpoint writer makes progress
 _PROGRESS_CPU = 0.2  # CPU seconds per second: real host work (compute on the host, decoding, copying)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.model import Severity, Signature, Workload
+from watchdog.vocabulary.model import Severity, Signature, Workload
 
 RUNBOOK_URL = "https://github.com/stall-watchdog/stall-watchdog/blob/main/docs/runbook.md"
 # One episode per GPU: `gpu` is a label.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from watchdog import untrusted_data
+from watchdog.boundary import untrusted_data
 
 LABEL = "training_job"
 SLURM_JOB = "slurm_job_id"

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
-from watchdog import rank_files
+from watchdog.boundary import rank_files
 
 MAX_SECRET_BYTES = 64 * 1024
 

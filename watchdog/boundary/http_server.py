@@ -33,8 +33,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from watchdog import logfmt
-from watchdog.http_gate import Gate
+from watchdog.boundary.http_gate import Gate
+from watchdog.plumbing import logfmt
 
 REQUEST_SECONDS = 15.0
 GET_SLOTS = 48

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
-from watchdog.words import iso_time
+from watchdog.vocabulary.words import iso_time
 
 
 class GpuHealth(str, enum.Enum):

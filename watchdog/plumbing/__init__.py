@@ -1,0 +1,2 @@
+"""Plumbing shared by every floor: the key=value log lines (logfmt), the counters the metrics export, and
+the schedule the loop keeps."""
