@@ -125,7 +125,7 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
             ["munged", "-F", f"--socket={folder}/munge.sock", f"--pid-file={folder}/munged.pid",
              f"--log-file={folder}/munged.log", f"--seed-file={folder}/munge.seed", "--force"], env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not (folder / "munge.sock").exists():
             assert time.monotonic() < deadline, "munged did not start"
             time.sleep(0.1)

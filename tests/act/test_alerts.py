@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.act.test_actions_torchrun import until
 from tests.fakes.daemon import Receiver
 from watchdog.act.alerts import Alert, AlertDispatcher, AlertmanagerReceiver, build_receivers
 from watchdog.config import parse_config
@@ -85,7 +86,7 @@ def test_alertmanager_is_told_again_while_the_alert_fires(monkeypatch: pytest.Mo
         counters = new_counters()
         dispatcher = AlertDispatcher(config, counters)
         dispatcher.submit(alert())
-        time.sleep(1.2)
+        until(lambda: counters.get("alerts_total", "am", "refreshed") >= 2, 60, "two refreshes of a firing alert")
         dispatcher.submit(alert(status="resolved"))
         time.sleep(0.8)  # resolved: no more refreshes
         dispatcher.close(timeout=5)
@@ -158,17 +159,17 @@ def test_a_missing_secret_names_the_receiver(tmp_path: Path) -> None:
 
 
 def test_a_hung_receiver_does_not_hold_up_another() -> None:
-    hung, fine = Receiver("hang"), Receiver()
+    """The healthy receiver gets its alert while the hung one still holds its request (a dispatcher that
+    delivered in turn would reach it only once the hung request timed out, a minute on)."""
+    hung, fine = Receiver("hold"), Receiver()
     try:
-        config = alerts_config([{"type": "webhook", "name": "hung", "url": hung.url, "timeout_seconds": 3},
+        config = alerts_config([{"type": "webhook", "name": "hung", "url": hung.url, "timeout_seconds": 60},
                                 {"type": "webhook", "name": "fine", "url": fine.url}])
         counters = new_counters()
         dispatcher = AlertDispatcher(config, counters)
-        started = time.monotonic()
         dispatcher.submit(alert())
-        while not fine.requests:
-            assert time.monotonic() - started < 2, "the healthy receiver waited on the hung one"
-            time.sleep(0.02)
+        until(lambda: fine.requests, 50, "the healthy receiver's alert")
+        assert hung.requests and hung.holding == 1, "the hung receiver's request was no longer held"
         dispatcher.close(timeout=1)
     finally:
         hung.close()
@@ -196,10 +197,7 @@ def test_a_receiver_bug_costs_one_alert_never_the_worker() -> None:
     receiver = _BuggyReceiver()
     dispatcher = AlertDispatcher(alerts_config([]), counters, [receiver])  # type: ignore[list-item]
     dispatcher.submit(alert("first"))
-    deadline = time.monotonic() + 5
-    while counters.get("alerts_total", "buggy", "failed") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    until(lambda: counters.get("alerts_total", "buggy", "failed") >= 1, 60, "the bug counted as a failed alert")
     assert dispatcher.receiver_up() == {"receiver_buggy": False}
     assert counters.get("component_errors_total", "receiver_buggy") == 1
     dispatcher.submit(alert("second"))

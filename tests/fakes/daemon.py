@@ -74,13 +74,16 @@ class FlakySource:
 
 
 class Receiver:
-    """A real HTTP server on loopback that records requests. `mode`: ok; fail (500); hang (5 s, then ok);
-    redirect (302 to `location`); trickle (a byte a second for a minute, never a whole answer)."""
+    """A real HTTP server on loopback that records requests. `mode`: ok; fail (500); hang (5 s, then ok); hold (no
+    answer until the receiver closes); redirect (302 to `location`); trickle (a byte a second for a minute, never a
+    whole answer). `holding` counts the requests held or trickling now."""
 
     def __init__(self, mode: str = "ok", location: str = ""):
         self.mode = mode
         self.requests: list[tuple[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.holding = 0
+        self.released = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -93,19 +96,27 @@ class Receiver:
                     return
                 if outer.mode == "hang":
                     time.sleep(5)
+                if outer.mode == "hold":
+                    outer.holding += 1
+                    outer.released.wait()
+                    outer.holding -= 1
                 self.send_response({"fail": 500, "redirect": 302}.get(outer.mode, 200))
                 if outer.mode == "redirect":
                     self.send_header("Location", location)
                 self.end_headers()
 
             def _trickle(self) -> None:
-                for _ in range(60):
-                    try:
-                        self.wfile.write(b"H")
-                        self.wfile.flush()
-                    except OSError:
-                        return
-                    time.sleep(1)
+                outer.holding += 1  # while it trickles
+                try:
+                    for _ in range(60):
+                        try:
+                            self.wfile.write(b"H")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(1)
+                finally:
+                    outer.holding -= 1
 
             def log_message(self, format: str, *args: object) -> None:
                 return None
@@ -116,5 +127,6 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()

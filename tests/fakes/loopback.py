@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,3 +49,18 @@ class Served:
     def running(self) -> Iterator[Served]:
         with serving(self.handler) as self.url:
             yield self
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether the server still holds this client's connection as the client left it: nothing sent back and not
+    closed (a read would block). An answer or a close means the server let go of it."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)

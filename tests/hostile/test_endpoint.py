@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import REPO, need_tool
 from tests.export.test_server import get, serve
+from tests.fakes.loopback import still_open
 from watchdog.boundary import http_gate, http_server
 
 
@@ -40,10 +41,10 @@ def test_an_idle_tls_client_does_not_block_scrapes(tmp_path: Path) -> None:
     try:
         context = ssl.create_default_context()
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        started = time.monotonic()
         status, body = get(endpoint.url, context=context)
         assert status == 200 and "stall_watchdog_build_info" in body
-        assert time.monotonic() - started < 3
+        # Answered while the idle clients still hold their connections (not once their deadline dropped them).
+        assert all(still_open(s) for s in idle)
     finally:
         for s in idle:
             s.close()
@@ -126,7 +127,7 @@ def test_a_flood_of_half_sent_requests_past_the_descriptor_limit(tmp_path: Path)
         for s in flood:
             s.close()
         flood.clear()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
@@ -184,10 +185,9 @@ def test_clients_that_never_read_their_answers_cannot_take_every_worker(monkeypa
             s.sendall(b"GET /big HTTP/1.0\r\nHost: x\r\n\r\n")
             held.append(s)
         time.sleep(1.0)
-        started = time.monotonic()
         assert _get_from("127.0.0.2", port).startswith(b"HTTP/1.0 200")
-        assert time.monotonic() - started < 2
-        assert _get_from("127.0.0.1", port).startswith(b"HTTP/1.0 503")  # this address has its share in use
+        # ... while this address's share is still in use (the answer above did not wait for it to be freed)
+        assert _get_from("127.0.0.1", port).startswith(b"HTTP/1.0 503")
         time.sleep(http_server.REQUEST_SECONDS + 1)  # the readers' deadlines pass: their workers are free
         assert _get_from("127.0.0.1", port).startswith(b"HTTP/1.0 200")
     finally:
@@ -223,7 +223,7 @@ def test_a_flood_of_failing_clients_is_a_few_log_lines(caplog: pytest.LogCapture
             s.sendall(b"GET / HTTP/1.0\r\n")
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()  # a reset, not a close
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while server.client_failures < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.client_failures >= 100

@@ -228,10 +228,11 @@ def test_a_dump_in_scan_mode_answers_for_the_proven_job_only_and_fast(tmp_path: 
             claimants(BOB, {**JOB, "RANK": "1", "LOCAL_RANK": "1"}, CLAIMANTS), \
             user_process(folder, BOB, ["queue"], env={**JOB, "RANK": "1", "LOCAL_RANK": "1"}, launched=False) as forged:
         try:
-            started = time.monotonic()
+            started = time.process_time()  # the daemon's CPU seconds for the request, every thread's
             dumped = daemon.dumps.handle(json.dumps({"training_job": "run:victim-42"}).encode())
             status, answer = dumped.status, dumped.body
-            took = time.monotonic() - started
+            took = time.process_time() - started
+            print(f"\nthe dump took {took:.2f} CPU s with {CLAIMANTS} claimants")
         finally:
             service.close()
     assert status == 200, answer
@@ -243,7 +244,7 @@ def test_a_dump_in_scan_mode_answers_for_the_proven_job_only_and_fast(tmp_path: 
     assert forged.pid not in [r["pid"] for job in jobs for r in job["ranks"]]  # the forged rank 1 is no rank
     claims = answer["claimants"]
     assert isinstance(claims, dict) and claims["count"] >= 1, claims
-    assert took < 5, f"the dump took {took:.1f} s with {CLAIMANTS} claimants"
+    assert took < 2, f"the dump took {took:.1f} CPU s with {CLAIMANTS} claimants"
 
 
 class Clock:

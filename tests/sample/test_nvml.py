@@ -103,13 +103,13 @@ def test_a_hung_call_is_bounded_and_the_gpu_recovers() -> None:
     source, _ = opened(stuck, fine, timeout=0.3)
     snap = source.sample()  # returns (the test would hang otherwise), the stuck GPU said as hung
     assert snap.gpus[0].health is GpuHealth.HUNG and snap.gpus[1].utilization_ratio == 0.7
-    # The next tick does not queue behind the stuck call: it answers at once.
-    started = time.monotonic()
-    assert source.sample().gpus[0].health is GpuHealth.HUNG
-    assert time.monotonic() - started < 0.2
+    # The next tick does not queue behind the stuck call: it answers at once, without a deadline of its own.
+    again = source.sample().gpus[0]
+    assert again.health is GpuHealth.HUNG
+    assert again.errors == (("nvml", "an earlier NVML call on this GPU has not returned"),), again.errors
     stuck.hang_in = None
     stuck.release.set()
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 60  # a wait, not a limit: it comes back on the tick after the call returns
     while source.sample().gpus[0].health is not GpuHealth.OK:
         assert time.monotonic() < deadline, "the GPU did not come back after the call returned"
         time.sleep(0.05)
@@ -255,11 +255,13 @@ def test_an_event_wait_that_hangs_costs_the_xids_not_the_tick() -> None:
     source, fake = opened(FakeGpu(util_percent=100), timeout=0.3)
     events = fake.event_sets[0]
     events.hang = threading.Event()
-    started = time.monotonic()
+    drains: list[float] = []
+    drain = source._drain_xids
+    source._drain_xids = lambda: (drains.append(time.monotonic()), drain())[1]  # type: ignore[method-assign]
     for _ in range(3):
         sample = source.sample().gpus[0]
         assert sample.utilization_ratio == 1.0 and sample.health is GpuHealth.OK
-    assert time.monotonic() - started < 2.0  # one deadline, then not queued behind the stuck call
+    assert len(drains) == 1  # one drain stuck in the driver, and no tick queued another behind it
     fake.xid(0, 48)
     events.hang.set()
     seen = [source.sample().gpus[0].xids for _ in range(2)]
