@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import getpass
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -19,6 +24,21 @@ from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot
 
 REPO = Path(__file__).resolve().parent.parent
 REALDATA = Path(os.environ.get("STALL_WATCHDOG_REALDATA", REPO.parent / "shared" / "realdata"))
+
+# The tests leave nothing in $TMPDIR: what torch would put there (its compile cache folder, made by every rank that
+# imports it) goes to a folder of this process's own, removed when it ends; pytest's folders, by its
+# tmp_path_retention_policy, and pytest_unconfigure below.
+_SCRATCH = tempfile.mkdtemp(prefix="stall-watchdog-tests-")
+atexit.register(shutil.rmtree, _SCRATCH, True)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SCRATCH, "torchinductor"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """pytest's per-user folder of temporary folders, once the run has removed what it kept there (kept only
+    for failed tests): an empty folder is not left behind."""
+    if not hasattr(config, "workerinput"):  # the controller, after its workers
+        with contextlib.suppress(OSError):
+            os.rmdir(Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}")
 
 
 def realdata(*parts: str) -> Path:

@@ -36,7 +36,9 @@ def torchrun_job(work: Path, hangs: str, workers: int = WORKERS, odd_rank: int =
     agent = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
          "--max-restarts=2", "--monitor-interval=0.5", str(TARGET), str(work)],
-        env={**os.environ, "HANGS": hangs, "ODD_RANK": str(odd_rank), "OMP_NUM_THREADS": "1", **env},
+        # TMPDIR: torchrun's own log folders (torchelastic_*) go with the test's folder, not the machine's
+        env={**os.environ, "HANGS": hangs, "ODD_RANK": str(odd_rank), "OMP_NUM_THREADS": "1", "TMPDIR": str(work),
+             **env},
         stdout=(work / "torchrun.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield agent

@@ -68,7 +68,8 @@ def test_readme_commands_work_on_a_clean_clone(tmp_path: Path) -> None:
     assert (REPO / ".ci" / "run").read_text().rstrip().endswith("make test")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
-    env = {**os.environ, "DEMO_ARGS": "--duration-seconds 70 --port 0"}
+    # The demo keeps its folder (its bundle and report) under $TMPDIR, as the README says: here, the test's own.
+    env = {**os.environ, "DEMO_ARGS": "--duration-seconds 70 --port 0", "TMPDIR": str(tmp_path)}
     result = subprocess.run(commands[0].split(), cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "culprit: rank 4 in DataLoader.__next__ -> Queue.get" in result.stdout

@@ -221,3 +221,27 @@ def test_the_readme_is_a_page_and_the_rest_is_linked_from_it() -> None:
     for page in (REPO / "docs").glob("*.md"):
         assert f"(docs/{page.name})" in readme, f"docs/{page.name} is not linked from the README"
     assert os.path.exists(REPO / "CHANGELOG.md") and "(CHANGELOG.md)" in readme
+
+
+def test_the_figures_the_readme_states_are_the_configurations() -> None:
+    """One truth per fact: each figure the README's opening, table and hook-up state is read from the
+    configuration's defaults here (a default that moves fails this test until the page says the new figure)."""
+    from watchdog.config import Config
+
+    config = Config()
+    readme = (REPO / "README.md").read_text()
+    opening = readme[:readme.index("## ")]
+    confirm = config.stacks.confirm_min_seconds
+    assert f"critical in {confirm:g}-{confirm + 5:g} s (two looks at their stacks agree)" in opening
+    assert f"in about {config.detectors.busy_spin.for_seconds:g} s" in opening
+    assert f"(at most {config.detectors.zero_util.critical_after_seconds / 60:g} minutes)" in opening
+    port = config.export.listen_address.rsplit(":", 1)[1]
+    hookup = section(readme, "Hook up Prometheus and alerts")
+    assert f"(default `{config.export.listen_address}`" in hookup and f"'0.0.0.0:{port}'" in hookup
+    assert all(f":{port}'" in target for target in re.findall(r"'gpu-node-\d+:\d+'", hookup))
+    compares = section(readme, "How it compares")
+    assert f"about {config.detectors.busy_spin.for_seconds:g} s after it starts" in compares
+    page = (REPO / "docs" / "how-it-works.md").read_text()
+    lost = config.detectors.gpu_lost
+    assert f"`gpu_lost.for_seconds` ({lost.for_seconds:g} s)" in page
+    assert f"`gpu_lost.hung_for_seconds` ({lost.hung_for_seconds:g} s)" in page
