@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -82,6 +82,15 @@ def need_tool(name: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{name} is missing in CI: {_hint(name)}")
     pytest.skip(f"{name} not installed: {_hint(name)}")
+
+
+def until(condition: Callable[[], object], seconds: float, what: str) -> None:
+    """Wait for a condition, looking twice a second: a guard against a test that would otherwise wait forever, far
+    longer than the condition needs, never a limit on the machine's speed."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
+        time.sleep(0.5)
 
 
 def wait_for(paths: list[Path], timeout: float = 90.0,

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import until
 from tests.elastic import FollowingSource, last_progress, steps, torchrun_job
 from tests.fakes.daemon import Receiver, daemon_config
 from watchdog.service import Service, build
@@ -31,13 +32,6 @@ def start(tmp: Path, source: FollowingSource, receiver: Receiver, **actions: Any
     service.start()  # the endpoint (a free loopback port) and the stack sampler, as `run` has them
     threading.Thread(target=service.run, daemon=True).start()
     return service
-
-
-def until(condition: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
-        time.sleep(0.5)
 
 
 def test_a_hung_torchrun_job_is_ended_resumes_from_its_checkpoint_and_a_quick_relapse_is_left_alone(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.act.test_actions_torchrun import until
+from tests.conftest import until
 from tests.fakes.daemon import Receiver
 from watchdog.act.alerts import Alert, AlertDispatcher, AlertmanagerReceiver, build_receivers
 from watchdog.config import parse_config

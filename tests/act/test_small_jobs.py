@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.act.test_actions_torchrun import start, summaries, until
+from tests.act.test_actions_torchrun import start, summaries
+from tests.conftest import until
 from tests.elastic import FollowingSource, last_progress, steps, torchrun_job
 from tests.fakes.daemon import Receiver
 

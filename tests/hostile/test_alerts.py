@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.act.test_actions_torchrun import until
 from tests.act.test_alerts import alert, alerts_config
+from tests.conftest import until
 from tests.fakes.daemon import Receiver
 from watchdog.act.alerts import AlertDispatcher, build_receivers
 from watchdog.export.metrics import new_counters
