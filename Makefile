@@ -45,6 +45,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/differential.py --against 54db7e4 --per-class 3
 	$(BIN)/python bench/capture_stacks.py
 	$(BIN)/python bench/daemon_cost.py
+	$(BIN)/python bench/series_budget.py
 	$(BIN)/python bench/live_verdict.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/straggler.py --per-class 2

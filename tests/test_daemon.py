@@ -28,8 +28,8 @@ def spin_source(offset: float = 285) -> sim.SimSource:
                          clock=stepping_clock())
 
 
-def metric(daemon: Daemon, line_start: str) -> float | None:
-    for line in scrape(daemon).splitlines():
+def metric(daemon: Daemon, line_start: str, series: str = "standard") -> float | None:
+    for line in scrape(daemon, series).splitlines():
         if line.startswith(line_start):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -367,7 +367,7 @@ def test_uneven_work_is_said_once_and_shown_never_paged(tmp_path: Path) -> None:
     logged = "\n".join(lines)
     assert logged.count("event=uneven_work") == 1 and "rank=0" in logged and "why=from_start" in logged
     assert metric(daemon, 'stall_watchdog_uneven_work_ratio{gpu="0",why="from_start"}') == pytest.approx(0.18, abs=0.06)
-    assert metric(daemon, 'stall_watchdog_rank_wait_ratio{gpu="0"}') == pytest.approx(0.12, abs=0.05)
+    assert metric(daemon, 'stall_watchdog_rank_wait_ratio{gpu="0"}', "full") == pytest.approx(0.12, abs=0.05)
     assert not daemon.engine.open_episodes()
 
 

@@ -67,7 +67,7 @@ def test_systemd_notify_reload_and_stop(tmp_path: Path) -> None:
         rejected = wait_for_line(lines, process, "event=reload_rejected")
         assert "detectors.busy_spin.for_seconds: expected a number of seconds" in rejected
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            assert b"stall_watchdog_gpu_power_watts" in response.read()  # still running on the old config
+            assert b"stall_watchdog_gpu_power_ratio" in response.read()  # still running on the old config
 
         config.write_text(config_text(tmp_path, port, interval=0.25)
                           + "stacks: {timeout_seconds: 7}\nalerts: {rate_limit_per_minute: 3}\n")

@@ -101,7 +101,7 @@ def test_ranks_writing_a_checkpoint_for_three_minutes_never_page(tmp_path: Path)
         receiver.close()
     assert critical_at == []
     assert [body["alert"]["summary"] for _, body in receiver.requests] == []
-    host = scrape(daemon)
+    host = scrape(daemon, "full")
     assert 'stall_watchdog_gpu_host_io_bytes_per_second{gpu="0"' in host
 
 

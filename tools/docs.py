@@ -2,7 +2,7 @@
 
     config.example.yaml                       the configuration model (watchdog/config/)
     docs/configuration.md, the reference      the same model
-    docs/metrics.md, the metric list          the metric table (watchdog/export/metrics.py)
+    docs/metrics.md, the metric list          the series table (watchdog/export/series.py)
     docs/how-it-works.md, busy_spin's legs    the legs' order and their settings (watchdog/detect/busy_spin.py)
     docs/cli.md, README.md's synopsis         the command line's parser (watchdog/cli/parser.py)
     deploy/kubernetes/*                       config.example.yaml, the rules and the dashboard (render.py)
@@ -28,7 +28,7 @@ from watchdog.cli.reference import reference_markdown as cli_markdown  # noqa: E
 from watchdog.cli.reference import synopsis_markdown  # noqa: E402
 from watchdog.config import example_yaml, reference_markdown  # noqa: E402
 from watchdog.detect.busy_spin import legs_markdown  # noqa: E402
-from watchdog.export.metrics import metric_list_markdown  # noqa: E402
+from watchdog.export.series import metric_list_markdown  # noqa: E402
 
 # Each hand-written page's generated blocks, by name.
 TABLES: dict[str, dict[str, Callable[[], str]]] = {

@@ -132,7 +132,8 @@ def _describe(bundle: Path) -> list[str]:
     return lines
 
 
-def run(duration: float | None, port: int, folder: Path | None, out: object = sys.stdout) -> int:
+def run(duration: float | None, port: int, folder: Path | None, out: object = sys.stdout,
+        series: str = "standard") -> int:
     listening = [True]
 
     def say(text: str) -> None:
@@ -157,7 +158,7 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
     pids = {rank: [process.pid] for rank, process in enumerate(ranks)}
     config = parse_config({
         "source": {"kind": "sim", "scenario": "odd_rank", "start_offset_seconds": OFFSET, "pids": pids},
-        "export": {"listen_address": f"127.0.0.1:{_free_port(port)}"},
+        "export": {"listen_address": f"127.0.0.1:{_free_port(port)}", "series": series},
         "bundles": {"directory": str(workdir / "incidents")},
         "stacks": {"observe_seconds": 1.0},
         "dump": {"open_on_loopback": True},  # the demo's own ranks, on loopback

@@ -108,7 +108,7 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                     engine=engine, guard=guard, incidents=incidents, responder=responder, dumps=dumps, board=board,
                     counters=counters, verdicts=verdicts, notifier=notifier or SystemdNotifier(), monotonic=monotonic,
                     wall=wall, config_path=config_path)
-    collector = WatchdogCollector(lambda: board.published, counters)
+    collector = WatchdogCollector(lambda: board.published, counters, config.export.series)
     registry = CollectorRegistry()
     registry.register(collector)
     endpoint = Endpoint(config.export, collector.exposition, daemon.healthy,

@@ -47,7 +47,7 @@ def test_metrics_and_healthz(tmp_path: Path) -> None:
         assert get(base + "/healthz")[0] == 503  # no sample yet
         daemon.tick()
         status, body = get(endpoint.url)
-        assert status == 200 and "stall_watchdog_gpu_power_watts" in body
+        assert status == 200 and "stall_watchdog_gpu_power_ratio" in body
         status, body = get(base + "/healthz")
         assert status == 200 and body.startswith("ok: last sample")
         assert get(base + "/nope")[0] == 404

@@ -31,9 +31,10 @@ def daemon_config(tmp: Path, **sections: Any) -> Config:
     return parse_config(base)
 
 
-def scrape(daemon: Daemon) -> str:
-    """What GET /metrics would serve for the daemon's last tick (the collector the service builds)."""
-    return WatchdogCollector(lambda: daemon.published, daemon.counters).exposition().decode()
+def scrape(daemon: Daemon, series: str = "standard") -> str:
+    """What GET /metrics would serve for the daemon's last tick (the collector the service builds), with
+    `export.series` as given (full: every reading)."""
+    return WatchdogCollector(lambda: daemon.published, daemon.counters, series).exposition().decode()
 
 
 def stepping_clock(start: float = 1.9e9, step: float = 1.0) -> Callable[[], float]:

@@ -142,6 +142,8 @@ def _add_demo(verbs: Verbs) -> None:
     demo.add_argument("--duration-seconds", type=float, metavar="S", help="stop by itself after this long")
     demo.add_argument("--port", type=int, default=9944, help="metrics port (another free one if taken)")
     demo.add_argument("--folder", metavar="DIR", help="where the bundles go (default: a new temporary folder)")
+    demo.add_argument("--series", choices=("standard", "beside_dcgm", "full"), default="standard",
+                      help="which series /metrics serves, as export.series in the configuration (default: standard)")
     demo.set_defaults(func=_command("service", "cmd_demo"))
 
 

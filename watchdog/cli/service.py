@@ -41,7 +41,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from watchdog.demo import DemoError, run
 
     try:
-        return run(args.duration_seconds, args.port, Path(args.folder) if args.folder else None)
+        return run(args.duration_seconds, args.port, Path(args.folder) if args.folder else None, series=args.series)
     except DemoError as exc:
         error(str(exc))
         return EXIT_FAILURE

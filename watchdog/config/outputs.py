@@ -22,6 +22,11 @@ class ExportConfig(_Section):
     basic_auth_password_file: str | None = Field(None, description="File holding the basic auth password.")
     basic_auth_password_env: str | None = Field(None, description="Environment variable holding the password.")
     stale_after_seconds: Seconds = Field(10.0, description="/healthz fails when the last sample is older than this.")
+    series: Literal["standard", "beside_dcgm", "full"] = Field(
+        "standard", description="Which series /metrics serves (docs/metrics.md lists each one's). standard: at most "
+        "12 a GPU and 30 a node when healthy, facts as labels of gpu_info, an episode's state only while it is open. "
+        "beside_dcgm: for a node that already runs dcgm-exporter, only what it lacks (verdicts, host progress, "
+        "ranks, power as a share of the limit). full: every reading, every episode state.")
 
     _address = field_validator("listen_address")(classmethod(lambda cls, value: _listen_address(value)))
 

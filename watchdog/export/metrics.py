@@ -1,9 +1,6 @@
-"""Prometheus metrics: one table of every series, and the collector that renders the daemon's last
-published state from it. A scrape never touches NVML; a GPU that vanished simply stops appearing.
-
-Names are an API: prefix stall_watchdog_, base units in the name, ratios 0-1, counters end in _total,
-labels bounded (gpu, uuid; rank/pid/training_job only on the small rank_info series; no hostname).
-"""
+"""Prometheus metrics: the collector that renders the daemon's last published state from the series
+table (export/series.py), keeping what the `export.series` setting asks for. A scrape never touches NVML; a
+GPU that vanished simply stops appearing."""
 
 from __future__ import annotations
 
@@ -18,12 +15,12 @@ from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
 from watchdog.config import ACTION_NAMES
+from watchdog.export.series import ALERT_LABELS, FACTS, FULL_MODE, METRICS, PREFIX, READINGS, STANDARD, MetricSpec
 from watchdog.plumbing.counters import Counters
 from watchdog.sample.rank_labels import RankRow
 from watchdog.vocabulary.alert_identity import AlertIdentity
 from watchdog.vocabulary.model import (
     RANK_WAITS,
-    WORKLOAD_LABELS,
     GpuHealth,
     GpuSample,
     NodeSnapshot,
@@ -31,142 +28,6 @@ from watchdog.vocabulary.model import (
     Signature,
 )
 
-PREFIX = "stall_watchdog_"
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str  # without the prefix
-    kind: str  # gauge | counter
-    help: str
-    labels: tuple[str, ...] = ()
-
-
-GPU = ("gpu", "uuid")
-ALERT_LABELS = ("signature", "severity", "node", "training_job", "gpu", *WORKLOAD_LABELS, "culprit")
-# The per-GPU readings: metric name -> the GpuSample field it renders.
-READINGS: dict[str, str] = {
-    "gpu_utilization_ratio": "utilization_ratio",
-    "gpu_memory_utilization_ratio": "memory_utilization_ratio",
-    "gpu_power_watts": "power_watts",
-    "gpu_power_limit_watts": "power_limit_watts",
-    "gpu_sm_clock_hertz": "sm_clock_hertz",
-    "gpu_sm_clock_max_hertz": "sm_clock_max_hertz",
-    "gpu_memory_used_bytes": "memory_used_bytes",
-    "gpu_memory_total_bytes": "memory_total_bytes",
-    "gpu_temperature_celsius": "temperature_celsius",
-    "gpu_sm_activity_ratio": "sm_activity_ratio",
-    "gpu_host_cpu_ratio": "host_cpu_ratio",
-    "gpu_host_io_bytes_per_second": "host_io_bytes_per_second",
-    "gpu_ecc_corrected_errors": "ecc_corrected",
-    "gpu_ecc_uncorrected_errors": "ecc_uncorrected",
-    "gpu_memory_repair_pending": "memory_repair_pending",
-    "gpu_memory_repair_failed": "memory_repair_failed",
-    "gpu_nvlink_errors": "nvlink_errors",
-    "gpu_pcie_replays": "pcie_replays",
-    "gpu_pcie_link_generation": "pcie_link_gen",
-    "gpu_pcie_link_generation_max": "pcie_link_gen_max",
-    "gpu_pcie_link_width": "pcie_link_width",
-    "gpu_pcie_link_width_max": "pcie_link_width_max",
-}
-
-METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("gpu_utilization_ratio", "gauge", "Fraction of the last sample period a kernel ran (NVML).", GPU),
-    MetricSpec("gpu_memory_utilization_ratio", "gauge", "Fraction of time device memory was read or written.", GPU),
-    MetricSpec("gpu_power_watts", "gauge", "Power draw.", GPU),
-    MetricSpec("gpu_power_limit_watts", "gauge", "Enforced power limit.", GPU),
-    MetricSpec("gpu_sm_clock_hertz", "gauge", "SM clock.", GPU),
-    MetricSpec("gpu_sm_clock_max_hertz", "gauge", "Maximum SM clock.", GPU),
-    MetricSpec("gpu_memory_used_bytes", "gauge", "Device memory in use.", GPU),
-    MetricSpec("gpu_memory_total_bytes", "gauge", "Device memory in total.", GPU),
-    MetricSpec("gpu_temperature_celsius", "gauge", "GPU temperature.", GPU),
-    MetricSpec("gpu_sm_activity_ratio", "gauge", "GPM SM activity (Hopper and later): SMs doing work.", GPU),
-    MetricSpec("gpu_host_cpu_ratio", "gauge", "Host progress: CPU seconds per second used by the processes on "
-               "this GPU since they were last read (every sample; every 5 s while the GPU's memory or SMs are "
-               "busy).", GPU),
-    MetricSpec("gpu_host_io_bytes_per_second", "gauge", "Host progress: bytes per second the processes on this "
-               "GPU moved through read and write calls (rchar + wchar), read as gpu_host_cpu_ratio is.", GPU),
-    MetricSpec("gpu_ecc_corrected_errors", "gauge", "Corrected ECC errors since the driver loaded (volatile; read "
-               "every 30 s, as are the health readings below).", GPU),
-    MetricSpec("gpu_ecc_uncorrected_errors", "gauge", "Uncorrected ECC errors since the driver loaded.", GPU),
-    MetricSpec("gpu_memory_repair_pending", "gauge", "1 while a memory row remap (or page retirement) waits for a "
-               "GPU reset.", GPU),
-    MetricSpec("gpu_memory_repair_failed", "gauge", "1 once a memory row remap failed: the GPU needs service.", GPU),
-    MetricSpec("gpu_nvlink_errors", "gauge", "NVLink CRC, replay and recovery errors of the active links, summed.",
-               GPU),
-    MetricSpec("gpu_pcie_replays", "gauge", "PCIe replays since the driver loaded.", GPU),
-    MetricSpec("gpu_pcie_link_generation", "gauge", "PCIe link generation now (it trains down at idle).", GPU),
-    MetricSpec("gpu_pcie_link_generation_max", "gauge", "PCIe link generation at most.", GPU),
-    MetricSpec("gpu_pcie_link_width", "gauge", "PCIe link width (lanes) now.", GPU),
-    MetricSpec("gpu_pcie_link_width_max", "gauge", "PCIe link width (lanes) at most.", GPU),
-    MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
-    MetricSpec("rank_stack_samples_total", "counter", "Stack samples taken of the main thread of the GPU's rank "
-               "(stacks.sample_rate_hz) since the daemon first sampled that process.", GPU),
-    MetricSpec("rank_stack_waits_total", "counter", "Of rank_stack_samples_total, those inside a collective or a "
-               "sync: their ratio over a window is the rank's wait share, comparable across nodes (the job-wide "
-               "straggler rule).", GPU),
-    MetricSpec("rank_nccl_wall_seconds_total", "counter", "Wall time the GPU's rank's NCCL Inspector log covered, "
-               "where its job writes one.", GPU),
-    MetricSpec("rank_nccl_seconds_total", "counter", "Of rank_nccl_wall_seconds_total, the time inside collectives by "
-               "NCCL's own timing (the job-wide straggler rule compares their ratio across nodes).", GPU),
-    MetricSpec("gpu_throttle", "gauge", "1 while the clocks are pulled down by thermal, power-brake or hardware "
-               "slowdown.", GPU),
-    MetricSpec("gpu_health", "gauge", "1 for the GPU's current NVML health: ok, lost (fell off the bus) or hung "
-               "(an NVML call did not return).", GPU + ("health",)),
-    MetricSpec("gpu_info", "gauge", "Static facts about each GPU, always 1.", GPU + ("name",)),
-    MetricSpec("episode_state", "gauge", "Each GPU's episode per signature: 0 ok, 1 suspect, 2 warning, 3 critical.",
-               ("gpu", "signature")),
-    MetricSpec("episode_culprit", "gauge", "1 on the GPUs the others wait on, while a waiting episode is active.",
-               ("gpu", "signature")),
-    MetricSpec("episode_start_time_seconds", "gauge", "Unix time of the first sample of the GPU's active episode.",
-               ("gpu", "signature")),
-    MetricSpec("episode_alert_info", "gauge", "1 for each episode that has alerted, while it is open. Its labels "
-               "are those of the daemon's own Alertmanager alert for it (culprit aside), so the shipped rules "
-               "raise the same alert and Alertmanager keeps one per incident.", ALERT_LABELS),
-    MetricSpec("straggler_slowdown_ratio", "gauge", "While a straggler warning is open on a GPU: how much slower "
-               "the job runs for it, estimated (1.18 is 18% slower): from its rank's stack samples, 1 / (1 - the "
-               "share of each step its peers wait for it); from the clocks alone, its peers' SM clock over its own.",
-               ("gpu",)),
-    MetricSpec("rank_wait_ratio", "gauge", "Share of the stack samples of the GPU's rank, over the straggler's "
-               "wait window, spent waiting in a collective or a sync (stacks.sample_rate_hz): the rank its peers "
-               "wait for waits least.", ("gpu",)),
-    MetricSpec("rank_first_wait_ratio", "gauge", "The wait share of the GPU's rank in its first look "
-               "(stacks.sample_learn_seconds): how it was before, for the job-wide straggler rule to tell a rank "
-               "that became slow from uneven work.", ("gpu",)),
-    MetricSpec("rank_first_nccl_ratio", "gauge", "The share of its time the GPU's rank spent inside collectives "
-               "by its NCCL Inspector log in its first look (stacks.sample_learn_seconds).", ("gpu",)),
-    MetricSpec("uneven_work_ratio", "gauge", "Share of each step the other ranks of its job on the node wait for "
-               "the GPU's rank where that is a standing difference, not a straggler (`why`: from_start, as since "
-               "it was first sampled; planned, while it saves a checkpoint or evaluates).", ("gpu", "why")),
-    MetricSpec("episodes_total", "counter", "Episodes fired (escalations count again, as critical).",
-               ("signature", "severity")),
-    MetricSpec("rank_info", "gauge", "The training processes on each GPU, always 1. `training_job` (the run id, "
-               "rendezvous address or Slurm job), the pod (`namespace`, `pod`, `container`) and the Slurm job "
-               "(`slurm_*`) are claims; `proof` (slurm, pod, launcher) and `uid` (its user) are set only where the "
-               "rank's job is proven, and the fleet's rules join a job's nodes on those alone.",
-               ("gpu", "pid", "rank", "training_job", *WORKLOAD_LABELS, "proof", "uid")),
-    MetricSpec("stack_captures_total", "counter", "py-spy stack captures by result.", ("result",)),
-    MetricSpec("alerts_total", "counter", "Alert deliveries by receiver and result.", ("receiver", "result")),
-    MetricSpec("bundles_total", "counter", "Incident bundles by result (written, partial, failed).", ("result",)),
-    MetricSpec("dumps_total", "counter", "POST /v1/dump requests by result (written, shared, no_ranks, "
-               "rate_limited, bad_request).", ("result",)),
-    MetricSpec("bundle_disk_bytes", "gauge", "Disk used by the incident bundles kept."),
-    MetricSpec("component_up", "gauge", "1 if the component's last run succeeded.", ("component",)),
-    MetricSpec("component_errors_total", "counter", "Failures caught at a component's boundary.", ("component",)),
-    MetricSpec("last_sample_timestamp_seconds", "gauge", "Unix time of the last completed sample."),
-    MetricSpec("tick_duration_seconds", "gauge", "Wall time of the last sample-detect-act-export tick."),
-    MetricSpec("tick_overruns_total", "counter", "Ticks that took longer than the sampling interval."),
-    MetricSpec("actions_total", "counter", "Actions on a confirmed hang by action (terminate_ranks, slurm, kubernetes, "
-               "command) and result (done, failed, timed_out, dry_run, skipped, stopped).", ("action", "result")),
-    MetricSpec("ledger_last_action_timestamp_seconds", "gauge", "For each job this node acted on (ledger_key: its "
-               "Slurm job, its pod, or its user and command line; at most 256), the wall time of the last action: "
-               "the fleet reads it so that a job requeued to another node is known there.", ("ledger_key",)),
-    MetricSpec("action_state", "gauge", "1 for the actions policy's mode (observe, dry_run, act) and state: observe "
-               "(never acts), armed (would act on a confirmed hang), unready (a configured action would fail every "
-               "time: a program, a token or a capability missing, as check-config says), acting, held (a guard said "
-               "no: budget, cooldown, deterministic, breaker) or paused.", ("mode", "state")),
-    MetricSpec("build_info", "gauge", "The running stall-watchdog, always 1.", ("version", "python")),
-)
 _STATE = {None: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
 
 
@@ -237,8 +98,14 @@ class WatchdogCollector(Collector):
     prometheus_client, exposition() writes the text a scrape gets (the same bytes as prometheus_client's
     generate_latest, at a fraction of its cost: 64 GPUs are 1,500 lines)."""
 
-    def __init__(self, published: Callable[[], Published], counters: Counters):
+    def __init__(self, published: Callable[[], Published], counters: Counters, mode: str = STANDARD):
         self._published, self._counters = published, counters
+        self._specs = tuple(spec for spec in METRICS if mode in spec.modes)  # what export.series keeps
+        self._kept = frozenset(spec.name for spec in self._specs)
+        self._sparse = mode != FULL_MODE
+        # Each GPU's facts as last read (gpu and uuid -> gpu_info's labels): a fact that fails to read for a
+        # tick keeps its value rather than start a second gpu_info series.
+        self._facts: dict[tuple[str, str], tuple[str, ...]] = {}
         # A scrape repeats the last one's series with mostly the same values: each line's name and labels,
         # and each value's text, are written once and remembered (64 GPUs: 1,600 lines every scrape).
         self._names: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -280,11 +147,17 @@ class WatchdogCollector(Collector):
         for name, values in counted.items():
             for labels, value in sorted(values.items()):
                 out[name].append((tuple(labels), value))
-        return out
+        kept = {spec.name: out[spec.name] for spec in self._specs}
+        if self._sparse:
+            for spec in self._specs:
+                if spec.sparse:
+                    kept[spec.name] = [(labels, value) for labels, value in out[spec.name]
+                                       if not spec.quiet(labels, value)]
+        return kept
 
     def collect(self) -> Iterator[Metric]:
         series = self.series()
-        for spec in METRICS:
+        for spec in self._specs:
             family = _family(spec)
             for labels, value in series[spec.name]:
                 family.add_metric(list(labels), value)
@@ -298,6 +171,8 @@ class WatchdogCollector(Collector):
             names.clear()
             values.clear()
         for spec, header, sample, order in _TEXT:
+            if spec.name not in self._kept:
+                continue
             out.append(header)
             for labels, value in series[spec.name]:
                 name = names.get((sample, labels))
@@ -312,13 +187,14 @@ class WatchdogCollector(Collector):
                 out.append("\n")
         return "".join(out).encode("utf-8")
 
-    @staticmethod
-    def _gpu(out: Series, gpu: GpuSample) -> None:
+    def _gpu(self, out: Series, gpu: GpuSample) -> None:
         labels = (str(gpu.index), gpu.uuid or "")
         for metric, slot in _READING_SLOTS:
             value = gpu[slot]
             if value is not None:
                 out[metric].append((labels, value))  # type: ignore[arg-type]  # READINGS are numbers
+        if gpu.power_watts is not None and gpu.power_limit_watts:
+            out["gpu_power_ratio"].append((labels, gpu.power_watts / gpu.power_limit_watts))
         if gpu.energy_joules is not None:
             out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
         for counts, names, unit in ((gpu.rank_waits, _STACK_SERIES, 1), (gpu.nccl_waits, _NCCL_SERIES, 1000)):
@@ -332,7 +208,18 @@ class WatchdogCollector(Collector):
         health = out["gpu_health"]
         for each, value in _HEALTHS:
             health.append(((*labels, value), 1 if gpu.health is each else 0))
-        out["gpu_info"].append(((*labels, gpu.name or ""), 1))
+        out["gpu_info"].append(((*labels, gpu.name or "", *self._facts_of(labels, gpu)), 1))
+
+    def _facts_of(self, labels: tuple[str, str], gpu: GpuSample) -> tuple[str, ...]:
+        known = self._facts.get(labels)
+        facts = tuple(_fact_text(gpu[slot]) for slot in _FACT_SLOTS)  # type: ignore[arg-type]  # numbers
+        if known is not None:
+            facts = tuple(now or before for now, before in zip(facts, known))
+        if known != facts:
+            if len(self._facts) > _REMEMBERED:  # GPUs come and go (a uuid per card): bounded
+                self._facts.clear()
+            self._facts[labels] = facts
+        return facts
 
     @staticmethod
     def _episodes(out: Series, episodes: tuple[EpisodeView, ...], gpus: list[int]) -> None:
@@ -364,6 +251,14 @@ _REMEMBERED = 1 << 15
 _HEALTHS = tuple((health, health.value) for health in GpuHealth)
 _SIGNATURES = tuple((signature, signature.value) for signature in Signature)
 _READING_SLOTS = tuple((metric, GpuSample._fields.index(field_name)) for metric, field_name in READINGS.items())
+_FACT_SLOTS = tuple(GpuSample._fields.index(field_name) for field_name in FACTS.values())
+
+
+def _fact_text(value: float | None) -> str:
+    """A fact as a label value: a whole number without a decimal point (700, 85899345920), else as is."""
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _escaped(value: str) -> str:
@@ -381,12 +276,3 @@ def _text_layout(spec: MetricSpec) -> tuple[MetricSpec, str, str, list[int]]:
 
 
 _TEXT = [_text_layout(spec) for spec in METRICS]
-
-
-def metric_list_markdown() -> str:
-    """The metric list of docs/metrics.md, generated from METRICS (a test keeps it in step)."""
-    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for spec in METRICS:
-        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
-        rows.append(f"| `{PREFIX}{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
-    return "\n".join(rows)

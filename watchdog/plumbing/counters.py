@@ -1,5 +1,5 @@
 """Thread-safe counters shared by the loop and its workers. The actions count into them and the metrics
-collector renders them; neither knows the other. The names come from the metric table (export/metrics.py)
+collector renders them; neither knows the other. The names come from the series table (export/series.py)
 through the composition root, so a misspelt counter fails at once instead of exporting nothing."""
 
 from __future__ import annotations
