@@ -68,7 +68,10 @@ def test_rules_cover_every_failure_the_watchdog_reports() -> None:
     for signature in Signature:
         assert alert_name(signature) in names, signature
         (rule,) = [r for r in _rules() if r["alert"] == alert_name(signature)]
-        assert f'stall_watchdog_episode_alert_info{{signature="{signature.value}"}}' in str(rule["expr"])
+        assert f'stall_watchdog:episode_alert:held{{signature="{signature.value}"}}' == str(rule["expr"]).strip()
+    groups = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())["groups"]
+    (held,) = [r for g in groups for r in g["rules"] if r.get("record") == "stall_watchdog:episode_alert:held"]
+    assert "stall_watchdog_episode_alert_info" in str(held["expr"])
     for alert in ("JobCollectiveHang", "JobCulpritNode", "Down", "StaleSamples", "ComponentFailing",
                   "AlertsFailing", "BundlesFailing"):
         assert "StallWatchdog" + alert in names, alert
