@@ -20,24 +20,22 @@ target (`/metrics?node=...`: Prometheus relabels each target's address to it, ke
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +43,15 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from watchdog.config import parse_config
-from watchdog.daemon import Daemon
-from watchdog.plumbing import logfmt
-from watchdog.sample import sim
-from watchdog.service import build
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.fakes.fleet import fleet_relabels, serving_nodes  # noqa: E402
+from tests.fakes.loopback import free_port  # noqa: E402
+from watchdog.config import parse_config  # noqa: E402
+from watchdog.daemon import Daemon  # noqa: E402
+from watchdog.plumbing import logfmt  # noqa: E402
+from watchdog.sample import sim  # noqa: E402
+from watchdog.service import build  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
@@ -159,48 +161,18 @@ def fleet(nodes: int) -> tuple[list[Node], int]:
     return out, job
 
 
-def serve(nodes: list[Node], templates: dict[str, list[str]]) -> ThreadingHTTPServer:
-    """One loopback server for every node: GET /metrics?node=NAME, the node's next body."""
-    by_name = {node.name: node for node in nodes}
-    served: dict[str, int] = dict.fromkeys(by_name, 0)
+def node_bodies(nodes: list[Node], templates: dict[str, list[str]]) -> dict[str, Callable[[], bytes]]:
+    """Each node's next body at each scrape: its state's bodies in turn, filled with its fields and now."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            url = urllib.parse.urlsplit(self.path)
-            node = by_name.get(urllib.parse.parse_qs(url.query).get("node", [""])[0])
-            if url.path != "/metrics" or node is None:
-                self.send_error(404)
-                return
-            bodies = templates[node.state]
-            served[node.name] += 1
-            body = bodies[served[node.name] % len(bodies)].format(now=floatToGoString(time.time()), **node.fields)
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            try:
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):  # a scrape that timed out, or Prometheus stopping
-                return
+    def of(node: Node) -> Callable[[], bytes]:
+        turn = itertools.cycle(templates[node.state])
+        return lambda: next(turn).format(now=floatToGoString(time.time()), **node.fields).encode()
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return {node.name: of(node) for node in nodes}
 
 
 @contextmanager
-def prometheus(binary: str, folder: Path, nodes: list[Node], sim_port: int, interval: int,
+def prometheus(binary: str, folder: Path, nodes: list[Node], server: str, interval: int,
                rules: list[Path]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """The real Prometheus with the rules, scraping every node under job="stall-watchdog"."""
     config = {
@@ -210,11 +182,7 @@ def prometheus(binary: str, folder: Path, nodes: list[Node], sim_port: int, inte
         "scrape_configs": [{
             "job_name": "stall-watchdog",
             "static_configs": [{"targets": [f"{node.name}:9944" for node in nodes]}],
-            "relabel_configs": [
-                {"source_labels": ["__address__"], "target_label": "instance"},
-                {"source_labels": ["__address__"], "regex": "(.+):9944", "target_label": "__param_node"},
-                {"target_label": "__address__", "replacement": f"127.0.0.1:{sim_port}"},
-            ],
+            "relabel_configs": fleet_relabels(server),
         }],
     }
     (folder / "prometheus.yml").write_text(json.dumps(config))
@@ -293,13 +261,9 @@ def measure(args: argparse.Namespace, binary: str) -> None:
         print(f"fleet: {len(nodes):,} nodes x {GPUS} GPUs, {jobs} training jobs of 1-64 nodes, {hung} nodes hung; "
               f"Prometheus {version}, scrape and rule evaluation every {args.interval_seconds} s (rules.yml sets no "
               f"group interval); {os.cpu_count()} cores, {platform.machine()}")
-        server = serve(nodes, templates)
-        try:
-            with prometheus(binary, folder, nodes, server.server_address[1], args.interval_seconds,
-                            args.rules) as (process, url):
-                run(args, url, psutil.Process(process.pid), nodes)
-        finally:
-            server.shutdown()
+        with serving_nodes(node_bodies(nodes, templates)) as server, \
+                prometheus(binary, folder, nodes, server, args.interval_seconds, args.rules) as (process, url):
+            run(args, url, psutil.Process(process.pid), nodes)
 
 
 def run(args: argparse.Namespace, url: str, process: psutil.Process, nodes: list[Node]) -> None:

@@ -64,7 +64,8 @@ TARGETS = REPO / "tests" / "targets"
 PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "alertmanager": "prometheus-alertmanager",
             "prometheus-alertmanager": "prometheus-alertmanager", "amtool": "prometheus-alertmanager",
             "systemd-analyze": "systemd", "openssl": "openssl", "setpriv": "util-linux", "chromium": "chromium",
-            "kubectl": "kubectl"}
+            "kubectl": "kubectl", "victoria-metrics": "victoria-metrics", "vmagent": "victoria-metrics",
+            "vmalert": "victoria-metrics"}
 
 
 def _hint(name: str) -> str:

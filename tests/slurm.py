@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO, need_tool
+from tests.fakes.loopback import free_port
 
 SLURM_DEPLOY = REPO / "deploy" / "slurm"
 
@@ -61,12 +62,6 @@ def _pairs(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def slurm_cluster(folder: Path) -> Iterator[Slurm]:
     for tool in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol"):
@@ -90,8 +85,8 @@ def slurm_cluster(folder: Path) -> Iterator[Slurm]:
 SlurmctldHost={node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={folder}/munge.sock
 CredType=cred/munge

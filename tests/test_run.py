@@ -13,12 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.conftest import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.fakes.loopback import free_port
 
 
 def config_text(tmp: Path, port: int, interval: float = 0.5) -> str:

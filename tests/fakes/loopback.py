@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class Quiet(BaseHTTPRequestHandler):
@@ -64,3 +66,16 @@ def still_open(sock: socket.socket) -> bool:
         return False
     finally:
         sock.setblocking(True)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for a server a test starts (the test's own or a real one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str, timeout: float = 10.0) -> Any:
+    """GET a URL on loopback and parse its JSON answer."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())

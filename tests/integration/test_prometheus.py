@@ -26,23 +26,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, TARGETS, need_tool, wait_for
+from tests.fakes.loopback import free_port, get_json
 from tests.fakes.nccl_inspector import line
 from watchdog.act import fleet
 from watchdog.config import FleetConfig
 from watchdog.export.series import METRICS, PREFIX
 
 LEDGER_AT = 1_700_000_000.0  # in the past: a ledger entry from the future is dropped at load
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get_json(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
 
 
 def until(check, timeout: float, what: str) -> object:  # type: ignore[no-untyped-def]
