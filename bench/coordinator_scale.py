@@ -147,34 +147,44 @@ def fr_trace(rank: int, nodes: int, entries: int, culprit: int, node: str) -> di
             "entries": out}
 
 
-def node_answer(index: int, nodes: int, culprit: int, fr_entries: int) -> dict[str, object]:
+def node_answer(index: int, nodes: int, culprit: int, fr_entries: int,
+                decided: dict[str, Any] | None = None) -> dict[str, object]:
     """What node `index`'s daemon answers to POST /v1/dump: its verdict from its 8 ranks (decided by the
-    project's own analysis, as the node decides it), every rank's threads and Flight Recorder trace."""
+    project's own analysis, as the node decides it), every rank's threads and Flight Recorder trace (its
+    whole ring summarised as the node sends it: RankTrace.summarised). `decided`: the node's own verdict,
+    summary and Flight Recorder finding taken from another node like it (the coordinator reads only whether
+    the node confirmed the hang; deciding 12,500 nodes' own verdicts would take the bench most of an hour)."""
     node = f"gpu-node-{index:04d}"
     rows, dumps, traces = [], [], []
     for local in range(RANKS_PER_NODE):
         rank = index * RANKS_PER_NODE + local
         pid = 211_000 + local * 17
         threads = pyspy_threads(pid, rank == culprit)
-        dumps += parse_pyspy_json(threads, node, rank, (local,))
-        traces.append(fr_trace(rank, nodes, fr_entries, culprit, node))
+        if decided is None:
+            dumps += parse_pyspy_json(threads, node, rank, (local,))
+        t = fr_trace(rank, nodes, fr_entries, culprit, node)
+        traces.append(fr_dumps.RankTrace(t["rank"], t["version"], tuple(t["entries"]),
+                                         {k: tuple(v) for k, v in t["groups"].items()}, t["status"],
+                                         t["source"], t["node"]))
         rows.append({"rank": rank, "pid": pid, "gpus": [local], "member": f"rank {rank}",
                      "workload": {"slurm_job_id": "884213", "slurm_step": "0", "slurm_user": "trainer"},
                      "capture": "ok", "threads": threads})
-    analysis = analyze(dumps)
-    fr = fr_matching.analyze(fr_dumps.RankTrace(t["rank"], t["version"], tuple(t["entries"]),
-                                             {k: tuple(v) for k, v in t["groups"].items()}, t["status"],
-                                             t["source"], t["node"]) for t in traces)
-    decided = with_job_evidence(verdict(analysis, spans_other_nodes=True), fr, None)
-    where = analysis.group_by_member()
-    for row in rows:
-        group = where.get(str(row["member"]))
-        row["activity"], row["where"] = (group.activity.name, group.where) if group else (None, None)
+    if decided is None:
+        analysis = analyze(dumps)
+        fr = fr_matching.analyze(traces)
+        decided = {"verdict": with_job_evidence(verdict(analysis, spans_other_nodes=True), fr, None).to_json(),
+                   "summary": analysis.summary, "outliers": list(analysis.outliers),
+                   "flight_recorder": fr.to_json(),
+                   "where": {int(str(m).split()[-1]) % RANKS_PER_NODE: (g.activity.name, g.where)
+                             for m, g in analysis.group_by_member().items()}}
+    for local, row in enumerate(rows):
+        row["activity"], row["where"] = decided["where"].get(local, (None, None))
     stamp = iso_time(1_753_000_000.0)
+    sent = [t.summarised().to_json() for t in traces]  # as the node sends them
     return {"node": node, "captured_at": stamp, "shared": False, "seconds": 3.41,
-            "jobs": [{"training_job": JOB, "world_size": nodes * RANKS_PER_NODE, "verdict": decided.to_json(),
-                      "summary": analysis.summary, "outliers": list(analysis.outliers), "ranks": rows,
-                      "flight_recorder": fr.to_json(), "flight_recorder_traces": traces}],
+            "jobs": [{"training_job": JOB, "world_size": nodes * RANKS_PER_NODE, "verdict": decided["verdict"],
+                      "summary": decided["summary"], "outliers": decided["outliers"], "ranks": rows,
+                      "flight_recorder": decided["flight_recorder"], "flight_recorder_traces": sent}],
             "bundle": "20250720T083320Z-dump-gpu0-1-2-3-4-5-6-7",
             "bundle_path": "/var/lib/stall-watchdog/incidents/20250720T083320Z-dump-gpu0-1-2-3-4-5-6-7"}
 
@@ -297,8 +307,16 @@ def run_size(nodes: int, node_seconds: float, fr_entries: int) -> dict[str, floa
     culprit_node = nodes * 2 // 3
     culprit = culprit_node * RANKS_PER_NODE + 5
     started = time.perf_counter()
-    answers = [json.dumps(node_answer(i, nodes, culprit, fr_entries), separators=(",", ":")).encode()
-               for i in range(nodes)]
+    # Node 0 and the culprit's node decide their own verdicts; the other nodes, whose local picture is node 0's
+    # (eight ranks waiting in the all_reduce), carry node 0's.
+    first = node_answer(0, nodes, culprit, fr_entries)
+    job = first["jobs"][0]  # type: ignore[index]
+    like_first = {"verdict": job["verdict"], "summary": job["summary"], "outliers": job["outliers"],
+                  "flight_recorder": job["flight_recorder"],
+                  "where": {local: (r["activity"], r["where"]) for local, r in enumerate(job["ranks"])}}
+    answers = [json.dumps(first if i == 0 else node_answer(i, nodes, culprit, fr_entries,
+                                                           None if i == culprit_node else like_first),
+                          separators=(",", ":")).encode() for i in range(nodes)]
     built = time.perf_counter() - started
     sizes = sorted(len(a) for a in answers)
     stacks = len(json.dumps(pyspy_threads(1, False), separators=(",", ":")))

@@ -151,3 +151,67 @@ def test_nvidias_fault_injected_dumps_name_both_faulty_ranks(case: str) -> None:
     injected = tuple(int(r) for r in log.split("Fault ranks: [", 1)[1].split("]", 1)[0].split(","))
     found = analyze(fr_dumps.read(p) for p in sorted(folder.glob("_dump_*")))
     assert found.culprits == injected, found.summary
+
+
+def _as_sent(traces: list[fr_dumps.RankTrace]) -> list[fr_dumps.RankTrace]:
+    """The traces as a node sends them (summarised, to_json) and the coordinator reads them (for_matching)."""
+    shared: fr_dumps.SharedGroups = {}
+    return [fr_dumps.RankTrace.for_matching(json.loads(json.dumps(t.summarised().to_json())), t.node, shared)
+            for t in traces]
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in NVRX.iterdir() if p.is_dir()))
+def test_a_summarised_trace_matches_as_the_whole_ring(case: str) -> None:
+    """NVIDIA's dumps: summarised on the node (per group, its newest collective and its oldest not completed),
+    sent and read back, they give the coordinator the same findings as the whole ring, in fewer entries
+    (bench/coordinator_scale.py measures a 2,000-entry ring's answer)."""
+    traces = [fr_dumps.read(p) for p in sorted((NVRX / case).glob("_dump_*"))]
+    sent = _as_sent(traces)
+    assert analyze(sent).to_json() == analyze(traces).to_json()
+    whole = sum(len(json.dumps(t.to_json())) for t in traces)
+    summarised = sum(len(json.dumps(t.summarised().to_json())) for t in traces)
+    assert sum(len(t.entries) for t in sent) < sum(len(t.entries) for t in traces) and summarised < whole
+
+
+def test_random_rings_match_alike_summarised() -> None:
+    """Rings made at random (three groups, ranks behind, in another collective, stopped completing early,
+    entries repeated under one number): the findings of the summaries are those of the rings."""
+    import random
+
+    chance = random.Random(57)
+    for _ in range(300):
+        world = chance.choice((4, 8, 16))
+        traces = []
+        for rank in range(world):
+            entries = []
+            seqs = {"0": 0, "tp": 0, "dp": 0}
+            for n in range(chance.randrange(0, 60)):
+                group = chance.choice(tuple(seqs))
+                seqs[group] += chance.choice((1, 1, 1, 0))
+                state = chance.choice(("completed", "completed", "started", "scheduled"))
+                entries.append({"record_id": n, "pg_id": group, "process_group": [group, f"{group}_pg"],
+                                "collective_seq_id": seqs[group] or 1, "is_p2p": chance.random() < 0.05,
+                                "profiling_name": chance.choice(("nccl:all_reduce", "nccl:broadcast")),
+                                "state": state, "retired": state == "completed"})
+            groups = {"0": tuple(range(world)), "tp": tuple(range(rank - rank % 4, rank - rank % 4 + 4)),
+                      "dp": tuple(range(rank % 4, world, 4))}
+            traces.append(fr_dumps.RankTrace(rank, "2.10", tuple(entries), groups, {}, "", "node"))
+        traces = [t for t in traces if chance.random() < 0.9]  # some ranks sent nothing
+        assert analyze(_as_sent(traces)).to_json() == analyze(traces).to_json()
+
+
+@pytest.mark.parametrize("ranks", [(), (5,), (0, 1, 2, 3), (3, 11, 19, 27), (0, 2, 3, 7, 8, 9, 100),
+                                   tuple(range(0, 100_000))])
+def test_groups_travel_as_runs(ranks: tuple[int, ...]) -> None:
+    trace = fr_dumps.RankTrace(0, "2.10", (), {"g": ranks}, {})
+    sent = trace.to_json()
+    assert fr_dumps.RankTrace.from_json(json.loads(json.dumps(sent))).groups == {"g": ranks}
+    assert len(json.dumps(sent)) < 400
+
+
+@pytest.mark.parametrize("runs", [[[0, 2**31, 1]], [[0, 10, 0]], [[5, 0, -1]], [[0, 10]], [["0", 10, 1]],
+                                  [[-3, 2, 1]], [[0, 2**40, 1]] * 1000, "0-9"])
+def test_hostile_runs_are_bounded_or_dropped(runs: object) -> None:
+    """A node's runs read within the trace's budget: never expanded past it, nonsense dropped, no traceback."""
+    trace = fr_dumps.RankTrace.from_json({"rank": 1, "entries": [], "groups": {"g": {"runs": runs}}})
+    assert len(trace.groups.get("g", ())) <= fr_dumps.MAX_NODES

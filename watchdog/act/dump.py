@@ -261,7 +261,8 @@ def _job_json(picture: StackPicture, ranks: tuple[RankInfo, ...], pace: Mapping[
                               "outliers": list(analysis.outliers), "ranks": rows}
     if picture.fr is not None:
         out["flight_recorder"] = picture.fr.to_json()
-        out["flight_recorder_traces"] = [t.to_json() for t in picture.traces]
+        # summarised on the node: a 2,000-entry ring a rank would make an answer of megabytes at fleet size
+        out["flight_recorder_traces"] = [t.summarised().to_json() for t in picture.traces]
     if picture.ras is not None:
         out["nccl_ras"] = picture.ras.to_json()
     return out

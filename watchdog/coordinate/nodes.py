@@ -31,7 +31,7 @@ MAX_PROMETHEUS_BYTES = 8 * 2**20
 # The objects one answer (a node's, or Prometheus's) may build when parsed: answers are parsed one at a time,
 # so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
 BUILT_BYTES = 128 * 2**20
-MAX_NODES = 4096
+MAX_NODES = 16_384  # a 12,500-node job (100,000 GPUs) and room
 MAX_PARALLEL = 1024  # nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds
 
 

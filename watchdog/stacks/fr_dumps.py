@@ -22,7 +22,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +115,25 @@ class RankTrace:
     node: str = ""
 
     def to_json(self) -> dict[str, object]:
-        """Compact and JSON-safe: the fields matching uses (no stack frames), for bundles and /v1/dump."""
+        """Compact and JSON-safe: the fields matching uses (no stack frames), for bundles and /v1/dump. A
+        group's ranks are written as runs (start, stop, step): the default group of a 100,000-rank job is one
+        run, not 100,000 numbers in every rank's trace."""
         return {"rank": self.rank, "version": self.version, "node": self.node, "source": self.source,
-                "groups": {n: list(r) for n, r in self.groups.items()}, "status": dict(self.status),
+                "groups": {n: {"runs": _runs(r)} for n, r in self.groups.items()}, "status": dict(self.status),
                 "entries": [{k: e.get(k) for k in _KEPT if k in e} for e in self.entries]}
+
+    def summarised(self) -> RankTrace:
+        """What matching needs of this trace, as a node sends it to the coordinator: per process group, its
+        newest collective and its oldest not completed (fr_matching.analyze finds the same in these as in the
+        whole ring: a 2,000-entry ring becomes a few entries a group)."""
+        kept: set[int] = set()
+        for seqs in collectives(self).values():
+            kept.add(id(seqs[max(seqs)]))
+            open_ = [seq for seq, entry in seqs.items() if not completed(entry)]
+            if open_:
+                kept.add(id(seqs[min(open_)]))
+        return replace(self, entries=tuple(e for e in self.entries if id(e) in kept))
+
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], node: str | None = None) -> RankTrace:
@@ -142,6 +157,54 @@ class RankTrace:
                        node if node is not None else _text(data.get("node", "")))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise FlightRecorderError(f"a Flight Recorder trace of the wrong shape ({type(exc).__name__})") from None
+
+
+def group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """An entry's process group: (its name, its description)."""
+    group = entry.get("process_group")
+    if isinstance(group, (list, tuple)) and len(group) == 2:
+        return str(group[0]), str(group[1])
+    return str(entry.get("pg_id", "")), ""
+
+
+def completed(entry: Mapping[str, Any]) -> bool:
+    return entry.get("state") == "completed" or (entry.get("retired") is True)
+
+
+def collectives(trace: RankTrace) -> dict[tuple[str, str], dict[int, Mapping[str, Any]]]:
+    """A trace's collectives by process group and sequence number (the later entry of a number kept); point-to-
+    point operations and entries without a number left out."""
+    out: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = {}
+    for entry in trace.entries:
+        seq = entry.get("collective_seq_id")
+        if entry.get("is_p2p") or not isinstance(seq, int) or seq <= 0:
+            continue
+        out.setdefault(group_key(entry), {})[seq] = entry
+    return out
+
+
+def _runs(ranks: tuple[int, ...]) -> list[list[int]]:
+    """Ranks as arithmetic runs [start, stop, step] (stop exclusive), longest first from each start."""
+    if len(ranks) > 2 and ranks[1] > ranks[0] and ranks == tuple(range(ranks[0], ranks[-1] + 1, ranks[1] - ranks[0])):
+        return [[ranks[0], ranks[-1] + 1, ranks[1] - ranks[0]]]  # one run (the default group: every rank)
+    out: list[list[int]] = []
+    i = 0
+    while i < len(ranks):
+        start = ranks[i]
+        if i + 1 == len(ranks):
+            out.append([start, start + 1, 1])
+            break
+        step = ranks[i + 1] - start
+        j = i + 1
+        while j + 1 < len(ranks) and ranks[j + 1] - ranks[j] == step:
+            j += 1
+        if step <= 0:  # not increasing: this rank alone
+            out.append([start, start + 1, 1])
+            i += 1
+            continue
+        out.append([start, ranks[j] + 1, step])
+        i = j + 1
+    return out
 
 
 _KEPT = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
@@ -190,6 +253,17 @@ def _ranks_of(text: object, budget: _Budget) -> tuple[int, ...]:
     """A group's ranks; what is looked at is charged to the budget, not only what is kept (a list or string
     shared by every group through the memo is paid for each time)."""
     room = max(0, budget.left)
+    if isinstance(text, dict):  # {"runs": [[start, stop, step], ...]}, as to_json writes a group
+        found: list[int] = []
+        runs = text.get("runs")
+        for run in runs[:room] if isinstance(runs, list) else ():
+            budget.left -= 1
+            if (isinstance(run, list) and len(run) == 3 and all(type(v) is int for v in run) and run[0] >= 0
+                    and run[1] <= MAX_RANK + 1 and run[2] >= 1):
+                span = range(run[0], run[1], run[2])[:max(0, budget.left)]
+                budget.left -= len(span)
+                found.extend(span)
+        return tuple(found)
     if isinstance(text, (list, tuple)):
         looked = text[:room]
         found = [r for r in looked if isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK]
@@ -214,7 +288,7 @@ def _groups(raw: object, budget: _Budget, shared: SharedGroups | None = None) ->
         key = _key(name)
         if key is None:
             continue
-        ranks = config.get("ranks") if isinstance(config, dict) else config
+        ranks = config.get("ranks", config) if isinstance(config, dict) else config
         groups[key] = _ranks_once(key, ranks, budget, shared)
     return groups
 
@@ -223,17 +297,18 @@ def _ranks_once(name: str, ranks: object, budget: _Budget, shared: SharedGroups 
     """_ranks_of, read once per distinct list when `shared` is given and charged to the budget as if read
     again. Only a list the budget would read whole is shared. A list equal to one read before is read as
     that one was (Python's equality: [True, 2.0] equals [1, 2]); a trace could name those ranks anyway."""
-    if shared is None or not isinstance(ranks, list) or len(ranks) >= budget.left:
+    listed = ranks.get("runs") if isinstance(ranks, dict) else ranks
+    if shared is None or not isinstance(listed, list) or len(listed) >= budget.left:
         return _ranks_of(ranks, budget)
     try:
-        key = (name, tuple(ranks))
+        key = (name, tuple(tuple(run) if isinstance(run, list) else run for run in listed))
         found = shared.get(key)
     except TypeError:  # an unhashable item: read it as it is
         return _ranks_of(ranks, budget)
     if found is None:
         found = shared[key] = _ranks_of(ranks, budget)
     else:
-        budget.left -= len(ranks) + 1
+        budget.left -= len(found) + 1
     return found
 
 

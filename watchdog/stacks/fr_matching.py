@@ -16,7 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.stacks.fr_dumps import RankTrace
+from watchdog.stacks.fr_dumps import RankTrace, collectives, group_key
+from watchdog.stacks.fr_dumps import completed as _completed
+
+# Ranks listed by name in a finding's JSON, in rank order; the count says how many there are. A node of a
+# 4,096-node job holds 8 of the default group's 32,768 ranks: the others are missing from where it stands.
+MAX_LISTED = 256
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,9 @@ class GroupFinding:
                 "waiting": list(self.waiting), "completed": list(self.completed),
                 "behind": {str(r): {"seq": s, "op": o} for r, (s, o) in sorted(self.behind.items())},
                 "other_op": {str(r): o for r, o in sorted(self.other_op.items())},
-                "missing": list(self.missing), "culprits": list(self.culprits), "sentence": self.sentence(),
+                "missing": list(self.missing[:MAX_LISTED]), "missing_count": len(self.missing),
+                "culprits": list(self.culprits[:MAX_LISTED]), "culprits_count": len(self.culprits),
+                "sentence": self.sentence(),
                 "stalled": {str(r): {"oldest_uncompleted": m, "peers": t}
                             for r, (m, t) in sorted(self.stalled.items())}}
 
@@ -102,7 +109,9 @@ class FlightRecorderAnalysis:
         return "Flight Recorder: " + ". ".join(g.sentence() for g in stuck[:4]) + more
 
     def to_json(self) -> dict[str, object]:
-        return {"analyzer": self.analyzer, "ranks": list(self.ranks), "culprits": list(self.culprits),
+        culprits = self.culprits
+        return {"analyzer": self.analyzer, "ranks": list(self.ranks), "culprits": list(culprits[:MAX_LISTED]),
+                "culprits_count": len(culprits),
                 "summary": self.summary, "groups": [g.to_json() for g in self.groups]}
 
 
@@ -116,28 +125,14 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"ranks {', '.join(map(str, ranks[:12]))}{' ...' if len(ranks) > 12 else ''}"
 
 
-def _group_key(entry: Mapping[str, Any]) -> tuple[str, str]:
-    group = entry.get("process_group")
-    if isinstance(group, (list, tuple)) and len(group) == 2:
-        return str(group[0]), str(group[1])
-    return str(entry.get("pg_id", "")), ""
-
-
-def _completed(entry: Mapping[str, Any]) -> bool:
-    return entry.get("state") == "completed" or (entry.get("retired") is True)
-
-
 def analyze(traces: Iterable[RankTrace]) -> FlightRecorderAnalysis:
     traces = sorted(traces, key=lambda t: t.rank)
     by_rank = {t.rank: t for t in traces}
     # group key -> rank -> entries of that rank in the group (collectives only, by sequence number)
-    per_group: dict[tuple[str, str], dict[int, dict[int, Mapping[str, Any]]]] = {}
+    per_group: dict[tuple[str, str], dict[int, Mapping[int, Mapping[str, Any]]]] = {}
     for trace in traces:
-        for entry in trace.entries:
-            seq = entry.get("collective_seq_id")
-            if entry.get("is_p2p") or not isinstance(seq, int) or seq <= 0:
-                continue
-            per_group.setdefault(_group_key(entry), {}).setdefault(trace.rank, {})[seq] = entry
+        for group, seqs in collectives(trace).items():
+            per_group.setdefault(group, {})[trace.rank] = seqs
     declared: dict[str, set[int]] = {}
     merged: set[tuple[str, int]] = set()
     for trace in traces:
@@ -211,7 +206,7 @@ def _torch_pg_config(trace: RankTrace) -> dict[str, dict[str, str]]:
     """pg_config as PyTorch's analyzer wants it: keyed by the group names the entries use. Gloo dumps
     (PyTorch 2.13) key the default group '' while its entries name it '0' (desc 'default_pg'): the
     analyzer then fails with KeyError ('0', rank). The group is renamed to what its entries say."""
-    named = {_group_key(e) for e in trace.entries}
+    named = {group_key(e) for e in trace.entries}
     config = {n: {"name": n, "desc": n, "ranks": str(list(r))} for n, r in trace.groups.items()}
     for name, desc in named:
         if name not in config and "" in config and desc == "default_pg":

@@ -81,8 +81,14 @@ class Corroboration:
 
 
 def named_by(culprits: Sequence[int], source: str) -> str:
-    """'rank 3 (Flight Recorder)', 'ranks 3, 5 (NCCL RAS)': built from the fields, never from a sentence."""
-    return f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits))} ({source})"
+    """'rank 3 (Flight Recorder)', 'ranks 3, 5 (NCCL RAS)': built from the fields, never from a sentence. At
+    most 12 are listed ('and 32,740 more'): a node of a 4,096-node job can see every other rank as missing."""
+    listed = ", ".join(map(str, culprits[:_NAMED]))
+    more = f" and {len(culprits) - _NAMED:,} more" if len(culprits) > _NAMED else ""
+    return f"{'rank' if len(culprits) == 1 else 'ranks'} {listed}{more} ({source})"
+
+
+_NAMED = 12
 
 
 def corroborations(fr: FlightRecorderAnalysis | None, ras_culprits: Sequence[int] = (),
