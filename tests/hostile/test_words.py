@@ -361,3 +361,15 @@ def test_the_reports_heading_and_table_agree_on_how_long(tmp_path: Path) -> None
     said = set(re.findall(r"\d+ min \d+ s|\d+ s\b", text))
     assert {"45 s", "6 min 10 s"} <= said, text
     assert re.search(r"45 s into the episode", text) and "lasted 6 min 10 s" in text, text
+
+
+def test_a_name_is_left_as_it_is_only_when_nothing_in_it_needs_escaping() -> None:
+    """one_line skips the translation for a name Python calls printable: every character it escapes must be
+    unprintable, or a name holding one would pass through raw."""
+    from watchdog.boundary.untrusted_data import CONTROL_ESCAPES, one_line
+
+    assert not [hex(c) for c in CONTROL_ESCAPES if chr(c).isprintable()]
+    for c in CONTROL_ESCAPES:
+        assert chr(c) not in one_line(f"rank{chr(c)}3"), hex(c)
+    assert one_line("train_step (megatron/training.py)") == "train_step (megatron/training.py)"
+    assert one_line("日本語 ünïcode") == "日本語 ünïcode"

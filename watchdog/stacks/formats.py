@@ -39,6 +39,22 @@ def _name(value: object) -> str:
     return untrusted_data.one_line(value[:MAX_NAME]) if isinstance(value, str) else ""
 
 
+def _frame(function: str, file: str, line: int | None) -> Frame:
+    """One Frame for each distinct frame: a job's ranks run the same code, so a 4,096-node job's answers name
+    a few hundred frames millions of times (made once each, and held once). Bounded: cleared when full."""
+    key = (function, file, line)
+    found = _FRAMES.get(key)
+    if found is None:
+        if len(_FRAMES) >= _MAX_FRAMES_KEPT:
+            _FRAMES.clear()
+        found = _FRAMES[key] = Frame(function, file, line)
+    return found
+
+
+_FRAMES: dict[tuple[str, str, int | None], Frame] = {}
+_MAX_FRAMES_KEPT = 1 << 16
+
+
 def _small_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
@@ -77,7 +93,8 @@ def parse_pyspy_json(data: object, source: str = "", rank: int | None = None,
     by_pid: dict[int | None, list[ThreadStack]] = {}
     for thread in trim_pyspy_json(data):
         state = "active" if thread.get("active") else "idle" if "active" in thread else None
-        frames = _frames(thread.get("frames") or [], "name", "filename")
+        # trim_pyspy_json has made each frame what a Frame holds (names one line and cut, a line or None)
+        frames = tuple(_frame(f["name"], f["filename"], f["line"]) for f in thread["frames"])
         by_pid.setdefault(thread.get("pid"), []).append(
             ThreadStack(thread.get("thread_id"), thread.get("thread_name"), state, frames, thread.get("os_thread_id")))
     return [StackDump(member_id(pid, rank), tuple(threads), pid, rank, gpus, source)
