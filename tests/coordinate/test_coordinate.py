@@ -280,3 +280,19 @@ def test_check_config_checks_what_coordinate_would_refuse(tmp_path: Path) -> Non
     for args in (["--job", ""], ["--json"]):
         done = cli("coordinate", "--prometheus", f"http://127.0.0.1:{closed_port()}", *args)
         assert done.returncode == 2 and ("--job" in done.stderr or "--json" in done.stderr), done.stderr
+
+
+def test_a_bundle_of_many_nodes_keeps_room_for_every_nodes_note(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers that fill the bundle's budget leave room for the note of every node after them: the bundle of a
+    job of thousands of nodes is written, each node's file there (its answer, or why it was left out)."""
+    answers = [_answer(node, odd=9) for node in range(4)]
+    many = answers + [NodeAnswer(f"10.0.1.{n}:9944", None, error="cannot reach it: " + "x" * 5000)
+                      for n in range(200)]
+    result = merge("run:x", many)
+    job = len(json.dumps(result.to_json(), indent=1, default=str)) + len(job_bundle.render(result)) + 4096
+    monkeypatch.setattr(job_bundle, "MAX_BUNDLE_BYTES", job + 2 * answers[0].size + 150 * 1024)
+    bundle = job_bundle.write(tmp_path, result)
+    written = [json.loads((bundle / "nodes" / job_bundle.node_file_name(a.instance)).read_text()) for a in many]
+    assert len(written) == 204 and sum("answer" in w for w in written) >= 1
+    assert all("omitted" in w or "answer" in w or w["error"] for w in written)

@@ -32,9 +32,10 @@ def _write(path: Path, text: str, budget: private_files.Budget | None = None) ->
     private_files.write_text(path, text, budget)
 
 
-def _node_answer(answer: NodeAnswer, budget: private_files.Budget) -> str:
+def _node_answer(answer: NodeAnswer, budget: private_files.Budget, reserved: int = 0) -> str:
     """A node's answer as it came (its bytes, or compact: indenting a deeply nested answer multiplies it
-    hundreds of times), or a note saying it was left out when it would pass the bundle's budget."""
+    hundreds of times), or a note saying it was left out when it would pass the bundle's budget less what is
+    `reserved` for the notes of the nodes still to write."""
     head: dict[str, object] = {"instance": answer.instance, "status": answer.status, "error": answer.error}
     if answer.raw is None and answer.size:  # read but not kept: the answers kept before it filled the budget
         return _omitted(head, answer.size)
@@ -42,11 +43,19 @@ def _node_answer(answer: NodeAnswer, budget: private_files.Budget) -> str:
         text = json.dumps(head, separators=(",", ":"))[:-1] + ',"answer":' + answer.raw.decode() + "}\n"
     else:
         text = json.dumps({**head, "answer": answer.body}, separators=(",", ":"), default=str) + "\n"
-    return _omitted(head, len(text)) if len(text) > budget.limit - budget.spent else text
+    return _omitted(head, len(text)) if len(text) > budget.limit - budget.spent - reserved else text
 
 
 def _omitted(head: dict[str, object], size: int) -> str:
+    error = head.get("error")
+    head = {**head, "error": error[:_ERROR_CHARS] if isinstance(error, str) else error}
     return json.dumps({**head, "omitted": f"the answer ({size} bytes) would pass the job bundle's budget"}) + "\n"
+
+
+# The most one node's note takes (its instance, a cut error, the sentence): room for every node's note is kept
+# before answers fill the budget, so a job of thousands of nodes still gets its bundle, every node said.
+_NOTE_BYTES = 1024
+_ERROR_CHARS = 300
 
 
 def _mtime(path: Path) -> int:
@@ -90,8 +99,9 @@ def write(root: str | Path, result: JobVerdict, keep: int = 200) -> Path:
     _write(temporary / "job.json", json.dumps(result.to_json(), indent=1, default=str) + "\n", budget)
     _write(temporary / "report.html", render(result), budget)
     nodes = private_files.make_dir(temporary / "nodes")
-    for answer in result.answers:
-        _write(nodes / node_file_name(answer.instance), _node_answer(answer, budget), budget)
+    for n, answer in enumerate(result.answers):
+        reserved = (len(result.answers) - n - 1) * _NOTE_BYTES
+        _write(nodes / node_file_name(answer.instance), _node_answer(answer, budget, reserved), budget)
     final = private_files.rename_free(temporary, root, name)
     with contextlib.suppress(OSError):  # the bundle is in place; the next write rotates again
         rotate(root, keep)
