@@ -87,7 +87,7 @@ def main() -> int:
         node = max(s[1] for s in scrapes)
         worst = max(scrapes, key=lambda s: s[0])[2]
         ok &= args.mode == "full" or (per_gpu <= GOAL_GPU * GPUS and node <= GOAL_NODE)
-        print(f"  {phase:8} {len(scrapes):3} scrapes: at most {per_gpu / GPUS:.1f} a GPU (goal <= {GOAL_GPU}), "
+        print(f"  {phase:8} {len(scrapes):3} scrapes: at most {per_gpu / GPUS:.2f} a GPU (goal <= {GOAL_GPU}), "
               f"{node} a node (goal <= {GOAL_NODE}), {per_gpu + node} in all")
         print("           a GPU: " + ", ".join(f"{name.removeprefix('stall_watchdog_')} {n / GPUS:g}"
                                                for name, n in sorted(worst.items())))

@@ -13,9 +13,12 @@ same scrape job, so a fact has one home:
 
     python deploy/sharded/render.py          # rewrite them (3 shards, replication 2)
     python deploy/sharded/render.py --check  # exit 1 if any is out of date (the tests run this)
+    python deploy/sharded/render.py --out /etc/prometheus/sharded --shards 4 \
+        --global http://prom-g1:9090/api/v1/write --global http://prom-g2:9090/api/v1/write \
+        --alertmanager am1:9093 --nodes-files '/etc/prometheus/nodes/*.json'   # your own, elsewhere
 
 The shipped files name their peers as placeholders (global-a:9090, alertmanager:9093, the file_sd folder of
-the node list): change them to yours, or render your own with the functions below.
+the node list): render your own with the options, rather than edit them by hand.
 """
 
 from __future__ import annotations
@@ -94,29 +97,46 @@ def vmagent_config(nodes_files: str = NODES_FILES, interval: str = "1m") -> dict
     return {"global": {"scrape_interval": interval}, "scrape_configs": [scrape_job(nodes_files)]}
 
 
-def files() -> dict[Path, str]:
-    out = {HERE / "prometheus" / f"shard-{n}.yml": shard_config(n) for n in range(SHARDS)}
-    out[HERE / "prometheus" / "global.yml"] = global_config()
-    out[HERE / "victoriametrics" / "scrape.yml"] = vmagent_config()
-    return {path: HEADER + yaml.safe_dump(config, sort_keys=False, width=120) for path, config in out.items()}
+def files(out: Path = HERE, shards: int = SHARDS, replication: int = REPLICATION,
+          globals_: tuple[str, ...] = GLOBALS, alertmanagers: tuple[str, ...] = ALERTMANAGERS,
+          nodes_files: str = NODES_FILES, rules: str = RULES, interval: str = "1m") -> dict[Path, str]:
+    configs = {out / "prometheus" / f"shard-{n}.yml": shard_config(n, shards, replication, globals_, nodes_files,
+                                                                   interval) for n in range(shards)}
+    configs[out / "prometheus" / "global.yml"] = global_config(alertmanagers, rules, interval)
+    configs[out / "victoriametrics" / "scrape.yml"] = vmagent_config(nodes_files, interval)
+    return {path: HEADER + yaml.safe_dump(config, sort_keys=False, width=120) for path, config in configs.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a shipped file is out of date")
+    parser.add_argument("--out", type=Path, default=HERE, help="where to write (default: the shipped files)")
+    parser.add_argument("--shards", type=int, default=SHARDS, help=f"Prometheus shards (default {SHARDS}); every "
+                        "shard must run: each keeps only its own and the next buckets")
+    parser.add_argument("--replication", type=int, default=REPLICATION,
+                        help=f"shards that scrape each node (default {REPLICATION})")
+    parser.add_argument("--global", dest="globals_", action="append", metavar="URL",
+                        help="a global view's remote-write URL (repeat for each; default: global-a and global-b)")
+    parser.add_argument("--alertmanager", action="append", metavar="HOST:PORT", help="repeat for each")
+    parser.add_argument("--nodes-files", default=NODES_FILES, help="the file_sd files listing the nodes")
+    parser.add_argument("--rules", default=RULES, help="where the globals read deploy/prometheus/rules.yml")
+    parser.add_argument("--interval", default="1m", help="scrape and evaluation interval (default 1m)")
     args = parser.parse_args()
-    stale = []
-    for path, text in files().items():
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(HERE.parent.parent)))
-            continue
-        path.parent.mkdir(exist_ok=True)
+    if not 1 <= args.replication <= args.shards:
+        parser.error(f"--replication must be between 1 and --shards ({args.shards})")
+    chosen = files(args.out, args.shards, args.replication, tuple(args.globals_ or GLOBALS),
+                   tuple(args.alertmanager or ALERTMANAGERS), args.nodes_files, args.rules, args.interval)
+    if args.check:
+        stale = [str(path) for path, text in files().items() if not path.exists() or path.read_text() != text]
+        if stale:
+            print("out of date (run python deploy/sharded/render.py): " + ", ".join(stale), file=sys.stderr)
+            return 1
+        print("the shipped files are up to date")
+        return 0
+    for path, text in chosen.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        print(f"wrote {path.relative_to(HERE.parent.parent)}")
-    if stale:
-        print("out of date (run python deploy/sharded/render.py): " + ", ".join(stale), file=sys.stderr)
-        return 1
+        print(f"wrote {path}")
     return 0
 
 

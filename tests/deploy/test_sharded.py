@@ -168,6 +168,16 @@ def test_the_shipped_files_are_rendered_and_the_rules_run_on_both_engines(tmp_pa
     assert checked.returncode == 0, checked.stdout + checked.stderr
     dry = subprocess.run([vmalert, "-dryRun", f"-rule={RULES}"], capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr[-2000:]
+    # rendered for other hosts: the options reach the files
+    done = subprocess.run([sys.executable, str(REPO / "deploy" / "sharded" / "render.py"),
+                           "--out", str(tmp_path / "own"), "--shards", "4",
+                           "--global", "http://g1:9090/api/v1/write", "--alertmanager", "am1:9093"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    own = yaml.safe_load((tmp_path / "own" / "prometheus" / "shard-3.yml").read_text())
+    assert [w["url"] for w in own["remote_write"]] == ["http://g1:9090/api/v1/write"]
+    assert own["scrape_configs"][0]["relabel_configs"][1]["regex"] == "0|3"
+    assert "am1:9093" in (tmp_path / "own" / "prometheus" / "global.yml").read_text()
     # each hashmod bucket is kept by exactly `replication` shards
     for shards, replication in ((3, 2), (5, 2), (4, 3), (3, 1)):
         kept = [b for n in range(shards) for b in render.buckets(n, shards, replication)]
