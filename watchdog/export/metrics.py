@@ -101,7 +101,9 @@ class WatchdogCollector(Collector):
     def __init__(self, published: Callable[[], Published], counters: Counters, mode: str = STANDARD):
         self._published, self._counters = published, counters
         self._specs = tuple(spec for spec in METRICS if mode in spec.modes)  # what export.series keeps
-        self._kept = frozenset(spec.name for spec in self._specs)
+        kept = {spec.name for spec in self._specs}
+        self._text = [layout for layout in _TEXT if layout[0].name in kept]
+        self._readings = tuple((metric, slot) for metric, slot in _READING_SLOTS if metric in kept)
         self._sparse = mode != FULL_MODE
         # Each GPU's facts as last read (gpu and uuid -> gpu_info's labels): a fact that fails to read for a
         # tick keeps its value rather than start a second gpu_info series.
@@ -170,9 +172,7 @@ class WatchdogCollector(Collector):
         if len(names) > _REMEMBERED or len(values) > _REMEMBERED:  # labels and values come and go: bounded
             names.clear()
             values.clear()
-        for spec, header, sample, order in _TEXT:
-            if spec.name not in self._kept:
-                continue
+        for spec, header, sample, order in self._text:
             out.append(header)
             for labels, value in series[spec.name]:
                 name = names.get((sample, labels))
@@ -189,7 +189,7 @@ class WatchdogCollector(Collector):
 
     def _gpu(self, out: Series, gpu: GpuSample) -> None:
         labels = (str(gpu.index), gpu.uuid or "")
-        for metric, slot in _READING_SLOTS:
+        for metric, slot in self._readings:  # those export.series keeps
             value = gpu[slot]
             if value is not None:
                 out[metric].append((labels, value))  # type: ignore[arg-type]  # READINGS are numbers

@@ -34,10 +34,11 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     modes: frozenset[str] = ALL  # the export.series settings that export it
     sparse: bool = False  # rows that say nothing is wrong are left out unless export.series is full
+    quiet_last_label: str | None = None  # a sparse series' last label value that says nothing is wrong (ok)
 
     def quiet(self, labels: tuple[str, ...], value: float) -> bool:
-        """A row a sparse series leaves out: a 0, or the health of a GPU that is ok."""
-        return value == 0 or (self.name == "gpu_health" and labels[-1] == "ok")
+        """A row a sparse series leaves out: a 0, or one whose last label says nothing is wrong."""
+        return value == 0 or (self.quiet_last_label is not None and labels[-1] == self.quiet_last_label)
 
 
 # The facts of a GPU that do not change while it runs: gpu_info's label -> the GpuSample field it renders.
@@ -188,7 +189,7 @@ METRICS: tuple[MetricSpec, ...] = (
     *_given(ALL, True,
     MetricSpec("gpu_health", "gauge", "1 for the GPU's current NVML health: ok, lost (fell off the bus) or hung "
                "(an NVML call did not return); only a GPU that is not ok has one unless `export.series` is full.",
-               GPU + ("health",)),
+               GPU + ("health",), quiet_last_label="ok"),
     MetricSpec("episode_state", "gauge", "Each GPU's open episode per signature: 1 suspect, 2 warning, 3 "
                "critical (0, ok, is left out unless `export.series` is full).",
                ("gpu", "signature")),
