@@ -287,11 +287,12 @@ def test_a_bundle_of_many_nodes_keeps_room_for_every_nodes_note(tmp_path: Path,
     """Answers that fill the bundle's budget leave room for the note of every node after them: the bundle of a
     job of thousands of nodes is written, each node's file there (its answer, or why it was left out)."""
     answers = [_answer(node, odd=9) for node in range(4)]
-    many = answers + [NodeAnswer(f"10.0.1.{n}:9944", None, error="cannot reach it: " + "x" * 5000)
-                      for n in range(200)]
+    many = answers + [NodeAnswer(f"10.0.1.{n}:9944", None, error="cannot reach it: " + "\u202e\x1b" * 2500)
+                      for n in range(200)]  # an error JSON writes six bytes a character
     result = merge("run:x", many)
-    job = len(json.dumps(result.to_json(), indent=1, default=str)) + len(job_bundle.render(result)) + 4096
-    monkeypatch.setattr(job_bundle, "MAX_BUNDLE_BYTES", job + 2 * answers[0].size + 150 * 1024)
+    job = len(json.dumps(result.to_json(), indent=1, default=str)) + len(job_bundle.render(result).encode()) + 4096
+    # room for the job's own files, two answers and every node's note (1 KiB), and not for more answers
+    monkeypatch.setattr(job_bundle, "MAX_BUNDLE_BYTES", job + 2 * answers[0].size + len(many) * 1024)
     bundle = job_bundle.write(tmp_path, result)
     written = [json.loads((bundle / "nodes" / job_bundle.node_file_name(a.instance)).read_text()) for a in many]
     assert len(written) == 204 and sum("answer" in w for w in written) >= 1

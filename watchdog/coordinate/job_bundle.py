@@ -43,17 +43,26 @@ def _node_answer(answer: NodeAnswer, budget: private_files.Budget, reserved: int
         text = json.dumps(head, separators=(",", ":"))[:-1] + ',"answer":' + answer.raw.decode() + "}\n"
     else:
         text = json.dumps({**head, "answer": answer.body}, separators=(",", ":"), default=str) + "\n"
-    return _omitted(head, len(text)) if len(text) > budget.limit - budget.spent - reserved else text
+    size = len(text.encode())  # bytes, as the budget counts them
+    return _omitted(head, size) if size > budget.limit - budget.spent - reserved else text
 
 
 def _omitted(head: dict[str, object], size: int) -> str:
-    error = head.get("error")
-    head = {**head, "error": error[:_ERROR_CHARS] if isinstance(error, str) else error}
-    return json.dumps({**head, "omitted": f"the answer ({size} bytes) would pass the job bundle's budget"}) + "\n"
+    """The note for a node whose answer is not kept: at most _NOTE_BYTES, its error cut until it fits (JSON
+    writes a character outside ASCII as six bytes)."""
+    said = head.get("error")
+    error = said[:_ERROR_CHARS] if isinstance(said, str) else None
+    while True:
+        note = json.dumps({**head, "error": error,
+                           "omitted": f"the answer ({size} bytes) would pass the job bundle's budget"}) + "\n"
+        if len(note) <= _NOTE_BYTES or not error:
+            return note
+        error = error[:len(error) // 2]
 
 
-# The most one node's note takes (its instance, a cut error, the sentence): room for every node's note is kept
-# before answers fill the budget, so a job of thousands of nodes still gets its bundle, every node said.
+# The most one node's note takes (its instance, host:port, at most 260 characters; its error, cut; the sentence):
+# room for every node's note is kept before answers fill the budget, so a job of thousands of nodes still gets its
+# bundle, every node said.
 _NOTE_BYTES = 1024
 _ERROR_CHARS = 300
 
