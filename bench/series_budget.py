@@ -13,6 +13,7 @@ runs dcgm-exporter; full: every reading, as before the budget).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,11 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.fakes.loopback import free_port  # noqa: E402
+from watchdog.export.series import SERIES_MODES  # noqa: E402
 
 GPUS = 8
 GOAL_GPU, GOAL_NODE = 12, 30
@@ -46,21 +52,17 @@ def count(text: str) -> tuple[int, int, Counter[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--series", dest="mode", default="standard", choices=("standard", "beside_dcgm", "full"),
+    parser.add_argument("--series", dest="mode", default=SERIES_MODES[0], choices=SERIES_MODES,
                         help="the export.series setting (default: standard)")
     parser.add_argument("--seconds", type=float, default=75.0, help="how long the demo runs (default 75)")
     args = parser.parse_args()
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         command = [sys.executable, "-m", "watchdog", "demo", "--duration-seconds", str(args.seconds),
                    "--port", str(port), "--folder", str(folder / "demo"), "--series", args.mode]
         demo = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**__import__("os").environ, "TMPDIR": scratch})
+                                env={**os.environ, "TMPDIR": scratch})
         healthy: list[tuple[int, int, Counter[str]]] = []
         hung: list[tuple[int, int, Counter[str]]] = []
         try:

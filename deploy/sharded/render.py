@@ -124,8 +124,6 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.replication <= args.shards:
         parser.error(f"--replication must be between 1 and --shards ({args.shards})")
-    chosen = files(args.out, args.shards, args.replication, tuple(args.globals_ or GLOBALS),
-                   tuple(args.alertmanager or ALERTMANAGERS), args.nodes_files, args.rules, args.interval)
     if args.check:
         stale = [str(path) for path, text in files().items() if not path.exists() or path.read_text() != text]
         if stale:
@@ -133,6 +131,8 @@ def main() -> int:
             return 1
         print("the shipped files are up to date")
         return 0
+    chosen = files(args.out, args.shards, args.replication, tuple(args.globals_ or GLOBALS),
+                   tuple(args.alertmanager or ALERTMANAGERS), args.nodes_files, args.rules, args.interval)
     for path, text in chosen.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

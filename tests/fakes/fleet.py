@@ -35,11 +35,11 @@ def node_body(name: str, job: str, slurm_job: str, uid: str, spinning: bool,
     if spinning:
         episodes = (EpisodeView(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(range(GPUS)), (), time.time() - 60),)
         alerts = (AlertRow(AlertIdentity(Signature.BUSY_SPIN, name, job, workload), Severity.CRITICAL, ""),)
-    state = [Published(snapshot, episodes, ranks, alerts, {"sample": True}, time.time())]
-    collector = WatchdogCollector(lambda: state[0], new_counters())
+    now = [Published()]  # replaced at each call: the node's state, its last sample now
+    collector = WatchdogCollector(lambda: now[0], new_counters())
 
     def render() -> bytes:
-        state[0] = Published(snapshot, episodes, ranks, alerts, {"sample": True}, time.time())
+        now[0] = Published(snapshot, episodes, ranks, alerts, {"sample": True}, time.time())
         return collector.exposition()
 
     return render

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 from watchdog import VERSION_LINE
+from watchdog.export.series import SERIES_MODES
 from watchdog.sample import sim
 from watchdog.sample.replay import TRACE_SUFFIXES
 
@@ -142,7 +143,7 @@ def _add_demo(verbs: Verbs) -> None:
     demo.add_argument("--duration-seconds", type=float, metavar="S", help="stop by itself after this long")
     demo.add_argument("--port", type=int, default=9944, help="metrics port (another free one if taken)")
     demo.add_argument("--folder", metavar="DIR", help="where the bundles go (default: a new temporary folder)")
-    demo.add_argument("--series", choices=("standard", "beside_dcgm", "full"), default="standard",
+    demo.add_argument("--series", choices=SERIES_MODES, default=SERIES_MODES[0],
                       help="which series /metrics serves, as export.series in the configuration (default: standard)")
     demo.set_defaults(func=_command("service", "cmd_demo"))
 
