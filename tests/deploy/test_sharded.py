@@ -32,7 +32,9 @@ import render  # noqa: E402  (deploy/sharded/render.py: the shipped files' one s
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
 SHARDS = 3
 JOB = "run:wide"
-FRESH_SECONDS = 12.0  # a node whose newest alert sample in the store is older than this has stopped arriving
+# A node whose newest alert sample in the store is this much older than the freshest node's has stopped arriving
+# (against the other nodes, not the clock: a loaded machine delays every node's writes alike).
+FRESH_SECONDS = 12.0
 
 
 def _nodes() -> list[str]:
@@ -63,11 +65,12 @@ def _expected(nodes: list[str]) -> set[tuple[str, str]]:
 
 
 def _stale(store: str, nodes: list[str]) -> set[str]:
-    """The nodes whose newest alert sample in the store is older than FRESH_SECONDS (or absent)."""
-    now = time.time()
+    """The nodes whose newest alert sample in the store is FRESH_SECONDS older than the freshest node's (or
+    absent)."""
     newest = {r["metric"].get("instance", ""): float(r["value"][1]) for r in _query(
         store, "max by (instance) (timestamp(stall_watchdog_episode_alert_info))")}
-    return {node for node in nodes if now - newest.get(f"{node}:{PORT}", 0.0) > FRESH_SECONDS}
+    freshest = max(newest.values(), default=0.0)
+    return {node for node in nodes if freshest - newest.get(f"{node}:{PORT}", 0.0) > FRESH_SECONDS}
 
 
 class Processes:
