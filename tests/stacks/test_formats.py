@@ -116,3 +116,25 @@ def test_a_thread_name_that_forges_frames_in_a_text_dump_is_read_as_a_name() -> 
             '    __next__ (train.py:9)\n')
     (dump,) = parse_text(text, "paste.txt")
     assert [f.function for f in dump.threads[0].frames] == ["get", "__next__"]
+
+
+def test_a_stack_repeated_across_ranks_is_read_once_and_as_trimmed() -> None:
+    """The same stack in many ranks' py-spy JSON is read into one tuple of Frames, equal to what the trimmed
+    JSON says; a stack with names past MAX_NAME is read (cut) every time and never kept, so a hostile rank
+    cannot fill the memo with long text; a frame of the wrong shape is left out as before."""
+    from watchdog.stacks import formats
+    from watchdog.stacks.pyspy_text import MAX_NAME
+
+    frames = [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2050},
+              {"name": "train_step", "filename": "train.py", "line": 7}]
+    dumps = [formats.parse_pyspy_json([{"pid": 100 + r, "thread_id": 1, "active": True, "frames": frames}], rank=r)[0]
+             for r in range(3)]
+    assert dumps[0].threads[0].frames is dumps[2].threads[0].frames
+    trimmed = formats.trim_pyspy_json([{"pid": 100, "thread_id": 1, "active": True, "frames": frames}])
+    assert [(f.function, f.file, f.line) for f in dumps[0].threads[0].frames] == \
+        [(f["name"], f["filename"], f["line"]) for f in trimmed[0]["frames"]]
+    before = len(formats._STACKS)
+    long = [{"name": "x" * (MAX_NAME + 5), "filename": "f.py", "line": 1}, "not a frame", {"name": ["a list"]}]
+    read = formats.parse_pyspy_json([{"pid": 1, "frames": long}])[0].threads[0].frames
+    assert [(f.function, f.file) for f in read] == [("x" * MAX_NAME, "f.py"), ("", "")]
+    assert len(formats._STACKS) == before

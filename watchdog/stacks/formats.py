@@ -10,6 +10,7 @@ Frames are innermost first everywhere. A line that is none of these is prose and
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,14 +60,11 @@ def _small_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
 
-def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
-    """py-spy's JSON as it is kept (bundles, answers) and read: at most MAX_THREADS threads of at most
-    MAX_FRAMES frames (MAX_FRAMES_TOTAL in all, then 8 per thread), names cut at MAX_NAME characters,
-    only the fields py-spy writes with their types. Whatever a rank makes py-spy print, what is kept of it
-    is bounded (about 3 MB of JSON at worst, against a few hundred KB for a real training rank)."""
+def _bounded(data: object) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+    """py-spy's threads as they are read: at most MAX_THREADS threads of at most MAX_FRAMES frames
+    (MAX_FRAMES_TOTAL in all, then 8 per thread); each thread with the frames kept of it."""
     if not isinstance(data, list):
-        return []
-    kept = []
+        return
     total = 0
     for thread in data[:MAX_THREADS]:
         if not isinstance(thread, dict):
@@ -78,25 +76,59 @@ def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
         if total + len(frames) > MAX_FRAMES_TOTAL:
             frames = frames[:8]
         total += len(frames)
-        kept.append({"pid": _small_int(thread.get("pid")), "thread_id": _small_int(thread.get("thread_id")),
-                     "os_thread_id": _small_int(thread.get("os_thread_id")),
-                     "thread_name": _name(thread.get("thread_name")) or None,
-                     **({"active": bool(thread["active"])} if "active" in thread else {}),
-                     "frames": [{"name": _name(f.get("name")), "filename": _name(f.get("filename")),
-                                 "line": _small_int(f.get("line"))} for f in frames if isinstance(f, dict)]})
-    return kept
+        yield thread, frames
+
+
+def trim_pyspy_json(data: object) -> list[dict[str, Any]]:
+    """py-spy's JSON as it is kept (bundles, answers) and read: the threads and frames _bounded keeps, names
+    cut at MAX_NAME characters, only the fields py-spy writes with their types. Whatever a rank makes py-spy
+    print, what is kept of it is bounded (about 3 MB of JSON at worst, against a few hundred KB for a real
+    training rank)."""
+    return [{"pid": _small_int(thread.get("pid")), "thread_id": _small_int(thread.get("thread_id")),
+             "os_thread_id": _small_int(thread.get("os_thread_id")),
+             "thread_name": _name(thread.get("thread_name")) or None,
+             **({"active": bool(thread["active"])} if "active" in thread else {}),
+             "frames": [{"name": _name(f.get("name")), "filename": _name(f.get("filename")),
+                         "line": _small_int(f.get("line"))} for f in frames if isinstance(f, dict)]}
+            for thread, frames in _bounded(data)]
+
+
+def _stack(frames: list[Any]) -> tuple[Frame, ...]:
+    """A thread's frames as Frames, made once for each distinct stack: a job's ranks mostly stand in the same
+    few places, so the answers of a 4,096-node job repeat a few stacks tens of thousands of times. Keyed on
+    the frames as they came (a stack whose names are longer than MAX_NAME, or not text, is made every time,
+    so that what is kept stays bounded); cleared when full."""
+    try:
+        key = tuple([(f["name"], f["filename"], f["line"]) for f in frames])
+        found = _STACKS.get(key)
+    except (TypeError, KeyError):  # a frame that is not py-spy's shape, or a name that is not text
+        key, found = None, None
+    if found is not None:
+        return found
+    made = tuple(_frame(_name(f.get("name")), _name(f.get("filename")), _small_int(f.get("line")))
+                 for f in frames if isinstance(f, dict))
+    if key is not None and all(isinstance(n, str) and isinstance(f, str) and len(n) <= MAX_NAME
+                               and len(f) <= MAX_NAME for n, f, _ in key):
+        if len(_STACKS) >= _MAX_STACKS_KEPT:
+            _STACKS.clear()
+        _STACKS[key] = made
+    return made
+
+
+_STACKS: dict[tuple[tuple[object, object, object], ...], tuple[Frame, ...]] = {}
+_MAX_STACKS_KEPT = 1 << 12
 
 
 def parse_pyspy_json(data: object, source: str = "", rank: int | None = None,
                      gpus: tuple[int, ...] = ()) -> list[StackDump]:
-    """`py-spy dump --json`: threads, each naming its pid. Threads group into one dump per pid."""
+    """`py-spy dump --json`: threads, each naming its pid. Threads group into one dump per pid. What is read
+    of it is what trim_pyspy_json keeps."""
     by_pid: dict[int | None, list[ThreadStack]] = {}
-    for thread in trim_pyspy_json(data):
+    for thread, frames in _bounded(data):
         state = "active" if thread.get("active") else "idle" if "active" in thread else None
-        # trim_pyspy_json has made each frame what a Frame holds (names one line and cut, a line or None)
-        frames = tuple(_frame(f["name"], f["filename"], f["line"]) for f in thread["frames"])
-        by_pid.setdefault(thread.get("pid"), []).append(
-            ThreadStack(thread.get("thread_id"), thread.get("thread_name"), state, frames, thread.get("os_thread_id")))
+        by_pid.setdefault(_small_int(thread.get("pid")), []).append(
+            ThreadStack(_small_int(thread.get("thread_id")), _name(thread.get("thread_name")) or None, state,
+                        _stack(frames), _small_int(thread.get("os_thread_id"))))
     return [StackDump(member_id(pid, rank), tuple(threads), pid, rank, gpus, source)
             for pid, threads in by_pid.items()]
 
