@@ -39,8 +39,8 @@ NODES_FILES = "/etc/prometheus/stall-watchdog-nodes/*.json"  # file_sd: [{"targe
 RULES = "/etc/prometheus/stall-watchdog-rules.yml"  # deploy/prometheus/rules.yml
 # What the rules read (deploy/prometheus/rules.yml), the only series the shards send on: the global view holds
 # the job-wide join, not every reading (the dashboards read the shards).
-RULE_INPUTS = ("up|stall_watchdog_(rank_info|rank_stack_(samples|waits)_total|rank_nccl_(wall_)?seconds_total|"
-               "rank_first_(wait|nccl)_ratio|episode_(state|culprit|alert_info)|actions_total|build_info|"
+RULE_INPUTS = ("up|stall_watchdog_(job_(state|culprit|wait_ratio|wait_samples|nccl_ratio)|job_first_(wait|nccl)_ratio|"
+               "episode_alert_info|actions_total|build_info|"
                "last_sample_timestamp_seconds|component_up|alerts_total|bundles_total)")
 
 

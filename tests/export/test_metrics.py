@@ -69,7 +69,8 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte(mode: str) -> None:
     state = Published(snapshot, (EpisodeView(Signature.WAITING, Severity.WARNING, tuple(range(63)), (63,), 5.0),
                                  EpisodeView(Signature.BUSY_SPIN, None, (1, 2), (), 7.0)),
                       tuple(RankRow(g, 4000 + g, g, 'job "a\\b"\nx', Workload("ml", f"trainer-{g // 8}", "main", "4242",
-                                                                              "0", 'o"neil'))
+                                                                              "0", 'o"neil'),
+                                    "pod" if g < 32 else "", "1000" if g < 32 else "")
                             for g in range(64)),
                       (AlertRow(AlertIdentity(Signature.WAITING, "node-1", 'job "a\\b"', Workload("ml", "trainer-0")),
                                 Severity.WARNING, "GPU 63 (rank 63, pid 4063)"),
@@ -85,10 +86,19 @@ def test_our_exposition_is_prometheus_clients_byte_for_byte(mode: str) -> None:
     assert (b'stall_watchdog_rank_wait_ratio{gpu="5"} 0.06' in ours) == (mode == "full")
     assert (b"stall_watchdog_gpu_utilization_ratio{" in ours) == (mode != "beside_dcgm")
     assert b'stall_watchdog_gpu_info{gpu="0",memory_total_bytes="85899345920",name="NVIDIA H100 80GB HBM3",' in ours
-    assert b'stall_watchdog_rank_stack_waits_total{gpu="0",uuid="' in ours
-    assert re.search(rb'stall_watchdog_rank_nccl_seconds_total\{gpu="0",uuid="[^"]*"\} 27.15\n', ours)
-    assert re.search(rb'stall_watchdog_rank_nccl_wall_seconds_total\{gpu="0",uuid="[^"]*"\} 90.5\n', ours)
-    assert b'stall_watchdog_rank_first_nccl_ratio{gpu="0"} 0.31' in ours
+    full = mode == "full"
+    assert (b'stall_watchdog_rank_stack_waits_total{gpu="0",uuid="' in ours) == full
+    assert bool(re.search(rb'stall_watchdog_rank_nccl_seconds_total\{gpu="0",uuid="[^"]*"\} 27.15\n', ours)) == full
+    assert bool(re.search(rb'stall_watchdog_rank_nccl_wall_seconds_total\{gpu="0",uuid="[^"]*"\} 90.5\n', ours)) == full
+    assert (b'stall_watchdog_rank_first_nccl_ratio{gpu="0"} 0.31' in ours) == full
+    # the job view in every setting: GPU 0's rank is trainer-0's, proven (GPUs 0-31)
+    job = b'{namespace="ml",pod="trainer-0",slurm_job_id="4242",training_job="job \\"a\\\\b\\"\\nx",uid="1000"}'
+    assert b"stall_watchdog_job_state" + job + b" 2.0" in ours  # its GPUs wait (a warning)
+    waits = job.replace(b'pod="trainer-0",', b"")  # one figure for the job's ranks, whatever their pods
+    assert b"stall_watchdog_job_first_wait_ratio" + waits + b" 0.3020833333333333" in ours  # GPU 0's 290 of 960
+    assert b"stall_watchdog_job_first_nccl_ratio" + waits + b" 0.31" in ours
+    assert b"stall_watchdog_job_wait_ratio{" not in ours  # one render: no window of counts yet
+    assert b"stall_watchdog_job_culprit{" not in ours  # GPU 63, the culprit, is not a proven rank's
     assert b'stall_watchdog_uneven_work_ratio{gpu="2",why="from_start"} 0.12' in ours
 
 
@@ -106,8 +116,10 @@ def test_names_follow_the_conventions() -> None:
         assert "hostname" not in spec.labels and "host" not in spec.labels
         # Prometheus owns `job` and `instance` (scrape target labels): a metric label by those names is renamed.
         assert not {"job", "instance"} & set(spec.labels), spec.name
-        if {"rank", "pid", "training_job"} & set(spec.labels):
-            assert spec.name.endswith("_info"), f"{spec.name}: rank/pid/training_job labels only on an _info series"
+        if {"rank", "pid"} & set(spec.labels):
+            assert spec.name.endswith("_info"), f"{spec.name}: rank/pid labels only on an _info series"
+        if "training_job" in spec.labels and not spec.name.endswith("_info"):  # the job view: one a job, no GPU
+            assert spec.name.startswith("job_") and not {"gpu", "rank", "pid"} & set(spec.labels), spec.name
 
 
 def test_the_docs_list_every_metric_from_the_table() -> None:

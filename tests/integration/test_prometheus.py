@@ -248,8 +248,8 @@ def test_the_job_alerts_lead_to_the_slurm_job(stack: dict[str, object]) -> None:
     """Node B's ranks run in Slurm job 4242: the rules' job view, the culprit-node alert that real Prometheus
     fires and the daemon's own alert in Alertmanager all carry it."""
     prom, am = str(stack["prom"]), str(stack["am"])
-    info = until(lambda: query(prom, 'stall_watchdog:gpu_job:info{slurm_job_id="4242"}'), 60, "the job view")
-    assert {s["metric"]["training_job"] for s in info} == {"run:llm-42"}  # type: ignore[index]
+    info = until(lambda: query(prom, 'stall_watchdog:job_nodes:count{slurm_job_id="4242"}'), 60, "the job view")
+    assert [(s["metric"]["training_job"], s["value"][1]) for s in info] == [("run:llm-42", "1")]  # type: ignore[index]
 
     def culprit() -> list[dict[str, object]]:
         alerts = get_json(prom + "/api/v1/alerts")["data"]["alerts"]  # type: ignore[index]
@@ -283,8 +283,8 @@ def test_every_grafana_panel_query_returns_data(stack: dict[str, object]) -> Non
     prom = str(stack["prom"])
     until(lambda: query(prom, "stall_watchdog_episode_culprit == 1"), 120, "node B's culprit series")
     until(lambda: query(prom, "stall_watchdog_stack_captures_total"), 60, "node B's stack captures")
-    until(lambda: query(prom, "stall_watchdog:rank_wait_share:5m"), 120, "node B's ranks' wait shares")
-    until(lambda: query(prom, "stall_watchdog:rank_nccl_share:5m"), 120, "node B's ranks' NCCL Inspector shares")
+    until(lambda: query(prom, "stall_watchdog_job_wait_ratio"), 120, "node B's ranks' wait shares")
+    until(lambda: query(prom, "stall_watchdog_job_nccl_ratio"), 120, "node B's ranks' NCCL Inspector shares")
     # increase() needs two scrapes of a counter: the episodes' is born when the first episode fires
     until(lambda: query(prom, "increase(stall_watchdog_episodes_total[1h])"), 60, "two scrapes of episodes_total")
     dashboard = json.loads((REPO / "deploy" / "grafana" / "stall-watchdog.json").read_text())

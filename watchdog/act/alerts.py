@@ -317,8 +317,6 @@ class AlertDispatcher:
         self._stop = threading.Event()
         self.lanes = [_Lane(r, cfg, counters, self._stop) for r in (receivers if receivers is not None
                                                                     else build_receivers(cfg))]
-        for lane in self.lanes:  # born at 0: the rules' increase() then sees the first failure
-            counters.inc("alerts_total", lane.receiver.name, "failed", amount=0.0)
 
     def receiver_up(self) -> dict[str, bool]:
         """Each receiver's guard, for component_up{component="receiver_<name>"}."""

@@ -87,7 +87,6 @@ class BundleStore:
         self.cfg = cfg
         self.counters = counters
         self.render_report = render_report
-        counters.inc("bundles_total", "failed", amount=0.0)  # born at 0: the rules' increase() sees the first failure
         self.root = Path(cfg.directory)
         if self.root.exists() and not self.root.is_dir():
             raise ValueError(f"bundles.directory: {self.root} is a file, not a folder: name a folder (it is made "

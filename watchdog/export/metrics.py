@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from watchdog import __version__
-from watchdog.config import ACTION_NAMES
+from watchdog.export.job_view import JobWindows, job_rows
 from watchdog.export.series import ALERT_LABELS, FACTS, FULL_MODE, METRICS, PREFIX, READINGS, STANDARD, MetricSpec
 from watchdog.plumbing.counters import Counters
 from watchdog.sample.rank_labels import RankRow
@@ -108,6 +108,7 @@ class WatchdogCollector(Collector):
         # Each GPU's facts as last read (gpu and uuid -> gpu_info's labels): a fact that fails to read for a
         # tick keeps its value rather than start a second gpu_info series.
         self._facts: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._job_windows = JobWindows()  # the job view's counts (export/job_view.py)
         # A scrape repeats the last one's series with mostly the same values: each line's name and labels,
         # and each value's text, are written once and remembered (64 GPUs: 1,600 lines every scrape).
         self._names: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -121,7 +122,10 @@ class WatchdogCollector(Collector):
             for sample in snapshot.gpus:
                 self._gpu(out, sample)
         indexes = [g.index for g in snapshot.gpus] if snapshot is not None else []
-        self._episodes(out, state.episodes, indexes)
+        stall, culprits = self._episodes(out, state.episodes, indexes)
+        gpus, now = (snapshot.gpus, snapshot.time_seconds) if snapshot is not None else ((), 0.0)
+        for name, rows in job_rows(state.ranks, gpus, now, stall, culprits, self._job_windows).items():
+            out[name] += rows
         for gpu, pid, rank, job, workload, proof, uid in state.ranks:
             out["rank_info"].append(((str(gpu), str(pid), "" if rank is None else str(rank), job,
                                       *workload.labels(), proof, uid), 1))
@@ -143,9 +147,6 @@ class WatchdogCollector(Collector):
             out["ledger_last_action_timestamp_seconds"].append(((key,), last))
         out["build_info"].append(((__version__, platform.python_version()), 1))
         counted = self._counters.snapshot()
-        # Each action's done series exists from the start at 0, so that the fleet breaker's increase() sees a
-        # node's first action (a series born at 1 increases by nothing).
-        counted["actions_total"] = {**{(name, "done"): 0.0 for name in ACTION_NAMES}, **counted["actions_total"]}
         for name, values in counted.items():
             for labels, value in sorted(values.items()):
                 out[name].append((tuple(labels), value))
@@ -222,12 +223,18 @@ class WatchdogCollector(Collector):
         return facts
 
     @staticmethod
-    def _episodes(out: Series, episodes: tuple[EpisodeView, ...], gpus: list[int]) -> None:
+    def _episodes(out: Series, episodes: tuple[EpisodeView, ...], gpus: list[int]) -> tuple[dict[int, int], set[int]]:
+        """Renders the episodes; returns each GPU's highest stall state (busy_spin, waiting, zero_util) and the
+        GPUs others wait on, for the job view."""
         state: dict[tuple[int, Signature], int] = {}
+        stall: dict[int, int] = {}
+        culprits: set[int] = set()
         for episode in episodes:
             for gpu in episode.gpus:
                 key = (gpu, episode.signature)
                 state[key] = max(state.get(key, 0), _STATE[episode.severity])
+                if episode.signature in _STALLS:
+                    stall[gpu] = max(stall.get(gpu, 0), _STATE[episode.severity])
                 if episode.severity is not None:
                     out["episode_start_time_seconds"].append(((str(gpu), episode.signature.value), episode.onset_wall))
             if episode.slowdown is not None and episode.severity is not None:
@@ -236,11 +243,13 @@ class WatchdogCollector(Collector):
             if episode.signature is Signature.WAITING and episode.severity is not None:
                 for gpu in episode.culprit_gpus:
                     out["episode_culprit"].append(((str(gpu), episode.signature.value), 1))
+                    culprits.add(gpu)
         rows = out["episode_state"]
         for gpu in gpus:
             label = str(gpu)
             for signature, value in _SIGNATURES:
                 rows.append(((label, value), state.get((gpu, signature), 0)))
+        return stall, culprits
 
 
 _JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))  # its order
@@ -250,6 +259,7 @@ _REMEMBERED = 1 << 15
 # Iterated for every GPU at every scrape: each member with its label value, and each reading's slot.
 _HEALTHS = tuple((health, health.value) for health in GpuHealth)
 _SIGNATURES = tuple((signature, signature.value) for signature in Signature)
+_STALLS = frozenset({Signature.BUSY_SPIN, Signature.WAITING, Signature.ZERO_UTIL})  # a job's stall state
 _READING_SLOTS = tuple((metric, GpuSample._fields.index(field_name)) for metric, field_name in READINGS.items())
 _FACT_SLOTS = tuple(GpuSample._fields.index(field_name) for field_name in FACTS.values())
 
