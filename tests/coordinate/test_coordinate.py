@@ -297,3 +297,31 @@ def test_a_bundle_of_many_nodes_keeps_room_for_every_nodes_note(tmp_path: Path,
     written = [json.loads((bundle / "nodes" / job_bundle.node_file_name(a.instance)).read_text()) for a in many]
     assert len(written) == 204 and sum("answer" in w for w in written) >= 1
     assert all("omitted" in w or "answer" in w or w["error"] for w in written)
+
+
+def test_a_4096_node_job_is_asked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's dump takes seconds, so asking in rounds multiplies them: every one of 4,096 nodes is asked
+    before any answers (each exchange waits for all the others to begin), on threads started with small
+    stacks, and the stack size new threads get is as it was after."""
+    import resource
+    import threading
+
+    from watchdog.coordinate import nodes
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    begun = threading.Barrier(4096, timeout=60)
+    real, sizes = threading.stack_size, []
+
+    def stack_size(size: int = 0) -> int:  # _thread's: called with no size, it sets the default
+        sizes.append(size)
+        return real(size)
+
+    def exchange(self: nodes.NodeClient, instance: str, job: str, max_bytes: int) -> object:
+        begun.wait()
+        return lambda: NodeAnswer(instance, 200, {"node": instance})
+
+    monkeypatch.setattr(nodes.NodeClient, "_exchange", exchange)
+    monkeypatch.setattr(threading, "stack_size", stack_size)
+    asked = nodes.NodeClient().ask_all([f"10.1.{n // 256}.{n % 256}:9944" for n in range(4096)], "run:big")
+    assert [a.body["node"] for a in asked] == [f"10.1.{n // 256}.{n % 256}:9944" for n in range(4096)]
+    assert sizes == [nodes.FANOUT_STACK_BYTES, 0] and real(0) == 0
