@@ -55,6 +55,9 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/hostile_costs.py
 	$(BIN)/python bench/act_restart.py
 	$(BIN)/python bench/prometheus_fleet.py  # the real prometheus (Debian: apt-get install prometheus)
+	# 12,500 nodes (100,000 GPUs) for 30 minutes on each engine (Debian: prometheus, victoria-metrics)
+	$(BIN)/python bench/prometheus_fleet.py --nodes 12500 --interval-seconds 60 --minutes 30
+	$(BIN)/python bench/prometheus_fleet.py --nodes 12500 --interval-seconds 60 --minutes 30 --engine vmalert
 	$(BIN)/python bench/coordinator_scale.py
 	$(BIN)/python bench/nvml_cost.py  # on a machine with a GPU; says so and stops without one
 
