@@ -75,19 +75,7 @@ def _entries(raw: object, budget: _Budget, fields: tuple[str, ...]) -> tuple[dic
         if budget.left <= 0:
             break
         if isinstance(entry, dict):
-            row: dict[str, Any] = {}
-            for k in fields:
-                if k in entry and _typed(k, value := entry[k]):
-                    # a short text, a 64-bit whole number, a bool or None is kept as it is (what _plain would make
-                    # of it), without a call: the coordinator reads a few entries of each of 100,000 ranks
-                    kind = type(value)
-                    if ((kind is str and len(value) < 32) or (kind is int and -2**63 <= value < 2**63)
-                            or kind is bool or value is None):
-                        budget.left -= 1
-                        row[k] = value if budget.left >= 0 else None
-                    else:
-                        row[k] = _plain(value, budget)
-            kept.append(row)
+            kept.append({k: _plain(entry[k], budget) for k in fields if k in entry and _typed(k, entry[k])})
     return tuple(reversed(kept))
 
 
