@@ -43,8 +43,14 @@ from dataclasses import dataclass
 from watchdog.config import StragglerConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.vocabulary.model import RANK_WAITS, Signature
+from watchdog.vocabulary.model import WAIT_FIRST_SAMPLES as _FIRST_SAMPLES
+from watchdog.vocabulary.model import WAIT_FIRST_WAITS as _FIRST_WAITS
+from watchdog.vocabulary.model import WAIT_JOB as _JOB
+from watchdog.vocabulary.model import WAIT_PLANNED as _PLANNED
+from watchdog.vocabulary.model import WAIT_RANK as _RANK
+from watchdog.vocabulary.model import WAIT_SAMPLES as _SAMPLES
+from watchdog.vocabulary.model import WAIT_WAITS as _WAITS
 
-_JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))
 LONG_WINDOWS = 4  # the longer window, in short ones: a 10% slower rank stands out of chance there
 REJUDGE_SECONDS = 5.0  # with no new counts, judged again this long after the last time
 _STALE_WINDOWS = 2  # a GPU whose counts have not moved for this many windows is not compared (its rank left)

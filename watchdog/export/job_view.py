@@ -22,7 +22,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 
 from watchdog.sample.rank_labels import RankRow
-from watchdog.vocabulary.model import RANK_WAITS, GpuSample
+from watchdog.vocabulary.model import (
+    WAIT_FIRST_SAMPLES,
+    WAIT_FIRST_WAITS,
+    WAIT_RANK,
+    WAIT_SAMPLES,
+    WAIT_WAITS,
+    GpuSample,
+)
 
 JOB_LABELS = ("training_job", "slurm_job_id", "namespace", "pod", "uid")
 WAIT_LABELS = ("training_job", "slurm_job_id", "namespace", "uid")  # JOB_LABELS without the pod
@@ -33,8 +40,6 @@ _KINDS = (("stack", "rank_waits", ("job_wait_ratio", "job_wait_samples", "job_fi
           ("nccl", "nccl_waits", ("job_nccl_ratio", None, "job_first_nccl_ratio")))
 NAMES = ("job_state", "job_culprit", *(name for _, _, names in _KINDS for name in names if name))
 
-_RANK, _SAMPLES, _WAITS, _FIRST_SAMPLES, _FIRST_WAITS = (RANK_WAITS.index(name) for name in
-                                                         ("rank", "samples", "waits", "first_samples", "first_waits"))
 _REMEMBERED = 1 << 12  # ranks or jobs remembered (a node runs a few dozen): bounded
 _STEP_SECONDS = 5.0  # the window's points at least this far apart
 
@@ -55,8 +60,8 @@ class JobWindows:
         self._points: dict[tuple[str, JobKey], deque[tuple[float, float, float]]] = {}  # (t, samples, waits)
 
     def add(self, kind: str, job: JobKey, gpu: int, pid: int, counts: tuple[int, ...]) -> None:
-        key = (kind, gpu, pid, counts[_RANK])
-        samples, waits = counts[_SAMPLES], counts[_WAITS]
+        key = (kind, gpu, pid, counts[WAIT_RANK])
+        samples, waits = counts[WAIT_SAMPLES], counts[WAIT_WAITS]
         before = self._last.get(key, (0, 0))
         if samples < before[0] or waits < before[1]:  # counted anew (the daemon lost the rank a while): from 0
             before = (0, 0)
@@ -120,10 +125,10 @@ def job_rows(ranks: Iterable[RankRow], gpus: Iterable[GpuSample], now: float, st
             row, key = owner
             job = _without_pod(key)
             windows.add(kind, job, gpu.index, row.pid, counts)
-            if counts[_FIRST_SAMPLES]:
+            if counts[WAIT_FIRST_SAMPLES]:
                 seen = first.setdefault((kind, job), [0, 0])
-                seen[0] += counts[_FIRST_SAMPLES]
-                seen[1] += counts[_FIRST_WAITS]
+                seen[0] += counts[WAIT_FIRST_SAMPLES]
+                seen[1] += counts[WAIT_FIRST_WAITS]
     waiting = {_without_pod(key) for key in jobs}
     for kind, _, (ratio, samples, first_ratio) in _KINDS:
         for job in waiting:
@@ -150,5 +155,5 @@ def _owner(rows: Iterable[tuple[RankRow, JobKey]], counts: tuple[int, ...]) -> t
     rows = list(rows)
     if len(rows) == 1:
         return rows[0]
-    matching = [(row, key) for row, key in rows if row.rank == counts[_RANK]]
+    matching = [(row, key) for row, key in rows if row.rank == counts[WAIT_RANK]]
     return matching[0] if len(matching) == 1 else None

@@ -20,7 +20,10 @@ from watchdog.plumbing.counters import Counters
 from watchdog.sample.rank_labels import RankRow
 from watchdog.vocabulary.alert_identity import AlertIdentity
 from watchdog.vocabulary.model import (
-    RANK_WAITS,
+    WAIT_FIRST_SAMPLES,
+    WAIT_FIRST_WAITS,
+    WAIT_SAMPLES,
+    WAIT_WAITS,
     GpuHealth,
     GpuSample,
     NodeSnapshot,
@@ -200,10 +203,10 @@ class WatchdogCollector(Collector):
             out["gpu_energy_joules_total"].append((labels, gpu.energy_joules))
         for counts, names, unit in ((gpu.rank_waits, _STACK_SERIES, 1), (gpu.nccl_waits, _NCCL_SERIES, 1000)):
             if counts:  # samples, or milliseconds
-                out[names[0]].append((labels, counts[_SAMPLES] / unit))
-                out[names[1]].append((labels, counts[_WAITS] / unit))
-                if counts[_FIRST_SAMPLES]:
-                    out[names[2]].append(((labels[0],), counts[_FIRST_WAITS] / counts[_FIRST_SAMPLES]))
+                out[names[0]].append((labels, counts[WAIT_SAMPLES] / unit))
+                out[names[1]].append((labels, counts[WAIT_WAITS] / unit))
+                if counts[WAIT_FIRST_SAMPLES]:
+                    out[names[2]].append(((labels[0],), counts[WAIT_FIRST_WAITS] / counts[WAIT_FIRST_SAMPLES]))
         if gpu.clock_event_reasons is not None:
             out["gpu_throttle"].append((labels, 1 if gpu.throttle_reasons else 0))
         health = out["gpu_health"]
@@ -252,7 +255,6 @@ class WatchdogCollector(Collector):
         return stall, culprits
 
 
-_JOB, _RANK, _SAMPLES, _WAITS, _PLANNED, _FIRST_SAMPLES, _FIRST_WAITS = range(len(RANK_WAITS))  # its order
 _STACK_SERIES = ("rank_stack_samples_total", "rank_stack_waits_total", "rank_first_wait_ratio")  # a rank's counts:
 _NCCL_SERIES = ("rank_nccl_wall_seconds_total", "rank_nccl_seconds_total", "rank_first_nccl_ratio")  # all, waits, first
 _REMEMBERED = 1 << 15

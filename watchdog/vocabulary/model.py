@@ -189,6 +189,9 @@ HEALTH_COUNTERS = ("ecc_corrected", "ecc_uncorrected", "memory_repair_pending", 
 # collective or a sync (waiting for peers), how many in planned extra work (checkpoint I/O, evaluation), and
 # the samples and waits of its first look (stacks.sample_learn_seconds): what it was like before.
 RANK_WAITS = ("job", "rank", "samples", "waits", "planned", "first_samples", "first_waits")
+(WAIT_JOB, WAIT_RANK, WAIT_SAMPLES, WAIT_WAITS, WAIT_PLANNED, WAIT_FIRST_SAMPLES,
+ WAIT_FIRST_WAITS) = range(len(RANK_WAITS))  # each name's position, for the readers of the counts
+
 INTEGER_FIELDS = ("memory_used_bytes", "memory_total_bytes", "clock_event_reasons", *HEALTH_COUNTERS)
 _WHOLE = {GpuSample._fields.index(name) for name in INTEGER_FIELDS}
 
