@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.hostile import test_readers as hostile  # noqa: E402  the hostile inputs, and how a reading is measured
 from tests.hostile import test_traces as traces  # noqa: E402  the hostile traces
-from watchdog.boundary.webhook import training_jobs
+from watchdog.boundary.webhook import job_requests
 from watchdog.config import StacksConfig
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.service import Coordinator
@@ -141,7 +141,7 @@ def webhook() -> None:
     body = json.dumps({"version": "4", "alerts": [{"labels": {"training_job": f"job-{n:05d}-" + "x" * 490}}
                                                   for n in range(3000)]}).encode()
     started = time.perf_counter()
-    jobs = training_jobs(body)
+    jobs = job_requests(body)
     parsed = time.perf_counter() - started
     with tempfile.TemporaryDirectory() as folder:
         coordinator = Coordinator("http://127.0.0.1:9", folder, NodeClient(timeout_seconds=1))

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import REPO, need_tool
+from tests.conftest import REPO, TARGETS, need_tool
 from tests.fakes.loopback import free_port
 
 SLURM_DEPLOY = REPO / "deploy" / "slurm"
@@ -145,3 +145,19 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def hung_job(slurm: Slurm, tmp: Path) -> tuple[str, int]:
+    """A batch job whose one rank blocks in its data loader: (job id, the rank's pid)."""
+    pidfile, ready = tmp / "pid", tmp / "ready"
+    script = tmp / "job.sh"
+    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexport RANK=0 WORLD_SIZE=1 LOCAL_RANK=0\n"
+                      f"exec {sys.executable} {TARGETS / 'stuck.py'} queue {ready}\n")
+    script.chmod(0o755)
+    job = slurm.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", str(script)).strip()
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, f"job {job} did not start: {slurm.job(job)}"
+        time.sleep(0.2)
+    ready.unlink()
+    return job, int(pidfile.read_text())

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import TARGETS
 from tests.fakes.daemon import daemon_config, stepping_clock
-from tests.slurm import Slurm, slurm_cluster
+from tests.slurm import Slurm, hung_job, slurm_cluster
 from watchdog.daemon import Daemon
 from watchdog.sample import sim
 from watchdog.service import build
@@ -25,22 +25,6 @@ HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
-
-
-def hung_job(slurm: Slurm, tmp: Path) -> tuple[str, int]:
-    """A batch job whose one rank blocks in its data loader: (job id, the rank's pid)."""
-    pidfile, ready = tmp / "pid", tmp / "ready"
-    script = tmp / "job.sh"
-    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexport RANK=0 WORLD_SIZE=1 LOCAL_RANK=0\n"
-                      f"exec {sys.executable} {TARGETS / 'stuck.py'} queue {ready}\n")
-    script.chmod(0o755)
-    job = slurm.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", str(script)).strip()
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        assert time.monotonic() < deadline, f"job {job} did not start: {slurm.job(job)}"
-        time.sleep(0.2)
-    ready.unlink()
-    return job, int(pidfile.read_text())
 
 
 def act_on(tmp: Path, slurm: Slurm, pid: int, **slurm_action: object) -> Daemon:

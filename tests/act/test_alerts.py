@@ -121,6 +121,36 @@ def test_min_severity_filters() -> None:
     assert [body["alert"]["key"] for _, body in server.requests] == ["c"]
 
 
+def test_the_coordinator_is_paged_once_for_a_critical_hang_of_a_known_job(tmp_path: Path) -> None:
+    """Only a firing critical stall of a known training job pages the coordinator, with the Slurm job the daemon
+    proved; a Slurm id only the rank's environment claims stays behind, and per-GPU alerts and resolutions are
+    not the coordinator's."""
+    from dataclasses import replace
+
+    from watchdog.vocabulary.model import Workload
+    token = tmp_path / "token"
+    token.write_text("caller-token-0123456789\n")
+    token.chmod(0o600)
+    proven = AlertIdentity(Signature.ZERO_UTIL, "node-a", "slurm:42", Workload(slurm_job_id="42"))
+    claimed = AlertIdentity(Signature.BUSY_SPIN, "node-a", "run:x",
+                            Workload(slurm_job_id="7", claimed=("slurm_job_id",)))
+    server = Receiver()
+    try:
+        deliver(alerts_config([{"type": "coordinator", "name": "coordinator", "url": server.url + "/base/",
+                                "token_file": str(token)}]),
+                alert("warn", severity="warning"), replace(alert("proven"), identity=proven),
+                replace(alert("proven"), identity=proven),  # the same episode again: once
+                replace(alert("proven", status="resolved"), identity=proven),
+                replace(alert("claimed"), identity=claimed),
+                replace(alert("gpu"), identity=AlertIdentity(Signature.GPU_LOST, "node-a", "run:y", gpu=3)),
+                replace(alert("nobody"), identity=AlertIdentity(Signature.BUSY_SPIN, "node-a")))
+    finally:
+        server.close()
+    assert server.requests == [("/base/v1/alerts", {"training_job": "slurm:42", "slurm_job_id": "42"}),
+                               ("/base/v1/alerts", {"training_job": "run:x"})]
+    assert {h["Authorization"] for h in server.headers} == {"Bearer caller-token-0123456789"}
+
+
 def test_command_gets_the_alert_on_stdin_and_the_bundle_as_argument(tmp_path: Path) -> None:
     out = tmp_path / "got.json"
     script = ("import json, sys; data = json.load(sys.stdin); "

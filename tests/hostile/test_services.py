@@ -326,13 +326,13 @@ def test_a_request_body_of_empty_lists_is_refused_before_it_is_built() -> None:
     1.4 million lists (about 100 MiB). The body is refused with what it would build, before building it."""
     import tracemalloc
 
-    from watchdog.boundary.webhook import PayloadError, training_jobs
+    from watchdog.boundary.webhook import PayloadError, job_requests
 
     body = b'{"alerts": [' + b"[]," * (4 * 2**20 // 3 - 10) + b"[]]}"
     tracemalloc.start()
     try:
         with pytest.raises(PayloadError, match="would build"):
-            training_jobs(body)
+            job_requests(body)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -1,8 +1,9 @@
-"""Alert delivery: a generic JSON webhook (with a Slack-compatible `text`), Alertmanager's v2 API, and
-a local command. Each receiver has its own worker and queue, so a dead one delays only itself; the
-loop only enqueues. Alerts are deduplicated (the same episode and status goes out once), rate limited,
-retried with exponential backoff, and resolved when the episode ends. URLs and tokens can come from
-files or environment variables and never appear in a log line or an error (receivers are named).
+"""Alert delivery: a generic JSON webhook (with a Slack-compatible `text`), Alertmanager's v2 API, a local
+command, and the job-wide coordinator (told of a critical hang so the job's nodes are dumped at once). Each
+receiver has its own worker and queue, so a dead one delays only itself; the loop only enqueues. Alerts are
+deduplicated (the same episode and status goes out once), rate limited, retried with exponential backoff, and
+resolved when the episode ends. URLs and tokens can come from files or environment variables and never appear
+in a log line or an error (receivers are named).
 """
 
 from __future__ import annotations
@@ -176,6 +177,29 @@ class AlertmanagerReceiver(_HttpReceiver):
             self._labels[alert.key] = labels
 
 
+class CoordinatorReceiver(_HttpReceiver):
+    """`stall-watchdog coordinate`'s POST /v1/alerts, told once of each critical hang of a known training job:
+    `{"training_job": ..., "slurm_job_id": ...}`, the Slurm job where this daemon proved it (slurmstepd's
+    cgroup; never what a rank's environment claims). The coordinator finds the job's nodes (from Slurm with
+    that id) and dumps them all without waiting for a scrape, the rules' evaluation and Alertmanager's
+    group_wait. Its own cooldown makes the pages of a job's other nodes one investigation."""
+
+    def __init__(self, cfg: ReceiverConfig):
+        super().__init__(cfg)
+        self._url = self._url._replace(path=self._url.path.rstrip("/") + "/v1/alerts")
+
+    @staticmethod
+    def wants(alert: Alert) -> bool:
+        return (alert.status == "firing" and alert.severity is Severity.CRITICAL and alert.identity.gpu is None
+                and alert.identity.training_job != "unknown")
+
+    def send(self, alert: Alert) -> None:
+        workload = alert.identity.workload
+        proven = workload.slurm_job_id if "slurm_job_id" not in workload.claimed else None
+        _post(self._url, {"training_job": alert.identity.training_job, **({"slurm_job_id": proven} if proven else {})},
+              self._token, self.timeout)
+
+
 class CommandReceiver:
     """Runs argv (no shell) with the alert JSON on stdin and the bundle path as the last argument, in an
     environment without the daemon's secrets (watchdog/boundary/children.py)."""
@@ -200,6 +224,8 @@ def build_receiver(cfg: ReceiverConfig) -> Receiver:
         return WebhookReceiver(cfg)
     if cfg.type == "alertmanager":
         return AlertmanagerReceiver(cfg)
+    if cfg.type == "coordinator":
+        return CoordinatorReceiver(cfg)
     return CommandReceiver(cfg)
 
 
@@ -222,6 +248,9 @@ class _Lane:
     def offer(self, alert: Alert) -> None:
         name = self.receiver.name
         if _SEVERITY_RANK[alert.severity.value] < _SEVERITY_RANK[self.receiver.min_severity]:
+            return
+        wants: Callable[[Alert], bool] | None = getattr(self.receiver, "wants", None)
+        if wants is not None and not wants(alert):
             return
         identity = (alert.key, alert.status, alert.severity.value, alert.action)
         if identity in self.sent:

@@ -89,10 +89,12 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
         process.kill()
 
 
-def run(argv: Sequence[str], stdin: str = "", timeout: float = 10.0, env: dict[str, str] | None = None) -> str:
+def run(argv: Sequence[str], stdin: str = "", timeout: float = 10.0, env: dict[str, str] | None = None,
+        max_output: int = MAX_OUTPUT_BYTES) -> str:
     """Run argv (no shell) in a session of its own with `stdin`, and return its standard output (the first
-    64 KiB; the rest is read and dropped). `env` adds to environment(). A timeout kills the command and every
-    child it started; a non-zero exit is a CommandError that carries the last line of its standard error."""
+    `max_output` bytes; the rest is read and dropped). `env` adds to environment(). A timeout kills the command
+    and every child it started; a non-zero exit is a CommandError that carries the last line of its standard
+    error."""
     try:
         process = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, start_new_session=True,
@@ -101,7 +103,7 @@ def run(argv: Sequence[str], stdin: str = "", timeout: float = 10.0, env: dict[s
         raise CommandError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
     # Written from a thread: a command that never reads its input must not hold the caller past `timeout`.
     threading.Thread(target=_feed, args=(process, stdin.encode()), daemon=True).start()
-    out, err, over = read_bounded(process, timeout, MAX_OUTPUT_BYTES, MAX_ERROR_BYTES, stop_on_long_output=False)
+    out, err, over = read_bounded(process, timeout, max_output, MAX_ERROR_BYTES, stop_on_long_output=False)
     if over is not None:
         kill_group(process)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -12,6 +12,7 @@ from watchdog.boundary.http_server import Auth, parse_address
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.config import ConfigError, CoordinatorConfig, load_config, parse_config
 from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
+from watchdog.coordinate.scheduler import SlurmNodes
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.plumbing import logfmt
 
@@ -21,7 +22,7 @@ _FLAGS = {"prometheus": "prometheus_url", "listen": "listen_address", "out": "ou
           "scrape_job": "scrape_job", "allow_node": "allow_nodes", "token_file": "token_file",
           "basic_auth_user": "basic_auth_user", "basic_auth_password_file": "basic_auth_password_file",
           "max_per_minute": "max_per_minute", "timeout_seconds": "timeout_seconds",
-          "cooldown_seconds": "cooldown_seconds"}
+          "cooldown_seconds": "cooldown_seconds", "slurm_instance": "slurm_instance", "slurm_conf": "slurm_conf"}
 
 
 def settings(args: argparse.Namespace) -> CoordinatorConfig:
@@ -89,19 +90,24 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     if args.json and args.job is None:
         error("--json goes with --job (the service logs its verdicts and serves them on GET /v1/jobs)")
         return EXIT_USAGE
+    if args.slurm_job_id is not None and (args.job is None or not args.slurm_job_id.isdigit()):
+        error("--slurm-job-id goes with --job and is a Slurm job id (digits): the Slurm job the training job runs as")
+        return EXIT_USAGE
     try:
         cfg = settings(args)
         client, auth = ready(cfg)
     except (ConfigError, NotReady) as exc:
         error(str(exc))
         return EXIT_USAGE
-    if cfg.prometheus_url is None:
-        error("no Prometheus to ask: give --prometheus URL (or coordinator.prometheus_url in --config)")
+    if cfg.prometheus_url is None and cfg.slurm_instance is None:
+        error("nothing to ask where a job runs: give --prometheus URL and/or --slurm-instance '{node}:9944' (or "
+              "coordinator.prometheus_url, coordinator.slurm_instance in --config)")
         return EXIT_USAGE
+    slurm = SlurmNodes(cfg.slurm_instance, cfg.slurm_conf) if cfg.slurm_instance else None
     coordinator = Coordinator(cfg.prometheus_url, cfg.out_directory, client, cfg.cooldown_seconds, auth=auth,
-                              max_per_minute=cfg.max_per_minute, scrape_job=cfg.scrape_job)
+                              max_per_minute=cfg.max_per_minute, scrape_job=cfg.scrape_job, slurm=slurm)
     if args.job is not None:
-        result = coordinator.investigate(args.job)
+        result = coordinator.investigate(args.job, args.slurm_job_id)
         if result.problem is not None:
             error(f"coordinate: {result.problem}")
         if args.json:
@@ -130,7 +136,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     thread = threading.Thread(target=server.serve_forever, name="coordinate-http", daemon=True)
     thread.start()
     logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,
-                 out=cfg.out_directory)
+                 slurm=cfg.slurm_instance, out=cfg.out_directory)
     stop.wait()
     server.shutdown()
     server.server_close()

@@ -214,19 +214,23 @@ def _add_analyze(verbs: Verbs) -> None:
 def _add_coordinate(verbs: Verbs) -> None:
     coord = _verb(verbs, "coordinate", help="the job-wide view: Alertmanager job alerts in, one job verdict out",
         description="Serve POST /v1/alerts for Alertmanager's job-level alerts (StallWatchdogJobCollectiveHang, "
-                    "StallWatchdogJobCulpritNode, routed with group_by: [training_job]). For each job: ask "
-                    "Prometheus which daemons export its ranks, POST /v1/dump to all of them at once, merge the "
+                    "StallWatchdogJobCulpritNode, routed with group_by: [training_job]) and for the daemons' own "
+                    "pages (an alerts receiver of type coordinator). For each job: find its nodes (Slurm's, with "
+                    "--slurm-instance, where the page names its Slurm job; else the daemons Prometheus says "
+                    "export its ranks), POST /v1/dump to all of them at once, merge the "
                     "answers into one job verdict (the odd rank with its node, pid, GPU and activity) and write "
                     "a job bundle with report.html. --job investigates one job once and prints the verdict.",
         epilog="Examples:\n  stall-watchdog coordinate --prometheus http://prometheus:9090 --listen 0.0.0.0:9945 "
                "--token-file /etc/stall-watchdog/coordinator-token --node-token-file /etc/stall-watchdog/dump-token "
                "--out /var/lib/stall-watchdog/jobs\n"
-               "  stall-watchdog coordinate --prometheus http://127.0.0.1:9090 --job run:llm-42 --json\n")
+               "  stall-watchdog coordinate --prometheus http://127.0.0.1:9090 --job run:llm-42 --json\n"
+               "  stall-watchdog coordinate --slurm-instance '{node}:9944' --job run:llm-42 --slurm-job-id 4242\n")
     coord.add_argument("--config", metavar="FILE",
                        help="read the `coordinator:` section of this configuration file (the flags below override "
                             "its keys; `stall-watchdog check-config FILE` checks it)")
     coord.add_argument("--prometheus", metavar="URL",
-                       help="Prometheus base URL (its HTTP API); required here or as coordinator.prometheus_url")
+                       help="Prometheus base URL (its HTTP API); here or as coordinator.prometheus_url, unless "
+                            "--slurm-instance is given")
     coord.add_argument("--listen", metavar="HOST:PORT", help="where to serve (default 127.0.0.1:9945)")
     coord.add_argument("--out", metavar="DIR", help="job bundles go here (default /var/lib/stall-watchdog/jobs)")
     coord.add_argument("--node-scheme", choices=("http", "https"),
@@ -253,6 +257,12 @@ def _add_coordinate(verbs: Verbs) -> None:
                        help="a job investigated this recently is not investigated again (default 120, at most "
                             "86400)")
     coord.add_argument("--job", metavar="TRAINING_JOB", help="investigate this job once, print, and exit")
+    coord.add_argument("--slurm-instance", metavar="TEMPLATE",
+                       help="ask Slurm where a job runs when its page names its Slurm job, and reach each node's "
+                            "daemon at this host:port, {node} being Slurm's node name (e.g. '{node}:9944')")
+    coord.add_argument("--slurm-conf", metavar="FILE", help="the slurm.conf squeue and scontrol read (SLURM_CONF)")
+    coord.add_argument("--slurm-job-id", metavar="ID", help="with --job: the Slurm job it runs as (then Slurm is "
+                       "asked for its nodes, with --slurm-instance)")
     coord.add_argument("--json", action="store_true", help="with --job: the job verdict as JSON")
     coord.set_defaults(func=_command("coordinate", "cmd_coordinate"))
 

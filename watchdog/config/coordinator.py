@@ -17,7 +17,14 @@ class CoordinatorConfig(_Section):
 
     prometheus_url: str | None = Field(
         None, description="Prometheus base URL (its HTTP API), asked which daemons export a job's ranks; "
-        "required to coordinate (here or --prometheus).")
+        "required to coordinate (here or --prometheus) unless slurm_instance is set.")
+    slurm_instance: str | None = Field(
+        None, max_length=300, description="Ask Slurm (squeue, scontrol) for the nodes of a job whose request names "
+        "its Slurm job (a node's own page does), and reach each node's daemon at this host:port, `{node}` standing "
+        "for Slurm's NodeName: `{node}:9944`. Neither a scrape nor Prometheus is waited for; Prometheus is still "
+        "asked where Slurm cannot answer. Unset: Slurm is not asked.")
+    slurm_conf: str | None = Field(None, description="The slurm.conf squeue and scontrol read (SLURM_CONF); unset: "
+                                   "Slurm's own default.")
     listen_address: str = Field("127.0.0.1:9945", description="Where POST /v1/alerts is served (HOST:PORT).")
     out_directory: str = Field("/var/lib/stall-watchdog/jobs", min_length=1, description="Job bundles go here.")
     node_scheme: Literal["http", "https"] = Field(
@@ -52,6 +59,20 @@ class CoordinatorConfig(_Section):
     def _printable(cls, value: str) -> str:
         if not value.isprintable():
             raise ValueError("expected a Prometheus job name of printable characters")
+        return value
+
+    @field_validator("slurm_instance")
+    @classmethod
+    def _instance_template(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        rest = value.replace("{node}", "", 1)
+        if "{node}" not in value or "{" in rest or "}" in rest:
+            raise ValueError("expected host:port with {node} once for Slurm's node name, such as {node}:9944 or "
+                             "{node}.cluster.example:9944")
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ValueError("expected host:port: a port from 1 to 65535 after the last ':' ({node}:9944)")
         return value
 
     @model_validator(mode="after")

@@ -43,8 +43,8 @@ class JobVerdict:
     ranks: list[dict[str, object]] = field(default_factory=list)
     fr: FlightRecorderAnalysis | None = None
     ras: dict[str, Any] | None = None
-    placement: Placement = field(default_factory=lambda: Placement([]))  # what Prometheus said of the job
-    problem: str | None = None  # Prometheus could not be asked
+    placement: Placement = field(default_factory=lambda: Placement([]))  # what Prometheus or Slurm said of the job
+    problem: str | None = None  # neither could be asked, or neither knows the job
     seconds: float = 0.0
 
     @property
@@ -57,7 +57,8 @@ class JobVerdict:
                                   "nodes": [a.to_json() for a in self.answers],
                                   "nodes_answered": sum(a.answered for a in self.answers),
                                   "nodes_silent": [a.instance for a in self.silent], "ranks": self.ranks,
-                                  "problem": self.problem, "rank_placement": self.placement.to_json()}
+                                  "problem": self.problem, "rank_placement": self.placement.to_json(),
+                                  "placed_by": self.placement.source}
         out.update(self.analysis.to_json())
         if self.fr is not None:
             out["flight_recorder"] = self.fr.to_json()

@@ -1,4 +1,5 @@
-"""Where a training job runs (Prometheus) and what each of its nodes says (their daemons' /v1/dump).
+"""Where a training job runs (Prometheus; Slurm in scheduler.py) and what each of its nodes says (their
+daemons' /v1/dump).
 
 Both go through the package's HTTP client (watchdog/boundary/http_client.py): no redirects (the node token goes to
 the node named and nowhere else), one deadline per exchange, bodies read up to a cap. Instance labels go
@@ -32,8 +33,11 @@ MAX_PROMETHEUS_BYTES = 8 * 2**20
 # so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
 BUILT_BYTES = 128 * 2**20
 MAX_NODES = 16_384  # a 12,500-node job (100,000 GPUs) and room
-MAX_PARALLEL = 4096  # nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds
-FANOUT_STACK_BYTES = 1 << 20  # a fan-out thread's stack: it reads one HTTP answer (4,096 threads: about 75 MiB)
+# Nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds. 4,096 at once was
+# measured slower end to end (bench/coordinator_scale.py, 4,096 nodes on 2 cores: 53.9 s against 21.9 s):
+# thousands of threads reading at once contend for the interpreter the answers are read in.
+MAX_PARALLEL = 1024
+FANOUT_STACK_BYTES = 1 << 20  # a fan-out thread's stack: it reads one HTTP answer
 
 
 class PrometheusError(Exception):
@@ -56,12 +60,14 @@ def valid_instance(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where Prometheus says a job's ranks run: the instances of the daemons' scrape job exporting them
-    (sorted), and for each rank the instances exporting it (what each node's answer may speak for)."""
+    """Where a job's ranks run: the instances of the daemons' scrape job exporting them (sorted), and for each
+    rank the instances exporting it (what each node's answer may speak for), as Prometheus says; or the
+    daemons of the nodes the scheduler runs the job on (`source`), which place no rank."""
 
     instances: list[str]
     ranks: dict[int, frozenset[str]] = field(default_factory=dict)
     note: str | None = None  # what was left out of the job, and why (ranks that run as another user)
+    source: str = "prometheus"  # who said it: prometheus, slurm
 
     def to_json(self) -> dict[str, list[int]]:
         """instance -> its ranks, as the job bundle keeps it for `analyze`."""

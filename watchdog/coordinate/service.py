@@ -1,14 +1,17 @@
 """`stall-watchdog coordinate`: the HTTP service Alertmanager posts the job-level alerts to.
 
-    POST /v1/alerts   an Alertmanager webhook (version 4) naming training jobs, or {"training_job": "..."}:
-                      answered 202 at once; each job is investigated in the background
+    POST /v1/alerts   an Alertmanager webhook (version 4) naming training jobs, or {"training_job": "..."}
+                      with "slurm_job_id" where known (a node's own page: the alerts receiver of type
+                      coordinator): answered 202 at once; each job is investigated in the background
     GET  /v1/jobs     the latest job verdict per job (JSON)
     GET  /healthz     ok (the only path open without credentials)
 
-Investigating a job: ask Prometheus which instances export its ranks, POST /v1/dump to all of them at
-once, merge the answers into one job verdict, write the job bundle, log one line. A job investigated
-less than `cooldown_seconds` ago (Alertmanager repeats its notifications) or still being investigated
-is not investigated again. Stateless apart from the bundles: any node or a pod can run it.
+Investigating a job: find its nodes, POST /v1/dump to all of them at once, merge the answers into one job
+verdict, write the job bundle, log one line. A job's nodes are Slurm's word where the request names its Slurm
+job and the coordinator has `slurm_instance` (scheduler.py: no wait for a scrape, and Prometheus may be down),
+else the instances Prometheus says export its proven ranks (Prometheus is asked too where Slurm cannot answer).
+A job investigated less than `cooldown_seconds` ago (Alertmanager repeats its notifications) or still being
+investigated is not investigated again. Stateless apart from the bundles: any node or a pod can run it.
 
 The coordinator holds the node token, so it is a door to every node's stacks: holding it, or off loopback,
 it does not start without credentials for its callers (a bearer token, basic auth, or both: every local
@@ -27,13 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from watchdog.boundary.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
-from watchdog.boundary.webhook import PayloadError, training_jobs
+from watchdog.boundary.webhook import PayloadError, job_requests
 from watchdog.config import DAEMON_SCRAPE_JOB
 from watchdog.plumbing import logfmt
 
 from . import job_bundle
 from .job_verdict import JobEvidence, JobVerdict
 from .nodes import NodeClient, Placement, PrometheusError, placement_of
+from .scheduler import SchedulerError, SlurmNodes
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_JOBS_PER_REQUEST = 16
@@ -45,14 +49,15 @@ class CoordinatorError(Exception):
 
 
 class Coordinator:
-    def __init__(self, prometheus: str, out: str | Path, client: NodeClient, cooldown_seconds: float = 120.0,
+    def __init__(self, prometheus: str | None, out: str | Path, client: NodeClient, cooldown_seconds: float = 120.0,
                  monotonic: Callable[[], float] = time.monotonic, auth: Auth | None = None,
-                 max_per_minute: int = 30, scrape_job: str = DAEMON_SCRAPE_JOB):
+                 max_per_minute: int = 30, scrape_job: str = DAEMON_SCRAPE_JOB, slurm: SlurmNodes | None = None):
         self.auth = auth or Auth()
         self.scrape_job = scrape_job
         self.max_per_minute = max_per_minute
         self._minute: list[float] = []
         self.prometheus = prometheus
+        self.slurm = slurm
         self.out = Path(out)
         self.client = client
         self.cooldown_seconds = cooldown_seconds
@@ -63,17 +68,33 @@ class Coordinator:
         self._running: set[str] = set()
         self._lock = threading.Lock()
 
-    def investigate(self, job: str) -> JobVerdict:
+    def locate(self, job: str, slurm_job_id: str | None = None) -> tuple[Placement, str | None]:
+        """Where the job runs, and what kept it from being known (None: found). Slurm first where it may be
+        asked of this job; Prometheus where it cannot say, or is not asked."""
+        problems = []
+        if slurm_job_id is not None and self.slurm is not None:
+            try:
+                return self.slurm.placement(slurm_job_id), None
+            except SchedulerError as exc:
+                problems.append(f"Slurm: {exc}")
+        if self.prometheus is not None:
+            try:
+                placement = placement_of(self.prometheus, job, self.scrape_job)
+            except PrometheusError as exc:
+                problems.append(str(exc))
+            else:
+                if placement.instances:
+                    return placement, None
+                problems.append(f"Prometheus knows no instance of scrape job {self.scrape_job!r} exporting ranks "
+                                f"of training job {job!r}")
+        elif slurm_job_id is None:
+            problems.append("no Slurm job id came with it, and no Prometheus is given to ask")
+        return Placement([]), "; ".join(problems)
+
+    def investigate(self, job: str, slurm_job_id: str | None = None) -> JobVerdict:
         started = time.monotonic()
-        problem = None
-        try:
-            placement = placement_of(self.prometheus, job, self.scrape_job)
-        except PrometheusError as exc:
-            placement, problem = Placement([]), str(exc)
+        placement, problem = self.locate(job, slurm_job_id)
         instances = placement.instances
-        if not instances and problem is None:
-            problem = (f"Prometheus knows no instance of scrape job {self.scrape_job!r} exporting ranks of training "
-                       f"job {job!r}")
         evidence = JobEvidence(job)
         answers = self.client.ask_all(instances, job, evidence.keep)
         result = evidence.verdict(answers, placement, problem)
@@ -87,7 +108,8 @@ class Coordinator:
         logfmt.event("job_verdict", level=logfmt.WARNING if result.verdict.severity else logfmt.INFO, job=job,
                      kind=result.verdict.kind, verdict=result.verdict.headline,
                      odd_rank=odd["member"] if odd else None, node=odd["node"] if odd else None,
-                     nodes=len(instances), answered=sum(a.answered for a in answers), bundle=bundle,
+                     nodes=len(instances), answered=sum(a.answered for a in answers), placed_by=placement.source,
+                     bundle=bundle,
                      seconds=round(result.seconds, 2), problem=problem)
         with self._lock:
             self.latest.pop(job, None)
@@ -98,7 +120,7 @@ class Coordinator:
 
     def accept(self, body: bytes) -> tuple[int, dict[str, object]]:
         try:
-            jobs = training_jobs(body)
+            jobs = job_requests(body)
         except PayloadError as exc:
             return 400, {"error": str(exc)}
         if not jobs:
@@ -124,15 +146,15 @@ class Coordinator:
                 self._running.add(job)
                 accepted.append(job)
         for job in accepted:
-            self.pool.submit(self._run, job)
+            self.pool.submit(self._run, job, jobs[job])
         if limited and not accepted:
             return 429, {"error": f"over {self.max_per_minute} investigations a minute", "rate_limited": limited,
                          "skipped": skipped}
         return 202, {"accepted": accepted, "skipped": skipped, **({"rate_limited": limited} if limited else {})}
 
-    def _run(self, job: str) -> None:
+    def _run(self, job: str, slurm_job_id: str | None) -> None:
         try:
-            self.investigate(job)
+            self.investigate(job, slurm_job_id)
         except Exception as exc:  # one job's failure is a log line, never the service
             logfmt.event("job_failed", level=logfmt.ERROR, job=job, error=f"{type(exc).__name__}: {exc}")
         finally:
