@@ -53,6 +53,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/pod_resources.py
 	$(BIN)/python bench/hostile_costs.py
+	$(BIN)/python bench/direct_path.py
 	$(BIN)/python bench/act_restart.py
 	$(BIN)/python bench/prometheus_fleet.py  # the real prometheus (Debian: apt-get install prometheus)
 	# 12,500 nodes (100,000 GPUs) for 30 minutes on each engine (Debian: prometheus, victoria-metrics)
