@@ -7,11 +7,13 @@ that notes each run). `.ci/run` installs the packages; without them a test is sk
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,8 +66,18 @@ def _pairs(text: str) -> dict[str, str]:
 
 @contextmanager
 def slurm_cluster(folder: Path) -> Iterator[Slurm]:
+    """One at a time on the machine, across test workers: two clusters' slurmd share the node's cgroup tree
+    (`/slurm/uid_0/job_<id>`), and both number their jobs from 1, so one's cleanup would kill the other's ranks."""
     for tool in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol"):
         need_tool(tool)
+    with open(Path(tempfile.gettempdir()) / "stall-watchdog-tests-slurm.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with _cluster(folder) as slurm:
+            yield slurm
+
+
+@contextmanager
+def _cluster(folder: Path) -> Iterator[Slurm]:
     if not Path("/etc/munge/munge.key").exists():
         subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
     node = socket.gethostname().split(".")[0]

@@ -142,12 +142,15 @@ def test_the_coordinator_is_paged_once_for_a_critical_hang_of_a_known_job(tmp_pa
                 replace(alert("proven"), identity=proven),  # the same episode again: once
                 replace(alert("proven", status="resolved"), identity=proven),
                 replace(alert("claimed"), identity=claimed),
+                replace(alert("pod"), identity=AlertIdentity(Signature.BUSY_SPIN, "node-a", "run:k",
+                                                             Workload(namespace="training", pod="llm-0"))),
                 replace(alert("gpu"), identity=AlertIdentity(Signature.GPU_LOST, "node-a", "run:y", gpu=3)),
                 replace(alert("nobody"), identity=AlertIdentity(Signature.BUSY_SPIN, "node-a")))
     finally:
         server.close()
     assert server.requests == [("/base/v1/alerts", {"training_job": "slurm:42", "slurm_job_id": "42"}),
-                               ("/base/v1/alerts", {"training_job": "run:x"})]
+                               ("/base/v1/alerts", {"training_job": "run:x"}),
+                               ("/base/v1/alerts", {"training_job": "run:k", "namespace": "training", "pod": "llm-0"})]
     assert {h["Authorization"] for h in server.headers} == {"Bearer caller-token-0123456789"}
 
 

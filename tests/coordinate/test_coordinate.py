@@ -326,3 +326,58 @@ def test_a_job_of_the_widest_fan_out_is_asked_at_once(monkeypatch: pytest.Monkey
     asked = nodes.NodeClient().ask_all([f"10.1.{n // 256}.{n % 256}:9944" for n in range(wide)], "run:big")
     assert [a.body["node"] for a in asked] == [f"10.1.{n // 256}.{n % 256}:9944" for n in range(wide)]
     assert sizes == [nodes.FANOUT_STACK_BYTES, 0] and real(0) == 0
+
+
+def test_investigations_at_once_leave_the_thread_stack_size_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs asked at once, the first ending while the second still asks: the small fan-out stacks are set by
+    the first to begin and undone by the last to end, so new threads get the system's size again after."""
+    import threading
+
+    from watchdog.coordinate import nodes
+
+    real, sizes = threading.stack_size, []
+
+    def stack_size(size: int = 0) -> int:
+        sizes.append(size)
+        return real(size)
+
+    started = {"a": threading.Event(), "b": threading.Event()}
+    release = {"a": threading.Event(), "b": threading.Event()}
+
+    def exchange(self: nodes.NodeClient, instance: str, job: str, max_bytes: int) -> object:
+        started[job].set()
+        release[job].wait(30)
+        return lambda: NodeAnswer(instance, 200, {"node": instance})
+
+    monkeypatch.setattr(nodes.NodeClient, "_exchange", exchange)
+    monkeypatch.setattr(threading, "stack_size", stack_size)
+    asks = {job: threading.Thread(target=nodes.NodeClient().ask_all, args=(["10.0.0.1:9944"], job)) for job in "ab"}
+    asks["a"].start()
+    assert started["a"].wait(30)
+    asks["b"].start()
+    assert started["b"].wait(30)
+    release["a"].set()
+    asks["a"].join(30)
+    release["b"].set()
+    asks["b"].join(30)
+    assert sizes == [nodes.FANOUT_STACK_BYTES, 0] and real(0) == 0
+
+
+def test_a_100000_rank_job_is_placed_from_prometheus() -> None:
+    """Prometheus's answer for a 12,500-node job of 8 ranks a node is about 12 MB: read whole, every node kept."""
+    from watchdog.coordinate.nodes import placement_of
+
+    rows = [{"metric": {"instance": f"gpu-node-{n // 8:05d}.cluster.example:9944", "rank": str(n), "uid": "1001"},
+             "value": [1.9e9, "1"]} for n in range(100_000)]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
+
+    class Prometheus(Quiet):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Prometheus) as url:
+        placement = placement_of(url, "run:big", "stall-watchdog")
+    assert len(body) > 8 * 2**20 and len(placement.instances) == 12_500 and len(placement.ranks) == 100_000

@@ -19,7 +19,7 @@ from tests.conftest import REPO
 from tests.fakes.daemon import daemon_config, stepping_clock
 from tests.slurm import Slurm, hung_job, slurm_cluster
 from watchdog.boundary.http_server import Auth
-from watchdog.boundary.webhook import PayloadError, job_requests
+from watchdog.boundary.webhook import PayloadError, SchedulerIds, job_requests
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.scheduler import SchedulerError, SlurmNodes
 from watchdog.coordinate.service import Coordinator
@@ -42,18 +42,25 @@ def closed_port() -> int:
 
 
 def test_a_page_names_its_job_and_the_slurm_job_it_runs_as() -> None:
-    assert job_requests(b'{"training_job": "slurm:42", "slurm_job_id": "42"}') == {"slurm:42": "42"}
-    assert job_requests(b'{"training_job": "run:x"}') == {"run:x": None}
+    assert job_requests(b'{"training_job": "slurm:42", "slurm_job_id": "42"}') == {"slurm:42": SchedulerIds("42")}
+    assert job_requests(b'{"training_job": "run:x"}') == {"run:x": SchedulerIds()}
+    assert job_requests(b'{"training_job": "run:x", "namespace": "ml", "pod": "w-0"}') == {
+        "run:x": SchedulerIds(None, "ml", "w-0")}
     for bad, why in ((b'{"slurm_job_id": "42"}', "name the training job"),
                      (b'{"training_job": "run:x", "slurm_job_id": "4 2"}', "expected a Slurm job id"),
+                     (b'{"training_job": "run:x", "pod": "w-0"}', "namespace and pod go together"),
+                     (b'{"training_job": "run:x", "namespace": "ml", "pod": "../x"}', "pod: expected a Kubernetes"),
                      (b'{"training_job": "run:x", "node": "a"}', "unknown field 'node'")):
         with pytest.raises(PayloadError, match=why):
             job_requests(bad)
     alerts = {"version": "4", "groupLabels": {"training_job": "a"}, "alerts": [
         {"labels": {"training_job": "a", "slurm_job_id": "7"}}, {"labels": {"training_job": "b", "slurm_job_id": "8"}},
-        {"labels": {"training_job": "b", "slurm_job_id": "9"}}, {"labels": {"training_job": "c"}}]}
-    # b is named with two Slurm jobs: which one is not the coordinator's guess, so Slurm is not asked for it
-    assert job_requests(json.dumps(alerts).encode()) == {"a": "7", "b": None, "c": None}
+        {"labels": {"training_job": "b", "slurm_job_id": "9"}}, {"labels": {"training_job": "c", "pod": "p"}},
+        {"labels": {"training_job": "d", "namespace": "ml", "pod": "w-0", "slurm_job_id": "x"}}]}
+    # b is named with two Slurm jobs: which one is not the coordinator's guess, so Slurm is not asked for it; a
+    # pod without its namespace, and a malformed id, are not kept either
+    assert job_requests(json.dumps(alerts).encode()) == {"a": SchedulerIds("7"), "b": SchedulerIds(),
+                                                         "c": SchedulerIds(), "d": SchedulerIds(None, "ml", "w-0")}
 
 
 def test_slurm_places_a_running_job_and_refuses_others(slurm: Slurm, tmp_path: Path) -> None:

@@ -30,13 +30,12 @@ from watchdog.act import pidfds
 from watchdog.boundary import children, http_client, privileges, secrets
 from watchdog.config import ActionsConfig
 from watchdog.sample.ranks import RankInfo
-from watchdog.vocabulary.model import Workload
+from watchdog.vocabulary.model import K8S_NAME, Workload
 from watchdog.vocabulary.words import iso_time, number_runs
 
 DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED = "done", "failed", "timed_out", "dry_run", "skipped", "stopped"
 RESULTS = (DONE, FAILED, TIMED_OUT, DRY_RUN, SKIPPED, STOPPED)
 _SLURM_CACHE_SECONDS = 30.0
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SLURM_JOB = re.compile(r"^\d{1,12}(_\d{1,9})?$")
 
 
@@ -297,8 +296,8 @@ class Actions:
         k, w, done = self.cfg.kubernetes, target.workload, []
         if k.delete_pods:
             trusted = not {"namespace", "pod"} & set(w.claimed)
-            if not (w.namespace and w.pod and trusted and target.pod_uid and _K8S_NAME.match(w.namespace)
-                    and _K8S_NAME.match(w.pod)):
+            if not (w.namespace and w.pod and trusted and target.pod_uid and K8S_NAME.match(w.namespace)
+                    and K8S_NAME.match(w.pod)):
                 raise Skipped("no pod proven: the kubelet's allocation and the ranks' own pod cgroup must agree (a "
                               "rank's HOSTNAME is not trusted)")
             path = (f"/api/v1/namespaces/{urllib.parse.quote(w.namespace)}/pods/{urllib.parse.quote(w.pod)}")
@@ -309,7 +308,7 @@ class Actions:
             done.append(f"deleted pod {w.namespace}/{w.pod}")
         if k.taint:
             node = os.environ.get(k.node_name_env, "")
-            if not _K8S_NAME.match(node):
+            if not K8S_NAME.match(node):
                 raise ActionError(f"cannot taint: {k.node_name_env} does not hold a node name")
             done.append(self._taint(node))
         if not done:

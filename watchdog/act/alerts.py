@@ -24,7 +24,7 @@ from watchdog.config import AlertsConfig, ReceiverConfig
 from watchdog.plumbing import logfmt
 from watchdog.plumbing.counters import Counters
 from watchdog.vocabulary.alert_identity import AlertIdentity, alert_name
-from watchdog.vocabulary.model import Severity
+from watchdog.vocabulary.model import Severity, Workload
 from watchdog.vocabulary.words import iso_time
 
 _SEVERITY_RANK = {"warning": 1, "critical": 2}
@@ -179,10 +179,11 @@ class AlertmanagerReceiver(_HttpReceiver):
 
 class CoordinatorReceiver(_HttpReceiver):
     """`stall-watchdog coordinate`'s POST /v1/alerts, told once of each critical hang of a known training job:
-    `{"training_job": ..., "slurm_job_id": ...}`, the Slurm job where this daemon proved it (slurmstepd's
-    cgroup; never what a rank's environment claims). The coordinator finds the job's nodes (from Slurm with
-    that id) and dumps them all without waiting for a scrape, the rules' evaluation and Alertmanager's
-    group_wait. Its own cooldown makes the pages of a job's other nodes one investigation."""
+    `{"training_job": ..., "slurm_job_id": ...}` (or "namespace" and "pod"), the ids this daemon proved
+    (slurmstepd's cgroup, the kubelet; never what a rank's environment claims). The coordinator finds the job's
+    nodes (from Slurm or Kubernetes with them) and dumps them all without waiting for a scrape, the rules'
+    evaluation and Alertmanager's group_wait. Its own cooldown makes the pages of a job's other nodes one
+    investigation."""
 
     def __init__(self, cfg: ReceiverConfig):
         super().__init__(cfg)
@@ -194,10 +195,16 @@ class CoordinatorReceiver(_HttpReceiver):
                 and alert.identity.training_job != "unknown")
 
     def send(self, alert: Alert) -> None:
-        workload = alert.identity.workload
-        proven = workload.slurm_job_id if "slurm_job_id" not in workload.claimed else None
-        _post(self._url, {"training_job": alert.identity.training_job, **({"slurm_job_id": proven} if proven else {})},
+        _post(self._url, {"training_job": alert.identity.training_job, **self.ids(alert.identity.workload)},
               self._token, self.timeout)
+
+    @staticmethod
+    def ids(workload: Workload) -> dict[str, str]:
+        """The workload's proven ids the coordinator asks a scheduler with: its Slurm job; its pod and namespace."""
+        proven = {name: value for name, value in workload.label_values().items() if name not in workload.claimed}
+        pod = {"namespace": proven["namespace"], "pod": proven["pod"]} if "namespace" in proven and "pod" in proven \
+            else {}
+        return {**({"slurm_job_id": proven["slurm_job_id"]} if "slurm_job_id" in proven else {}), **pod}
 
 
 class CommandReceiver:

@@ -9,8 +9,10 @@ Alertmanager posts `{"version": "4", "groupLabels": {...}, "commonLabels": {...}
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from watchdog.boundary import untrusted_data
+from watchdog.vocabulary.model import K8S_NAME
 
 LABEL = "training_job"
 SLURM_JOB = "slurm_job_id"
@@ -29,23 +31,58 @@ def _job(value: object, where: str) -> str:
     return value
 
 
-def job_requests(body: bytes) -> dict[str, str | None]:
-    """What a request to the coordinator names: each training job (in order, each once) with the Slurm job it
-    runs as where the request says so. `{"training_job": "...", "slurm_job_id": "..."}` (a node's own page:
-    the id its daemon proved from slurmstepd's cgroup) or an Alertmanager webhook whose alerts carry both labels.
-    A job named with two Slurm ids (or with and without one) has none: the scheduler is then not asked."""
+@dataclass(frozen=True)
+class SchedulerIds:
+    """What a page says of where a training job runs in its scheduler's words: the Slurm job it runs as, or the
+    namespace and pod of one of its ranks (a node's own page: what its daemon proved)."""
+
+    slurm_job_id: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+
+
+_IDS = (SLURM_JOB, "namespace", "pod")
+
+
+def job_requests(body: bytes) -> dict[str, SchedulerIds]:
+    """What a request to the coordinator names: each training job (in order, each once) with the scheduler's
+    ids for it where the request says them. `{"training_job": "...", "slurm_job_id": "..."}` or with
+    "namespace" and "pod" (a node's own page: the ids its daemon proved, from slurmstepd's cgroup or the kubelet)
+    or an Alertmanager webhook whose alerts carry those labels. An id a job's alerts give two values of (or
+    give and leave out) is not kept: which one is not the coordinator's guess, so its scheduler is not asked."""
     payload = _payload(body)
     if payload is None:
         return {}
     if "alerts" in payload or "version" in payload:
         return _from_alertmanager(payload)
-    unknown = sorted(set(payload) - {LABEL, SLURM_JOB})
+    unknown = sorted(set(payload) - {LABEL, *_IDS})
     if unknown:
-        raise PayloadError(f"unknown field {unknown[0]!r}: expected {LABEL!r}, with {SLURM_JOB!r} where known (or "
-                           "an Alertmanager webhook)")
+        raise PayloadError(f"unknown field {unknown[0]!r}: expected {LABEL!r}, with {SLURM_JOB!r} or 'namespace' "
+                           "and 'pod' where known (or an Alertmanager webhook)")
     if LABEL not in payload:
         raise PayloadError(f"name the training job: {LABEL!r} (with {SLURM_JOB!r} where known)")
-    return {_job(payload[LABEL], LABEL): _slurm_id(payload[SLURM_JOB]) if SLURM_JOB in payload else None}
+    return {_job(payload[LABEL], LABEL): _ids(payload, strict=True)}
+
+
+def _ids(labels: Mapping[str, object], strict: bool) -> SchedulerIds:
+    """The scheduler ids in a page (`strict`: a malformed one is a PayloadError; else it is left out)."""
+    found: dict[str, str] = {}
+    for key, read in ((SLURM_JOB, _slurm_id), ("namespace", _k8s_name), ("pod", _k8s_name)):
+        if labels.get(key) is not None:
+            try:
+                found[key] = read(labels[key], key)
+            except PayloadError:
+                if strict:
+                    raise
+    if strict and ("pod" in found) != ("namespace" in found):
+        raise PayloadError("namespace and pod go together")
+    return SchedulerIds(found.get(SLURM_JOB), found.get("namespace"), found.get("pod"))
+
+
+def _k8s_name(value: object, key: str) -> str:
+    if not isinstance(value, str) or not K8S_NAME.match(value):
+        raise PayloadError(f"{key}: expected a Kubernetes name (lower-case letters, digits, '-' and '.')")
+    return value
 
 
 def _payload(body: bytes) -> dict[str, object] | None:
@@ -62,9 +99,9 @@ def _payload(body: bytes) -> dict[str, object] | None:
     return payload
 
 
-def _slurm_id(value: object) -> str:
+def _slurm_id(value: object, key: str = SLURM_JOB) -> str:
     if not isinstance(value, str) or not value.isdigit() or len(value) > 20:
-        raise PayloadError(f"{SLURM_JOB}: expected a Slurm job id (digits, as a string)")
+        raise PayloadError(f"{key}: expected a Slurm job id (digits, as a string)")
     return value
 
 
@@ -87,14 +124,14 @@ def dump_target(body: bytes, slurm: bool = True) -> tuple[tuple[str, ...], str |
     return ((_job(payload[LABEL], LABEL),) if LABEL in payload else ()), None
 
 
-def _from_alertmanager(payload: Mapping[str, object]) -> dict[str, str | None]:
+def _from_alertmanager(payload: Mapping[str, object]) -> dict[str, SchedulerIds]:
     if str(payload.get("version")) != "4":
         raise PayloadError(f"Alertmanager webhook version {payload.get('version')!r}: only version 4 is read")
     alerts = payload.get("alerts")
     if not isinstance(alerts, list):
         raise PayloadError("alerts: expected a list")
-    found: dict[str, str | None] = {}  # ordered, each once, in linear time; a job's one Slurm id, or None
-    ids: dict[str, set[str | None]] = {}
+    found: dict[str, None] = {}  # ordered, each once, in linear time
+    ids: dict[str, set[SchedulerIds]] = {}  # each job's ids as its alerts give them
     sources: list[tuple[str, object]] = [("groupLabels", payload.get("groupLabels")),
                                          ("commonLabels", payload.get("commonLabels"))]
     sources += [(f"alerts[{n}].labels", a.get("labels") if isinstance(a, dict) else None) for n, a in enumerate(alerts)]
@@ -105,13 +142,19 @@ def _from_alertmanager(payload: Mapping[str, object]) -> dict[str, str | None]:
             raise PayloadError(f"{where}: expected an object of labels")
         if LABEL in labels:
             job = _job(labels[LABEL], f"{where}.{LABEL}")
-            said = labels.get(SLURM_JOB)
-            slurm_id = said if isinstance(said, str) and said.isdigit() and len(said) <= 20 else None
-            found.setdefault(job, slurm_id)
+            found[job] = None
             if where.startswith("alerts["):
-                ids.setdefault(job, set()).add(slurm_id)
+                ids.setdefault(job, set()).add(_ids(labels, strict=False))
     if not found:
         raise PayloadError(f"the Alertmanager webhook names no {LABEL} label: route the job-level alerts "
                            f"with group_by: [{LABEL}]")
-    return {job: (next(iter(ids[job])) if len(ids.get(job, ())) == 1 else None) if job in ids else slurm_id
-            for job, slurm_id in found.items()}
+    return {job: _agreed(ids.get(job, set())) for job in found}
+
+
+def _agreed(said: set[SchedulerIds]) -> SchedulerIds:
+    """Each id every alert of a job gives the same value of; None where they differ or one leaves it out."""
+    def one(name: str) -> str | None:
+        values = {getattr(ids, name) for ids in said}
+        return values.pop() if len(values) == 1 else None
+    namespace, pod = one("namespace"), one("pod")
+    return SchedulerIds(one(SLURM_JOB), namespace if pod else None, pod if namespace else None)

@@ -9,12 +9,14 @@ import threading
 
 from watchdog.boundary import http_client, secrets
 from watchdog.boundary.http_server import Auth, parse_address
+from watchdog.boundary.webhook import SchedulerIds
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error, shown
 from watchdog.config import ConfigError, CoordinatorConfig, load_config, parse_config
 from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
-from watchdog.coordinate.scheduler import SlurmNodes
+from watchdog.coordinate.scheduler import KubernetesNodes, SlurmNodes
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.plumbing import logfmt
+from watchdog.vocabulary.model import K8S_NAME
 
 # Each flag and the key of the `coordinator:` section it overrides.
 _FLAGS = {"prometheus": "prometheus_url", "listen": "listen_address", "out": "out_directory",
@@ -30,10 +32,15 @@ def settings(args: argparse.Namespace) -> CoordinatorConfig:
     in its place, all checked by the section's own bounds (ConfigError names the key and the flag)."""
     base = load_config(args.config).coordinator if args.config else CoordinatorConfig()
     given = {key: getattr(args, flag) for flag, key in _FLAGS.items() if getattr(args, flag) is not None}
+    if args.kubernetes_api is not None:
+        given["kubernetes"] = {**base.kubernetes.model_dump(), "api_url": args.kubernetes_api}
+        flags_of = {**_FLAGS, "kubernetes_api": "kubernetes.api_url"}
+    else:
+        flags_of = _FLAGS
     try:
         return parse_config({"coordinator": {**base.model_dump(), **given}}, "the flags").coordinator
     except ConfigError as exc:
-        flags = {key: flag for flag, key in _FLAGS.items() if key in given}
+        flags = {key: flag for flag, key in flags_of.items() if key.split(".")[0] in given}
         raise ConfigError(exc.source, [_with_flag(line, flags) for line in exc.problems]) from None
 
 
@@ -48,7 +55,7 @@ class NotReady(ValueError):
     """What keeps the coordinator from starting, naming the key and its flag."""
 
 
-def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth]:
+def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth, KubernetesNodes | None]:
     """What `coordinate` builds before it serves, every secret read and every value parsed as it will be used;
     `check-config` runs it too. NotReady names the key (and its flag) at fault."""
     def secret(path: str | None, key: str, flag: str) -> str | None:
@@ -62,6 +69,10 @@ def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth]:
         if callers:
             secrets.one_line_token(callers, "coordinator.token_file (--token-file)")
         password = secret(cfg.basic_auth_password_file, "basic_auth_password_file", "--basic-auth-password-file")
+        k = cfg.kubernetes
+        kubernetes = KubernetesNodes(k.api_url, secrets.one_line_token(
+            secrets.read_file(k.token_file, "coordinator.kubernetes.token_file"), "coordinator.kubernetes.token_file"),
+            k.ca_file, k.daemon_namespace, k.daemon_selector, k.daemon_port, tuple(k.job_labels)) if k.api_url else None
     except secrets.SecretError as exc:
         raise NotReady(str(exc)) from None
     if cfg.prometheus_url is not None:
@@ -78,7 +89,7 @@ def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth]:
     except ValueError as exc:
         raise NotReady(f"coordinator.listen_address (--listen): {exc}") from None
     client = NodeClient(cfg.node_scheme, token, cfg.node_ca_file, cfg.timeout_seconds, allowed)
-    return client, Auth(cfg.basic_auth_user, password, callers)
+    return client, Auth(cfg.basic_auth_user, password, callers), kubernetes
 
 
 def cmd_coordinate(args: argparse.Namespace) -> int:
@@ -93,21 +104,26 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     if args.slurm_job_id is not None and (args.job is None or not args.slurm_job_id.isdigit()):
         error("--slurm-job-id goes with --job and is a Slurm job id (digits): the Slurm job the training job runs as")
         return EXIT_USAGE
+    namespace, _, pod = (args.pod or "").partition("/")
+    if args.pod is not None and (args.job is None or not (K8S_NAME.match(namespace) and K8S_NAME.match(pod))):
+        error("--pod goes with --job and is NAMESPACE/POD: a pod the training job runs in")
+        return EXIT_USAGE
     try:
         cfg = settings(args)
-        client, auth = ready(cfg)
+        client, auth, kubernetes = ready(cfg)
     except (ConfigError, NotReady) as exc:
         error(str(exc))
         return EXIT_USAGE
-    if cfg.prometheus_url is None and cfg.slurm_instance is None:
-        error("nothing to ask where a job runs: give --prometheus URL and/or --slurm-instance '{node}:9944' (or "
-              "coordinator.prometheus_url, coordinator.slurm_instance in --config)")
+    if cfg.prometheus_url is None and cfg.slurm_instance is None and kubernetes is None:
+        error("nothing to ask where a job runs: give --prometheus URL, --slurm-instance '{node}:9944' and/or "
+              "--kubernetes-api URL (or coordinator.prometheus_url, slurm_instance, kubernetes.api_url in --config)")
         return EXIT_USAGE
     slurm = SlurmNodes(cfg.slurm_instance, cfg.slurm_conf) if cfg.slurm_instance else None
     coordinator = Coordinator(cfg.prometheus_url, cfg.out_directory, client, cfg.cooldown_seconds, auth=auth,
-                              max_per_minute=cfg.max_per_minute, scrape_job=cfg.scrape_job, slurm=slurm)
+                              max_per_minute=cfg.max_per_minute, scrape_job=cfg.scrape_job, slurm=slurm,
+                              kubernetes=kubernetes)
     if args.job is not None:
-        result = coordinator.investigate(args.job, args.slurm_job_id)
+        result = coordinator.investigate(args.job, SchedulerIds(args.slurm_job_id, namespace or None, pod or None))
         if result.problem is not None:
             error(f"coordinate: {result.problem}")
         if args.json:
@@ -136,7 +152,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     thread = threading.Thread(target=server.serve_forever, name="coordinate-http", daemon=True)
     thread.start()
     logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,
-                 slurm=cfg.slurm_instance, out=cfg.out_directory)
+                 slurm=cfg.slurm_instance, kubernetes=cfg.kubernetes.api_url, out=cfg.out_directory)
     stop.wait()
     server.shutdown()
     server.server_close()

@@ -261,6 +261,11 @@ def _add_coordinate(verbs: Verbs) -> None:
                        help="ask Slurm where a job runs when its page names its Slurm job, and reach each node's "
                             "daemon at this host:port, {node} being Slurm's node name (e.g. '{node}:9944')")
     coord.add_argument("--slurm-conf", metavar="FILE", help="the slurm.conf squeue and scontrol read (SLURM_CONF)")
+    coord.add_argument("--kubernetes-api", metavar="URL",
+                       help="ask this Kubernetes API server for a job's nodes when its page names a pod of it (in a "
+                            "pod: https://kubernetes.default.svc; the rest in coordinator.kubernetes of --config)")
+    coord.add_argument("--pod", metavar="NAMESPACE/POD", help="with --job: a pod the job runs in (then Kubernetes "
+                       "is asked for its nodes, with --kubernetes-api)")
     coord.add_argument("--slurm-job-id", metavar="ID", help="with --job: the Slurm job it runs as (then Slurm is "
                        "asked for its nodes, with --slurm-instance)")
     coord.add_argument("--json", action="store_true", help="with --job: the job verdict as JSON")

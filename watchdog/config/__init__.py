@@ -19,7 +19,7 @@ from watchdog.config.actions import (
     SlurmActionConfig,
 )
 from watchdog.config.base import SCENARIO_NAMES, Interval, Ratio, Seconds, SecondsOrZero
-from watchdog.config.coordinator import DAEMON_SCRAPE_JOB, CoordinatorConfig
+from watchdog.config.coordinator import DAEMON_SCRAPE_JOB, JOB_LABELS, CoordinatorConfig, KubernetesLookupConfig
 from watchdog.config.detectors import (
     BusySpinConfig,
     DetectorsConfig,
@@ -37,7 +37,8 @@ from watchdog.config.outputs import AlertsConfig, BundlesConfig, DumpConfig, Exp
 from watchdog.config.sampling import JobConfig, KubernetesConfig, SampleConfig, SourceConfig, StacksConfig
 
 __all__ = [
-    "ACTION_NAMES", "DAEMON_SCRAPE_JOB", "SCENARIO_NAMES", "ActionsConfig", "AlertsConfig", "BundlesConfig",
+    "ACTION_NAMES", "DAEMON_SCRAPE_JOB", "JOB_LABELS", "SCENARIO_NAMES", "ActionsConfig", "AlertsConfig",
+    "BundlesConfig", "KubernetesLookupConfig",
     "BusySpinConfig", "Config", "ConfigError", "CoordinatorConfig", "DetectorsConfig", "DumpConfig",
     "EpisodeTiming", "ExportConfig", "FleetConfig", "GpuHealthConfig", "GpuLostConfig", "Interval", "JobConfig",
     "KubernetesActionConfig", "KubernetesConfig", "Ratio", "ReceiverConfig", "SampleConfig", "Seconds",

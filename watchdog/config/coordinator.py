@@ -7,9 +7,34 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from watchdog.config.base import _listen_address, _prometheus_url, _Section
+from watchdog.config.base import _http_url, _listen_address, _prometheus_url, _Section
 
+# The labels that name a pod's job: a Job's, a JobSet's, a Kubeflow PyTorchJob's, a LeaderWorkerSet's.
+JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name", "jobset.sigs.k8s.io/jobset-name",
+              "training.kubeflow.org/job-name", "leaderworkerset.sigs.k8s.io/name")
 DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
+
+
+class KubernetesLookupConfig(_Section):
+    """Where the coordinator asks Kubernetes for a job's nodes (a page that names a pod of the job)."""
+
+    api_url: str | None = Field(None, description="The API server (in a pod: https://kubernetes.default.svc); "
+                                "unset: Kubernetes is not asked.")
+    token_file: str = Field("/var/run/secrets/kubernetes.io/serviceaccount/token", description="The service "
+                            "account token; its role must get and list pods (the job's namespaces, the daemons').")
+    ca_file: str | None = Field("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+                                description="The API server's CA bundle (None: the system's).")
+    daemon_namespace: str = Field("stall-watchdog", min_length=1, max_length=63,
+                                  description="Where the daemons' DaemonSet runs.")
+    daemon_selector: str = Field("app.kubernetes.io/name=stall-watchdog", min_length=1, max_length=500,
+                                 description="The label selector of the daemons' pods.")
+    daemon_port: int = Field(9944, ge=1, le=65535, description="The port of each daemon pod's endpoint "
+                             "(export.listen_address).")
+    job_labels: list[str] = Field(
+        list(JOB_LABELS), min_length=1, max_length=32, description="The labels that name a pod's job, the first a "
+        "pod carries used: its job's pods are those with the same value.")
+
+    _url = field_validator("api_url")(classmethod(lambda cls, value: _http_url(value)))
 
 
 class CoordinatorConfig(_Section):
@@ -17,7 +42,7 @@ class CoordinatorConfig(_Section):
 
     prometheus_url: str | None = Field(
         None, description="Prometheus base URL (its HTTP API), asked which daemons export a job's ranks; "
-        "required to coordinate (here or --prometheus) unless slurm_instance is set.")
+        "required to coordinate (here or --prometheus) unless slurm_instance or kubernetes.api_url is set.")
     slurm_instance: str | None = Field(
         None, max_length=300, description="Ask Slurm (squeue, scontrol) for the nodes of a job whose request names "
         "its Slurm job (a node's own page does), and reach each node's daemon at this host:port, `{node}` standing "
@@ -25,6 +50,8 @@ class CoordinatorConfig(_Section):
         "asked where Slurm cannot answer. Unset: Slurm is not asked.")
     slurm_conf: str | None = Field(None, description="The slurm.conf squeue and scontrol read (SLURM_CONF); unset: "
                                    "Slurm's own default.")
+    kubernetes: KubernetesLookupConfig = Field(default_factory=KubernetesLookupConfig,
+                                               description="Asking Kubernetes for a job's nodes.")
     listen_address: str = Field("127.0.0.1:9945", description="Where POST /v1/alerts is served (HOST:PORT).")
     out_directory: str = Field("/var/lib/stall-watchdog/jobs", min_length=1, description="Job bundles go here.")
     node_scheme: Literal["http", "https"] = Field(

@@ -184,7 +184,7 @@ def _keys(model: BaseModel, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[
             yield (*path, name), value, doc[0] if doc else "", ""
             yield from _keys(value, (*path, name))
         else:
-            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            shown = yaml.safe_dump(value, default_flow_style=True, width=4096).strip().removesuffix("...").strip()
             yield (*path, name), None, info.description or "", shown
 
 
@@ -207,6 +207,8 @@ def example_yaml() -> str:
         "#     - {type: alertmanager, name: am, url: 'http://alertmanager:9093'}",
         "#     - {type: webhook, name: slack, url_file: /etc/stall-watchdog/slack-url}",
         "#     - {type: command, name: page, argv: [/usr/local/bin/page-oncall, --team, ml-infra]}",
+        "#     - {type: coordinator, name: coordinator, url: 'http://coordinator:9945',",
+        "#        token_file: /etc/stall-watchdog/coordinator-token}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -28,7 +28,7 @@ from watchdog.boundary import http_client, untrusted_data
 
 MAX_ANSWER_BYTES = 16 * 2**20  # one node's /v1/dump answer
 MAX_JOB_BYTES = 256 * 2**20  # every node's answers to one investigation, together
-MAX_PROMETHEUS_BYTES = 8 * 2**20
+MAX_PROMETHEUS_BYTES = 24 * 2**20  # the placement of MAX_NODES nodes of 8 ranks (about 190 bytes a rank)
 # The objects one answer (a node's, or Prometheus's) may build when parsed: answers are parsed one at a time,
 # so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
 BUILT_BYTES = 128 * 2**20
@@ -314,9 +314,22 @@ class NodeClient:
 @contextlib.contextmanager
 def _small_stacks() -> Iterator[None]:
     """Threads started meanwhile get FANOUT_STACK_BYTES of stack rather than the system's 8 MiB: thousands of
-    them each wait on one node's answer."""
-    before = threading.stack_size(FANOUT_STACK_BYTES)
+    them each wait on one node's answer. The size is the process's: investigations that run at once share one
+    setting, made by the first to begin and undone by the last to end (each setting and undoing its own would
+    leave the size of whichever ended first)."""
+    with _STACKS_LOCK:
+        if not _STACKS_USERS:
+            _STACKS_BEFORE[:] = [threading.stack_size(FANOUT_STACK_BYTES)]
+        _STACKS_USERS.append(1)
     try:
         yield
     finally:
-        threading.stack_size(before)
+        with _STACKS_LOCK:
+            _STACKS_USERS.pop()
+            if not _STACKS_USERS:
+                threading.stack_size(_STACKS_BEFORE[0])
+
+
+_STACKS_LOCK = threading.Lock()
+_STACKS_USERS: list[int] = []  # one entry per ask_all running now
+_STACKS_BEFORE: list[int] = [0]  # the size before the first of them

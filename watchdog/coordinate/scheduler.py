@@ -1,18 +1,29 @@
-"""Where a Slurm job runs, in Slurm's own words: the coordinator's way to a job's nodes that neither waits for
+"""Where a job runs, in its scheduler's own words: the coordinator's way to a job's nodes that neither waits for
 Prometheus (a scrape, then its rules, then Alertmanager's group_wait) nor needs it up.
 
-squeue is asked in a fixed format whose fields no user chose (the job's id, its state and its node list: a
+Slurm: squeue is asked in a fixed format whose fields no user chose (the job's id, its state and its node list: a
 job's name or comment could hold "NodeList=..."), and `scontrol show hostnames` expands the node list. Each
 node becomes the instance its daemon serves on by `instance` (`{node}:9944`). Both run through children.run:
 a deadline, bounded output, no secret of the coordinator's in their environment.
+
+Kubernetes: the API server is asked for the paging rank's pod, the pods that share its job label
+(`batch.kubernetes.io/job-name`, a JobSet's, a PyTorchJob's: the first of `job_labels` the pod carries), and
+the daemons' own pods (a DaemonSet: one a node); the job's nodes are its pods' nodes, each reached at its
+daemon pod's address. Lists are read in pages (`limit`, `continue`), each bounded in bytes, through the one
+HTTP client (no redirects, one deadline an exchange).
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from watchdog.boundary import children
+from watchdog.boundary import children, http_client, untrusted_data
+from watchdog.config import JOB_LABELS
+from watchdog.vocabulary.model import K8S_NAME
 
 from .nodes import MAX_NODES, Placement, valid_instance
 
@@ -67,3 +78,86 @@ class SlurmNodes:
                                 env={"SLURM_CONF": self.conf} if self.conf else None, max_output=MAX_OUTPUT_BYTES)
         except children.CommandError as exc:
             raise SchedulerError(str(exc)) from None
+
+
+PAGE = 500  # objects a list page asks for
+MAX_PAGE_BYTES = 32 * 2**20  # one page of 500 pods (a pod's object is a few KiB, some tens)
+
+
+@dataclass(frozen=True)
+class KubernetesNodes:
+    """How the coordinator asks the Kubernetes API: where, with which token and CA; where the daemons run (their
+    namespace, label selector and port); the labels that name a pod's job."""
+
+    api_url: str
+    token: str | None = None
+    ca_file: str | None = None
+    daemon_namespace: str = "stall-watchdog"
+    daemon_selector: str = "app.kubernetes.io/name=stall-watchdog"
+    daemon_port: int = 9944
+    job_labels: tuple[str, ...] = JOB_LABELS
+    timeout_seconds: float = 10.0
+
+    def placement(self, namespace: str, pod: str) -> Placement:
+        """The daemons of the nodes the job of pod `namespace/pod` runs on (sorted)."""
+        if not (K8S_NAME.match(namespace) and K8S_NAME.match(pod)):
+            raise SchedulerError(f"{namespace}/{pod} is not a Kubernetes namespace and pod")
+        shown = self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        labels = _object(_object(shown, "metadata"), "labels")
+        label = next((name for name in self.job_labels if isinstance(labels.get(name), str)), None)
+        if label is None:
+            raise SchedulerError(f"pod {namespace}/{pod} carries none of the job labels ({', '.join(self.job_labels)})")
+        selector = f"{label}={labels[label]}"
+        nodes = {node for item in self._list(f"/api/v1/namespaces/{namespace}/pods", selector)
+                 if isinstance(node := _object(item, "spec").get("nodeName"), str) and K8S_NAME.match(node)}
+        if not nodes:
+            raise SchedulerError(f"no pod of {namespace} with {selector} is on a node")
+        daemons: dict[str, str] = {}
+        for item in self._list(f"/api/v1/namespaces/{self.daemon_namespace}/pods", self.daemon_selector):
+            node, status = _object(item, "spec").get("nodeName"), _object(item, "status")
+            address = status.get("podIP")
+            if node in nodes and isinstance(address, str) and status.get("phase") == "Running":
+                daemons[node] = f"[{address}]:{self.daemon_port}" if ":" in address else f"{address}:{self.daemon_port}"
+        instances = sorted(i for i in daemons.values() if valid_instance(i))[:MAX_NODES]
+        if not instances:
+            raise SchedulerError(f"no daemon runs on the {len(nodes)} nodes of {namespace} {selector} (pods of "
+                                 f"{self.daemon_namespace} with {self.daemon_selector})")
+        missing = sorted(nodes - set(daemons))
+        note = (f"{len(missing)} nodes of the job run no daemon ({', '.join(missing[:4])}"
+                f"{' and more' if len(missing) > 4 else ''}); not asked") if missing else None
+        return Placement(instances, source="kubernetes", note=note)
+
+    def _list(self, path: str, selector: str) -> Iterator[dict[str, Any]]:
+        """A list's items, page by page, at most MAX_NODES * 8 of them (a node's pods of one job, and room)."""
+        token, seen = "", 0
+        while True:
+            query = {"labelSelector": selector, "limit": str(PAGE), **({"continue": token} if token else {})}
+            page = self._get(f"{path}?{urllib.parse.urlencode(query)}")
+            items = page.get("items")
+            for item in items if isinstance(items, list) else ():
+                if isinstance(item, dict):
+                    yield item
+            seen += len(items) if isinstance(items, list) else 0
+            token = _object(page, "metadata").get("continue") or ""
+            if not isinstance(token, str) or not token or seen >= MAX_NODES * 8:
+                return
+
+    def _get(self, path: str) -> dict[str, Any]:
+        headers = {"Accept": "application/json", **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
+        try:
+            answer = http_client.request("GET", self.api_url.rstrip("/") + path, None, headers, self.timeout_seconds,
+                                         MAX_PAGE_BYTES, self.ca_file)
+            data = untrusted_data.loads_json(answer.body, "the Kubernetes API's answer", 4 * MAX_PAGE_BYTES)
+        except (http_client.HttpError, ValueError, RecursionError) as exc:
+            raise SchedulerError(f"Kubernetes API: {exc}") from None
+        if answer.status != 200 or not isinstance(data, dict):
+            said = data.get("message") if isinstance(data, dict) else None
+            raise SchedulerError(f"Kubernetes API: HTTP {answer.status} for {path.split('?')[0]}"
+                                 + (f": {str(said)[:200]}" if said else ""))
+        return data
+
+
+def _object(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """parent[key] where it is an object; {} where it is missing or anything else."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}

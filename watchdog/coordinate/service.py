@@ -1,15 +1,17 @@
 """`stall-watchdog coordinate`: the HTTP service Alertmanager posts the job-level alerts to.
 
     POST /v1/alerts   an Alertmanager webhook (version 4) naming training jobs, or {"training_job": "..."}
-                      with "slurm_job_id" where known (a node's own page: the alerts receiver of type
-                      coordinator): answered 202 at once; each job is investigated in the background
+                      with "slurm_job_id", or "namespace" and "pod", where known (a node's own page: the
+                      alerts receiver of type coordinator): answered 202 at once; each job is investigated
+                      in the background
     GET  /v1/jobs     the latest job verdict per job (JSON)
     GET  /healthz     ok (the only path open without credentials)
 
 Investigating a job: find its nodes, POST /v1/dump to all of them at once, merge the answers into one job
-verdict, write the job bundle, log one line. A job's nodes are Slurm's word where the request names its Slurm
-job and the coordinator has `slurm_instance` (scheduler.py: no wait for a scrape, and Prometheus may be down),
-else the instances Prometheus says export its proven ranks (Prometheus is asked too where Slurm cannot answer).
+verdict, write the job bundle, log one line. A job's nodes are its scheduler's word where the request names its
+Slurm job or a pod of it and the coordinator may ask that scheduler (`slurm_instance`, `kubernetes.api_url`;
+scheduler.py: no wait for a scrape, and Prometheus may be down), else the instances Prometheus says export its
+proven ranks (Prometheus is asked too where the scheduler cannot answer).
 A job investigated less than `cooldown_seconds` ago (Alertmanager repeats its notifications) or still being
 investigated is not investigated again. Stateless apart from the bundles: any node or a pod can run it.
 
@@ -30,18 +32,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from watchdog.boundary.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
-from watchdog.boundary.webhook import PayloadError, job_requests
+from watchdog.boundary.webhook import PayloadError, SchedulerIds, job_requests
 from watchdog.config import DAEMON_SCRAPE_JOB
 from watchdog.plumbing import logfmt
 
 from . import job_bundle
 from .job_verdict import JobEvidence, JobVerdict
 from .nodes import NodeClient, Placement, PrometheusError, placement_of
-from .scheduler import SchedulerError, SlurmNodes
+from .scheduler import KubernetesNodes, SchedulerError, SlurmNodes
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_JOBS_PER_REQUEST = 16
 MAX_JOBS_KEPT = 256
+NO_IDS = SchedulerIds()  # a page that says nothing of the job's scheduler
 
 
 class CoordinatorError(Exception):
@@ -51,13 +54,15 @@ class CoordinatorError(Exception):
 class Coordinator:
     def __init__(self, prometheus: str | None, out: str | Path, client: NodeClient, cooldown_seconds: float = 120.0,
                  monotonic: Callable[[], float] = time.monotonic, auth: Auth | None = None,
-                 max_per_minute: int = 30, scrape_job: str = DAEMON_SCRAPE_JOB, slurm: SlurmNodes | None = None):
+                 max_per_minute: int = 30, scrape_job: str = DAEMON_SCRAPE_JOB, slurm: SlurmNodes | None = None,
+                 kubernetes: KubernetesNodes | None = None):
         self.auth = auth or Auth()
         self.scrape_job = scrape_job
         self.max_per_minute = max_per_minute
         self._minute: list[float] = []
         self.prometheus = prometheus
         self.slurm = slurm
+        self.kubernetes = kubernetes
         self.out = Path(out)
         self.client = client
         self.cooldown_seconds = cooldown_seconds
@@ -68,15 +73,20 @@ class Coordinator:
         self._running: set[str] = set()
         self._lock = threading.Lock()
 
-    def locate(self, job: str, slurm_job_id: str | None = None) -> tuple[Placement, str | None]:
-        """Where the job runs, and what kept it from being known (None: found). Slurm first where it may be
-        asked of this job; Prometheus where it cannot say, or is not asked."""
+    def locate(self, job: str, ids: SchedulerIds = NO_IDS) -> tuple[Placement, str | None]:
+        """Where the job runs, and what kept it from being known (None: found). Its scheduler first where it may
+        be asked of this job (Slurm, Kubernetes); Prometheus where neither can say, or is not asked."""
         problems = []
-        if slurm_job_id is not None and self.slurm is not None:
+        if ids.slurm_job_id is not None and self.slurm is not None:
             try:
-                return self.slurm.placement(slurm_job_id), None
+                return self.slurm.placement(ids.slurm_job_id), None
             except SchedulerError as exc:
                 problems.append(f"Slurm: {exc}")
+        if ids.namespace is not None and ids.pod is not None and self.kubernetes is not None:
+            try:
+                return self.kubernetes.placement(ids.namespace, ids.pod), None
+            except SchedulerError as exc:
+                problems.append(str(exc))
         if self.prometheus is not None:
             try:
                 placement = placement_of(self.prometheus, job, self.scrape_job)
@@ -87,13 +97,14 @@ class Coordinator:
                     return placement, None
                 problems.append(f"Prometheus knows no instance of scrape job {self.scrape_job!r} exporting ranks "
                                 f"of training job {job!r}")
-        elif slurm_job_id is None:
-            problems.append("no Slurm job id came with it, and no Prometheus is given to ask")
+        elif not problems:
+            problems.append("no scheduler id came with it that the coordinator may ask (a Slurm job with "
+                            "--slurm-instance, a pod with --kubernetes-api), and no Prometheus is given to ask")
         return Placement([]), "; ".join(problems)
 
-    def investigate(self, job: str, slurm_job_id: str | None = None) -> JobVerdict:
+    def investigate(self, job: str, ids: SchedulerIds = NO_IDS) -> JobVerdict:
         started = time.monotonic()
-        placement, problem = self.locate(job, slurm_job_id)
+        placement, problem = self.locate(job, ids)
         instances = placement.instances
         evidence = JobEvidence(job)
         answers = self.client.ask_all(instances, job, evidence.keep)
@@ -152,9 +163,9 @@ class Coordinator:
                          "skipped": skipped}
         return 202, {"accepted": accepted, "skipped": skipped, **({"rate_limited": limited} if limited else {})}
 
-    def _run(self, job: str, slurm_job_id: str | None) -> None:
+    def _run(self, job: str, ids: SchedulerIds) -> None:
         try:
-            self.investigate(job, slurm_job_id)
+            self.investigate(job, ids)
         except Exception as exc:  # one job's failure is a log line, never the service
             logfmt.event("job_failed", level=logfmt.ERROR, job=job, error=f"{type(exc).__name__}: {exc}")
         finally:

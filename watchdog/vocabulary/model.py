@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
@@ -377,3 +378,4 @@ class Workload:
 
 
 WORKLOAD_LABELS = tuple(f.name for f in fields(Workload) if f.name != "claimed")
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a Kubernetes namespace, pod or node name
