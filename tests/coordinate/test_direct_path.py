@@ -143,3 +143,16 @@ def test_coordinate_asks_slurm_for_a_job_with_no_prometheus(slurm: Slurm, tmp_pa
     refused = subprocess.run([sys.executable, "-m", "watchdog", "coordinate", "--job", "x"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--slurm-instance" in refused.stderr
+
+
+def test_slurm_nodes_past_the_cap_or_without_an_instance_are_said(tmp_path: Path) -> None:
+    """squeue and scontrol as a site's wrappers might answer: 20,000 names and 3 that make no host:port."""
+    squeue, scontrol = tmp_path / "squeue", tmp_path / "scontrol"
+    squeue.write_text("#!/bin/sh\necho '42|RUNNING|n[0-19999],x'\n")
+    scontrol.write_text("#!/bin/sh\nseq -f 'n%g' 0 19999\necho 'user@host'\necho '-x'\necho 'a/b'\n")
+    for program in (squeue, scontrol):
+        program.chmod(0o755)
+    placement = SlurmNodes("{node}:9944", squeue=str(squeue), scontrol=str(scontrol)).placement("42")
+    assert len(placement.instances) == 16_384
+    assert placement.note == ("3 of its 20003 node names make no host:port instance with '{node}:9944'; not asked; "
+                              "3616 of its nodes are past the 16384 asked of one job; not asked")

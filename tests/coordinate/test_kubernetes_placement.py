@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,16 +71,23 @@ def daemons(nodes: dict[str, str]) -> list[dict[str, Any]]:
             for n, (node, ip) in enumerate(nodes.items())]
 
 
-def test_a_pods_job_is_placed_on_its_pods_nodes_at_their_daemons() -> None:
+def token_file(folder: Path, token: str = TOKEN) -> str:
+    path = folder / "sa-token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_a_pods_job_is_placed_on_its_pods_nodes_at_their_daemons(tmp_path: Path) -> None:
     job = [pod(f"llm-{n}", f"gpu-{n // 2}", {JOB: "llm", "role": "worker"}) for n in range(6)]  # 3 nodes
     other = [pod("other-0", "gpu-9", {JOB: "other"}), pod("pending", None, {JOB: "llm"}, phase="Pending")]
     api = ApiServer({"training": job + other,
                      "stall-watchdog": daemons({"gpu-0": "10.0.0.10", "gpu-1": "fd00::11", "gpu-9": "10.0.0.19"})})
     with api.running():
-        placement = KubernetesNodes(api.url, TOKEN).placement("training", "llm-3")
+        placement = KubernetesNodes(api.url, token_file(tmp_path)).placement("training", "llm-3")
     assert placement.source == "kubernetes" and api.problems == []
     assert placement.instances == ["10.0.0.10:9944", "[fd00::11]:9944"]  # gpu-9 is another job's node
-    assert placement.note == "1 nodes of the job run no daemon (gpu-2); not asked"
+    assert placement.note == "1 nodes of the job run no daemon with an IP address (gpu-2); not asked"
     assert sum("continue=" in path for path in api.seen) >= 2  # read page by page
 
 
@@ -91,12 +99,13 @@ def test_a_pods_job_is_placed_on_its_pods_nodes_at_their_daemons() -> None:
     ({}, TOKEN, 'HTTP 404 for /api/v1/namespaces/training/pods/llm-0: pods "llm-0" not found'),
     ({}, "wrong", "HTTP 401 for /api/v1/namespaces/training/pods/llm-0: Unauthorized"),
 ])
-def test_what_kubernetes_cannot_place_is_said(pods: dict[str, list[dict[str, Any]]], token: str, said: str) -> None:
+def test_what_kubernetes_cannot_place_is_said(pods: dict[str, list[dict[str, Any]]], token: str, said: str,
+                                              tmp_path: Path) -> None:
     api = ApiServer(pods)
     with api.running(), pytest.raises(SchedulerError, match=said):
-        KubernetesNodes(api.url, token).placement("training", "llm-0")
+        KubernetesNodes(api.url, token_file(tmp_path, token)).placement("training", "llm-0")
     with pytest.raises(SchedulerError, match="not a Kubernetes namespace and pod"):
-        KubernetesNodes("http://127.0.0.1:9", TOKEN).placement("training", "../nodes/x")
+        KubernetesNodes("http://127.0.0.1:9", token_file(tmp_path)).placement("training", "../nodes/x")
 
 
 class DumpNode(Quiet):
@@ -130,7 +139,7 @@ def test_a_page_naming_a_pod_dumps_its_jobs_nodes_with_prometheus_down(tmp_path:
     DumpNode.asked = []
     with api.running(), dump_nodes("127.0.0.1", "127.0.0.2") as port:
         coordinator = Coordinator("http://127.0.0.1:9", tmp_path, NodeClient(timeout_seconds=5),
-                                  kubernetes=KubernetesNodes(api.url, TOKEN, daemon_port=port))
+                                  kubernetes=KubernetesNodes(api.url, token_file(tmp_path), daemon_port=port))
         status, accepted = coordinator.accept(json.dumps({"training_job": "run:llm", "namespace": "training",
                                                           "pod": "llm-1"}).encode())
         coordinator.pool.shutdown(wait=True)
@@ -171,3 +180,102 @@ def test_coordinate_asks_kubernetes_for_a_pods_job(tmp_path: Any) -> None:
                              timeout=60)
     assert refused.returncode == 2 and "coordinator.kubernetes.token_file" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+class Hostile(Served):
+    """An API server whose lists never end (the same continue token, or a new one each page, with no items),
+    whose daemon pods name their node as a list or give host names for addresses, or that redirects."""
+
+    def __init__(self, mode: str):
+        self.mode, self.gets = mode, 0
+        outer = self
+
+        class Handler(Quiet):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.gets += 1
+                if outer.mode == "redirect":
+                    self.send_response(302)
+                    self.send_header("Location", "http://127.0.0.1:9/")
+                    self.end_headers()
+                    return None
+                path = urllib.parse.urlsplit(self.path).path
+                if path.endswith("/pods/llm-0"):
+                    return self.answer_json(200, pod("llm-0", "gpu-0", {JOB: "llm"}))
+                if outer.mode in ("same", "new"):
+                    token = "same" if outer.mode == "same" else str(outer.gets)
+                    return self.answer_json(200, {"items": [], "metadata": {"continue": token}})
+                if "/training/" in path:
+                    return self.answer_json(200, {"items": [pod(f"llm-{n}", f"gpu-{n}", {JOB: "llm"})
+                                                            for n in range(4)]})
+                daemons = [{"spec": {"nodeName": ["gpu-0"]}, "status": {"phase": "Running", "podIP": "10.0.0.1"}},
+                           pod("d1", "gpu-1", {}, "localhost"), pod("d2", "gpu-2", {}, "0.0.0.0"),
+                           pod("d3", "gpu-3", {}, "10.0.0.3")]
+                return self.answer_json(200, {"items": daemons})
+
+        self.handler = Handler
+
+
+@pytest.mark.parametrize(("mode", "said"), [("same", "gave a continue token it gave before"),
+                                             ("new", "went past .* pages"),
+                                             ("redirect", "HTTP 302 .* redirects are not followed")])
+def test_an_api_server_that_never_ends_a_list_or_redirects_is_left(mode: str, said: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from watchdog.coordinate import scheduler
+    monkeypatch.setattr(scheduler, "MAX_PAGES", 50)
+    api = Hostile(mode)
+    with api.running(), pytest.raises(SchedulerError, match=said):
+        KubernetesNodes(api.url, token_file(tmp_path)).placement("training", "llm-0")
+    assert api.gets <= 52
+
+
+def test_daemon_pods_of_the_wrong_shape_or_without_an_ip_address_are_not_asked(tmp_path: Path) -> None:
+    api = Hostile("shapes")
+    with api.running():
+        placement = KubernetesNodes(api.url, token_file(tmp_path)).placement("training", "llm-0")
+    assert placement.instances == ["10.0.0.3:9944"]
+    assert placement.note == "3 nodes of the job run no daemon with an IP address (gpu-0, gpu-1, gpu-2); not asked"
+
+
+def test_the_service_account_token_is_read_at_each_placement(tmp_path: Path) -> None:
+    """A projected token is renewed in its file: the next placement sends the new one."""
+    api = ApiServer({"training": [pod("llm-0", "gpu-0", {JOB: "llm"})],
+                     "stall-watchdog": daemons({"gpu-0": "10.0.0.1"})})
+    with api.running():
+        nodes = KubernetesNodes(api.url, token_file(tmp_path, "expired-token"))
+        with pytest.raises(SchedulerError, match="HTTP 401"):
+            nodes.placement("training", "llm-0")
+        token_file(tmp_path)
+        assert nodes.placement("training", "llm-0").instances == ["10.0.0.1:9944"]
+
+
+@pytest.mark.parametrize(("section", "said"), [
+    ({"slurm_instance": "user@{node}:9944"}, "expected host:port, {node} in the host"),
+    ({"slurm_instance": "http://{node}:9944"}, "expected host:port, {node} in the host"),
+    ({"slurm_instance": "{node}/x:9944"}, "expected host:port, {node} in the host"),
+    ({"kubernetes": {"api_url": "http://admin:hunter2@k8s:6443"}}, "without a user or password"),
+    ({"kubernetes": {"api_url": "https://k8s:6443/?x=1"}}, "without a query"),
+    ({"kubernetes": {"daemon_namespace": "../../x?y="}}, "a Kubernetes namespace name"),
+    ({"kubernetes": {"job_labels": ["", "x y"]}}, "is not a Kubernetes label key"),
+])
+def test_check_config_refuses_what_the_coordinator_could_not_use(section: dict[str, Any], said: str) -> None:
+    from watchdog.config import ConfigError, parse_config
+    with pytest.raises(ConfigError, match=said) as caught:
+        parse_config({"coordinator": section})
+    assert "hunter2" not in str(caught.value)
+
+
+def test_ids_a_coordinator_cannot_ask_with_are_a_usage_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    prometheus = ["--prometheus", "http://127.0.0.1:9", "--job", "x"]
+    for args, said in (([*prometheus, "--slurm-job-id", "42"], "--slurm-instance"),
+                       ([*prometheus, "--pod", "ml/w-0"], "--kubernetes-api"),
+                       (["--slurm-instance", "{node}:9944", "--job", "x", "--slurm-job-id", "\u0664\u0662"], "digits"),
+                       (["--slurm-instance", "{node}:9944", "--slurm-conf", "/nonexistent", "--job", "x"],
+                        "coordinator.slurm_conf (--slurm-conf): /nonexistent is not a file"),
+                       (["--kubernetes-api", "https://k8s:6443", "--job", "x"], "coordinator.kubernetes.token_file")):
+        done = subprocess.run([sys.executable, "-m", "watchdog", "coordinate", *args, "--out", str(tmp_path)],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)

@@ -187,7 +187,8 @@ class CoordinatorReceiver(_HttpReceiver):
 
     def __init__(self, cfg: ReceiverConfig):
         super().__init__(cfg)
-        self._url = self._url._replace(path=self._url.path.rstrip("/") + "/v1/alerts")
+        base = self._url.path.rstrip("/").removesuffix("/v1/alerts")  # the base URL, or its endpoint given whole
+        self._url = self._url._replace(path=base + "/v1/alerts")
 
     @staticmethod
     def wants(alert: Alert) -> bool:

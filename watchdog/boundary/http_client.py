@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import socket
 import ssl
 import threading
@@ -40,6 +41,15 @@ class Response:
     @property
     def redirect(self) -> bool:
         return 300 <= self.status < 400
+
+
+_INSTANCE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):\d{1,5}$")
+
+
+def valid_instance(text: str) -> bool:
+    """An `instance` label we put into a URL: host:port (a name, an IPv4 address or [IPv6]) and nothing
+    else: no path, no user info, no scheme."""
+    return bool(_INSTANCE.match(text)) and 0 < int(text.rsplit(":", 1)[1]) <= 65535
 
 
 def split(url: str) -> urllib.parse.SplitResult:

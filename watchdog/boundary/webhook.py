@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from watchdog.boundary import untrusted_data
-from watchdog.vocabulary.model import K8S_NAME
+from watchdog.vocabulary.model import K8S_NAME, SLURM_JOB_ID
 
 LABEL = "training_job"
 SLURM_JOB = "slurm_job_id"
@@ -100,7 +100,7 @@ def _payload(body: bytes) -> dict[str, object] | None:
 
 
 def _slurm_id(value: object, key: str = SLURM_JOB) -> str:
-    if not isinstance(value, str) or not value.isdigit() or len(value) > 20:
+    if not isinstance(value, str) or not SLURM_JOB_ID.match(value):
         raise PayloadError(f"{key}: expected a Slurm job id (digits, as a string)")
     return value
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import threading
 
@@ -16,7 +17,7 @@ from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.scheduler import KubernetesNodes, SlurmNodes
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.plumbing import logfmt
-from watchdog.vocabulary.model import K8S_NAME
+from watchdog.vocabulary.model import K8S_NAME, SLURM_JOB_ID
 
 # Each flag and the key of the `coordinator:` section it overrides.
 _FLAGS = {"prometheus": "prometheus_url", "listen": "listen_address", "out": "out_directory",
@@ -70,11 +71,18 @@ def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth, KubernetesNodes | N
             secrets.one_line_token(callers, "coordinator.token_file (--token-file)")
         password = secret(cfg.basic_auth_password_file, "basic_auth_password_file", "--basic-auth-password-file")
         k = cfg.kubernetes
-        kubernetes = KubernetesNodes(k.api_url, secrets.one_line_token(
-            secrets.read_file(k.token_file, "coordinator.kubernetes.token_file"), "coordinator.kubernetes.token_file"),
-            k.ca_file, k.daemon_namespace, k.daemon_selector, k.daemon_port, tuple(k.job_labels)) if k.api_url else None
+        if k.api_url:  # read here to refuse a start without it; read again at each placement (it is renewed)
+            secrets.one_line_token(secrets.read_file(k.token_file, "coordinator.kubernetes.token_file (set it in the "
+                                                     "`coordinator:` section of --config)"),
+                                   "coordinator.kubernetes.token_file")
+        kubernetes = KubernetesNodes(k.api_url, k.token_file, k.ca_file, k.daemon_namespace, k.daemon_selector,
+                                     k.daemon_port, tuple(k.job_labels)) if k.api_url else None
     except secrets.SecretError as exc:
         raise NotReady(str(exc)) from None
+    for path, key in ((cfg.slurm_conf, "coordinator.slurm_conf (--slurm-conf)"),
+                      (cfg.kubernetes.ca_file if cfg.kubernetes.api_url else None, "coordinator.kubernetes.ca_file")):
+        if path is not None and not os.path.isfile(path):
+            raise NotReady(f"{key}: {path} is not a file")
     if cfg.prometheus_url is not None:
         try:
             http_client.split(cfg.prometheus_url)
@@ -101,7 +109,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     if args.json and args.job is None:
         error("--json goes with --job (the service logs its verdicts and serves them on GET /v1/jobs)")
         return EXIT_USAGE
-    if args.slurm_job_id is not None and (args.job is None or not args.slurm_job_id.isdigit()):
+    if args.slurm_job_id is not None and (args.job is None or not SLURM_JOB_ID.match(args.slurm_job_id)):
         error("--slurm-job-id goes with --job and is a Slurm job id (digits): the Slurm job the training job runs as")
         return EXIT_USAGE
     namespace, _, pod = (args.pod or "").partition("/")
@@ -117,6 +125,14 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     if cfg.prometheus_url is None and cfg.slurm_instance is None and kubernetes is None:
         error("nothing to ask where a job runs: give --prometheus URL, --slurm-instance '{node}:9944' and/or "
               "--kubernetes-api URL (or coordinator.prometheus_url, slurm_instance, kubernetes.api_url in --config)")
+        return EXIT_USAGE
+    if args.slurm_job_id is not None and cfg.slurm_instance is None:
+        error("--slurm-job-id is asked of Slurm only with --slurm-instance '{node}:9944' (or "
+              "coordinator.slurm_instance): give it, or leave the id out")
+        return EXIT_USAGE
+    if args.pod is not None and kubernetes is None:
+        error("--pod is asked of Kubernetes only with --kubernetes-api URL (or coordinator.kubernetes.api_url): give "
+              "it, or leave the pod out")
         return EXIT_USAGE
     slurm = SlurmNodes(cfg.slurm_instance, cfg.slurm_conf) if cfg.slurm_instance else None
     coordinator = Coordinator(cfg.prometheus_url, cfg.out_directory, client, cfg.cooldown_seconds, auth=auth,

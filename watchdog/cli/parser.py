@@ -216,15 +216,18 @@ def _add_coordinate(verbs: Verbs) -> None:
         description="Serve POST /v1/alerts for Alertmanager's job-level alerts (StallWatchdogJobCollectiveHang, "
                     "StallWatchdogJobCulpritNode, routed with group_by: [training_job]) and for the daemons' own "
                     "pages (an alerts receiver of type coordinator). For each job: find its nodes (Slurm's, with "
-                    "--slurm-instance, where the page names its Slurm job; else the daemons Prometheus says "
-                    "export its ranks), POST /v1/dump to all of them at once, merge the "
+                    "--slurm-instance, where the page names its Slurm job; Kubernetes', with --kubernetes-api, "
+                    "where it names a pod of it; else the daemons Prometheus says export its ranks), POST "
+                    "/v1/dump to all of them at once, merge the "
                     "answers into one job verdict (the odd rank with its node, pid, GPU and activity) and write "
                     "a job bundle with report.html. --job investigates one job once and prints the verdict.",
         epilog="Examples:\n  stall-watchdog coordinate --prometheus http://prometheus:9090 --listen 0.0.0.0:9945 "
                "--token-file /etc/stall-watchdog/coordinator-token --node-token-file /etc/stall-watchdog/dump-token "
                "--out /var/lib/stall-watchdog/jobs\n"
                "  stall-watchdog coordinate --prometheus http://127.0.0.1:9090 --job run:llm-42 --json\n"
-               "  stall-watchdog coordinate --slurm-instance '{node}:9944' --job run:llm-42 --slurm-job-id 4242\n")
+               "  stall-watchdog coordinate --slurm-instance '{node}:9944' --job run:llm-42 --slurm-job-id 4242\n"
+               "  stall-watchdog coordinate --config coordinator.yaml --kubernetes-api https://kubernetes.default.svc "
+               "--job run:llm-42 --pod training/llm-worker-0\n")
     coord.add_argument("--config", metavar="FILE",
                        help="read the `coordinator:` section of this configuration file (the flags below override "
                             "its keys; `stall-watchdog check-config FILE` checks it)")

@@ -29,9 +29,9 @@ def _http_url(value: str | None) -> str | None:
 
 
 def _prometheus_url(value: str | None) -> str | None:
-    """Prometheus's base URL: http or https with a host, and nothing that would be sent nowhere or logged: no
-    user or password (they are not sent; the URL is shown in logs and bundles), no query or fragment (the API
-    path is appended to it)."""
+    """An API's base URL (Prometheus's, the Kubernetes API server's): http or https with a host, and nothing
+    that would be sent nowhere or logged: no user or password (they are not sent; the URL is shown in logs and
+    bundles), no query or fragment (the API path is appended to it)."""
     if _http_url(value) is None:
         return None
     assert value is not None

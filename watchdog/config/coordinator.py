@@ -3,15 +3,19 @@ limits. Its flags, where given, override these; both are checked by the same bou
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from watchdog.config.base import _http_url, _listen_address, _prometheus_url, _Section
+from watchdog.boundary.http_client import valid_instance
+from watchdog.config.base import _listen_address, _prometheus_url, _Section
+from watchdog.vocabulary.model import K8S_NAME
 
 # The labels that name a pod's job: a Job's, a JobSet's, a Kubeflow PyTorchJob's, a LeaderWorkerSet's.
 JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name", "jobset.sigs.k8s.io/jobset-name",
               "training.kubeflow.org/job-name", "leaderworkerset.sigs.k8s.io/name")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 DAEMON_SCRAPE_JOB = "stall-watchdog"  # the scrape job deploy/ gives the daemons (Prometheus's `job` label)
 
 
@@ -23,7 +27,7 @@ class KubernetesLookupConfig(_Section):
     token_file: str = Field("/var/run/secrets/kubernetes.io/serviceaccount/token", description="The service "
                             "account token; its role must get and list pods (the job's namespaces, the daemons').")
     ca_file: str | None = Field("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-                                description="The API server's CA bundle (None: the system's).")
+                                description="The API server's CA bundle (null: the system's).")
     daemon_namespace: str = Field("stall-watchdog", min_length=1, max_length=63,
                                   description="Where the daemons' DaemonSet runs.")
     daemon_selector: str = Field("app.kubernetes.io/name=stall-watchdog", min_length=1, max_length=500,
@@ -34,7 +38,22 @@ class KubernetesLookupConfig(_Section):
         list(JOB_LABELS), min_length=1, max_length=32, description="The labels that name a pod's job, the first a "
         "pod carries used: its job's pods are those with the same value.")
 
-    _url = field_validator("api_url")(classmethod(lambda cls, value: _http_url(value)))
+    _url = field_validator("api_url")(classmethod(lambda cls, value: _prometheus_url(value)))
+
+    @field_validator("daemon_namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not K8S_NAME.match(value):
+            raise ValueError("expected a Kubernetes namespace name (lower-case letters, digits, '-' and '.')")
+        return value
+
+    @field_validator("job_labels")
+    @classmethod
+    def _label_keys(cls, value: list[str]) -> list[str]:
+        for key in value:
+            if not _LABEL_KEY.match(key):
+                raise ValueError(f"{key!r} is not a Kubernetes label key (an optional prefix/ and a name)")
+        return value
 
 
 class CoordinatorConfig(_Section):
@@ -97,9 +116,9 @@ class CoordinatorConfig(_Section):
         if "{node}" not in value or "{" in rest or "}" in rest:
             raise ValueError("expected host:port with {node} once for Slurm's node name, such as {node}:9944 or "
                              "{node}.cluster.example:9944")
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
-            raise ValueError("expected host:port: a port from 1 to 65535 after the last ':' ({node}:9944)")
+        if not valid_instance(value.replace("{node}", "node-1")):
+            raise ValueError("expected host:port, {node} in the host, a port from 1 to 65535: {node}:9944 or "
+                             "{node}.cluster.example:9944 (no scheme, user or path)")
         return value
 
     @model_validator(mode="after")

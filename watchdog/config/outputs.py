@@ -83,11 +83,12 @@ class ReceiverConfig(_Section):
 
     type: Literal["webhook", "alertmanager", "command", "coordinator"] = Field(
         description="Which kind of receiver. coordinator: `stall-watchdog coordinate`'s base URL, told at once of "
-        "each critical hang of a known training job (with its proven Slurm job), so the job's nodes are dumped "
+        "each critical hang of a known training job (with its proven Slurm job or pod), so the job's nodes are dumped "
         "without waiting for a scrape, the rules and Alertmanager; its token_file is the coordinator's "
         "--token-file.")
     name: str = Field(description="Name used in logs and the alerts_total metric.")
-    url: str | None = Field(None, description="webhook / alertmanager: the URL (no secrets here: use url_file).")
+    url: str | None = Field(None, description="webhook / alertmanager / coordinator: the URL (no secrets here: use "
+                            "url_file); coordinator: its base URL, http://HOST:9945.")
     url_file: str | None = Field(None, description="File holding the URL (for URLs that carry a key).")
     url_env: str | None = Field(None, description="Environment variable holding the URL.")
     token_file: str | None = Field(None, description="File holding a bearer token sent as Authorization.")

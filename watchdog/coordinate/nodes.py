@@ -11,7 +11,6 @@ import contextlib
 import gc
 import ipaddress
 import json
-import re
 import resource
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import msgspec
 
 from watchdog.boundary import http_client, untrusted_data
+from watchdog.boundary.http_client import valid_instance
 
 MAX_ANSWER_BYTES = 16 * 2**20  # one node's /v1/dump answer
 MAX_JOB_BYTES = 256 * 2**20  # every node's answers to one investigation, together
@@ -49,15 +49,6 @@ def promql_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-_INSTANCE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):\d{1,5}$")
-
-
-def valid_instance(text: str) -> bool:
-    """An `instance` label we put into a URL: host:port (a name, an IPv4 address or [IPv6]) and nothing
-    else: no path, no user info, no scheme."""
-    return bool(_INSTANCE.match(text)) and 0 < int(text.rsplit(":", 1)[1]) <= 65535
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where a job's ranks run: the instances of the daemons' scrape job exporting them (sorted), and for each
@@ -67,7 +58,7 @@ class Placement:
     instances: list[str]
     ranks: dict[int, frozenset[str]] = field(default_factory=dict)
     note: str | None = None  # what was left out of the job, and why (ranks that run as another user)
-    source: str = "prometheus"  # who said it: prometheus, slurm
+    source: str = "prometheus"  # who said it: prometheus, slurm, kubernetes; none: nobody could
 
     def to_json(self) -> dict[str, list[int]]:
         """instance -> its ranks, as the job bundle keeps it for `analyze`."""

@@ -9,21 +9,24 @@ a deadline, bounded output, no secret of the coordinator's in their environment.
 Kubernetes: the API server is asked for the paging rank's pod, the pods that share its job label
 (`batch.kubernetes.io/job-name`, a JobSet's, a PyTorchJob's: the first of `job_labels` the pod carries), and
 the daemons' own pods (a DaemonSet: one a node); the job's nodes are its pods' nodes, each reached at its
-daemon pod's address. Lists are read in pages (`limit`, `continue`), each bounded in bytes, through the one
-HTTP client (no redirects, one deadline an exchange).
+daemon pod's address (an IP address). Lists are read in pages (`limit`, `continue`), each bounded in bytes,
+their number and time bounded too, through the one HTTP client (no redirects, one deadline an exchange); the
+service account token is read at each placement (projected tokens are renewed).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.boundary import children, http_client, untrusted_data
+from watchdog.boundary import children, http_client, secrets, untrusted_data
 from watchdog.config import JOB_LABELS
-from watchdog.vocabulary.model import K8S_NAME
+from watchdog.vocabulary.model import K8S_NAME, SLURM_JOB_ID
 
 from .nodes import MAX_NODES, Placement, valid_instance
 
@@ -50,7 +53,7 @@ class SlurmNodes:
     def placement(self, slurm_job_id: str) -> Placement:
         """The daemons of the nodes Slurm runs job `slurm_job_id` on (sorted); which rank runs where is left to
         the nodes' answers (each node's daemon proves its own ranks from slurmstepd's cgroup)."""
-        if not slurm_job_id.isdigit():
+        if not SLURM_JOB_ID.match(slurm_job_id):
             raise SchedulerError(f"{slurm_job_id!r} is not a Slurm job id")
         shown = self._run(self.squeue, "--noheader", "--states=all", "--jobs", slurm_job_id, "--format", "%A|%T|%N")
         rows = [[part.strip() for part in line.split("|")] for line in shown.splitlines() if line.strip()]
@@ -63,14 +66,19 @@ class SlurmNodes:
         if not node_list or node_list == "(null)":
             raise SchedulerError(f"Slurm gives job {slurm_job_id} no nodes")
         nodes = self._run(self.scontrol, "show", "hostnames", node_list).split()
-        instances = sorted({self.instance.format(node=node) for node in nodes if _NODE.match(node)})
-        kept = [i for i in instances if valid_instance(i)][:MAX_NODES]
-        if not kept:
+        named = sorted({self.instance.format(node=node) for node in nodes if _NODE.match(node)})
+        instances = [i for i in named if valid_instance(i)]
+        if not instances:
             raise SchedulerError(f"no node of Slurm job {slurm_job_id} makes a host:port with {self.instance!r} "
                                  f"(its nodes: {node_list[:200]})")
-        left = len(instances) - len(kept)
-        return Placement(kept, source="slurm",
-                         note=f"{left} of its nodes make no host:port instance; not asked" if left else None)
+        notes = []
+        if len(nodes) > len(instances):
+            notes.append(f"{len(nodes) - len(instances)} of its {len(nodes)} node names make no host:port instance "
+                         f"with {self.instance!r}; not asked")
+        if len(instances) > MAX_NODES:
+            notes.append(f"{len(instances) - MAX_NODES} of its nodes are past the {MAX_NODES} asked of one job; not "
+                         "asked")
+        return Placement(instances[:MAX_NODES], source="slurm", note="; ".join(notes) or None)
 
     def _run(self, *argv: str) -> str:
         try:
@@ -80,8 +88,11 @@ class SlurmNodes:
             raise SchedulerError(str(exc)) from None
 
 
-PAGE = 500  # objects a list page asks for
-MAX_PAGE_BYTES = 32 * 2**20  # one page of 500 pods (a pod's object is a few KiB, some tens)
+PAGE = 100  # objects a list page asks for: a pod's object is a few KiB, with managedFields some tens
+MAX_PAGE_BYTES = 8 * 2**20  # one page (100 pods of 26 KiB: 2.6 MiB)
+BUILT_BYTES = 128 * 2**20  # the objects one page may build when parsed (about 17 times its bytes)
+MAX_PAGES = 2 * MAX_NODES * 8 // PAGE  # a job's pods (8 a node at most, and room), or the daemons' (one a node)
+LIST_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,7 @@ class KubernetesNodes:
     namespace, label selector and port); the labels that name a pod's job."""
 
     api_url: str
-    token: str | None = None
+    token_file: str | None = None  # read at each placement: a projected service account token is renewed
     ca_file: str | None = None
     daemon_namespace: str = "stall-watchdog"
     daemon_selector: str = "app.kubernetes.io/name=stall-watchdog"
@@ -102,59 +113,91 @@ class KubernetesNodes:
         """The daemons of the nodes the job of pod `namespace/pod` runs on (sorted)."""
         if not (K8S_NAME.match(namespace) and K8S_NAME.match(pod)):
             raise SchedulerError(f"{namespace}/{pod} is not a Kubernetes namespace and pod")
-        shown = self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        try:
+            token = secrets.one_line_token(secrets.read_file(self.token_file, "coordinator.kubernetes.token_file"),
+                                           "coordinator.kubernetes.token_file") if self.token_file else None
+        except secrets.SecretError as exc:
+            raise SchedulerError(str(exc)) from None
+        started = time.monotonic()
+        shown = self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}", token)
         labels = _object(_object(shown, "metadata"), "labels")
         label = next((name for name in self.job_labels if isinstance(labels.get(name), str)), None)
         if label is None:
             raise SchedulerError(f"pod {namespace}/{pod} carries none of the job labels ({', '.join(self.job_labels)})")
         selector = f"{label}={labels[label]}"
-        nodes = {node for item in self._list(f"/api/v1/namespaces/{namespace}/pods", selector)
+        nodes = {node for item in self._list(f"/api/v1/namespaces/{namespace}/pods", selector, token, started)
                  if isinstance(node := _object(item, "spec").get("nodeName"), str) and K8S_NAME.match(node)}
         if not nodes:
             raise SchedulerError(f"no pod of {namespace} with {selector} is on a node")
         daemons: dict[str, str] = {}
-        for item in self._list(f"/api/v1/namespaces/{self.daemon_namespace}/pods", self.daemon_selector):
+        for item in self._list(f"/api/v1/namespaces/{self.daemon_namespace}/pods", self.daemon_selector, token,
+                               started):
             node, status = _object(item, "spec").get("nodeName"), _object(item, "status")
-            address = status.get("podIP")
-            if node in nodes and isinstance(address, str) and status.get("phase") == "Running":
+            address = _address(status.get("podIP"))
+            if isinstance(node, str) and node in nodes and address and status.get("phase") == "Running":
                 daemons[node] = f"[{address}]:{self.daemon_port}" if ":" in address else f"{address}:{self.daemon_port}"
-        instances = sorted(i for i in daemons.values() if valid_instance(i))[:MAX_NODES]
+        instances = sorted(daemons.values())[:MAX_NODES]
         if not instances:
             raise SchedulerError(f"no daemon runs on the {len(nodes)} nodes of {namespace} {selector} (pods of "
                                  f"{self.daemon_namespace} with {self.daemon_selector})")
         missing = sorted(nodes - set(daemons))
-        note = (f"{len(missing)} nodes of the job run no daemon ({', '.join(missing[:4])}"
+        note = (f"{len(missing)} nodes of the job run no daemon with an IP address ({', '.join(missing[:4])}"
                 f"{' and more' if len(missing) > 4 else ''}); not asked") if missing else None
         return Placement(instances, source="kubernetes", note=note)
 
-    def _list(self, path: str, selector: str) -> Iterator[dict[str, Any]]:
-        """A list's items, page by page, at most MAX_NODES * 8 of them (a node's pods of one job, and room)."""
-        token, seen = "", 0
-        while True:
-            query = {"labelSelector": selector, "limit": str(PAGE), **({"continue": token} if token else {})}
-            page = self._get(f"{path}?{urllib.parse.urlencode(query)}")
+    def _list(self, path: str, selector: str, token: str | None, started: float) -> Iterator[dict[str, Any]]:
+        """A list's items, page by page: at most MAX_PAGES pages, within LIST_SECONDS of the placement's start, and
+        each `continue` token once (an API server that sends the same one again, or pages without end, is left)."""
+        seen: set[str] = set()
+        after = ""
+        for _ in range(MAX_PAGES):
+            if time.monotonic() - started > LIST_SECONDS:
+                raise SchedulerError(f"Kubernetes API: listing {path} took over {LIST_SECONDS} s")
+            query = {"labelSelector": selector, "limit": str(PAGE), **({"continue": after} if after else {})}
+            page = self._get(f"{path}?{urllib.parse.urlencode(query)}", token)
             items = page.get("items")
             for item in items if isinstance(items, list) else ():
                 if isinstance(item, dict):
                     yield item
-            seen += len(items) if isinstance(items, list) else 0
-            token = _object(page, "metadata").get("continue") or ""
-            if not isinstance(token, str) or not token or seen >= MAX_NODES * 8:
+            after = _object(page, "metadata").get("continue") or ""
+            if not isinstance(after, str) or not after:
                 return
+            if after in seen or len(after) > 4096:
+                raise SchedulerError(f"Kubernetes API: listing {path} gave a continue token it gave before")
+            seen.add(after)
+        raise SchedulerError(f"Kubernetes API: listing {path} went past {MAX_PAGES} pages of {PAGE}")
 
-    def _get(self, path: str) -> dict[str, Any]:
-        headers = {"Accept": "application/json", **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
+    def _get(self, path: str, token: str | None) -> dict[str, Any]:
+        headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         try:
             answer = http_client.request("GET", self.api_url.rstrip("/") + path, None, headers, self.timeout_seconds,
                                          MAX_PAGE_BYTES, self.ca_file)
-            data = untrusted_data.loads_json(answer.body, "the Kubernetes API's answer", 4 * MAX_PAGE_BYTES)
-        except (http_client.HttpError, ValueError, RecursionError) as exc:
+        except (http_client.HttpError, ValueError, OSError) as exc:  # OSError: a CA file that cannot be read
             raise SchedulerError(f"Kubernetes API: {exc}") from None
+        if answer.redirect:
+            raise SchedulerError(f"Kubernetes API: HTTP {answer.status} for {path.split('?')[0]}: redirects are not "
+                                 "followed")
+        try:
+            data = untrusted_data.loads_json(answer.body, "the Kubernetes API's answer", BUILT_BYTES)
+        except (ValueError, RecursionError) as exc:
+            raise SchedulerError(f"Kubernetes API: HTTP {answer.status} for {path.split('?')[0]}: not a JSON "
+                                 f"answer ({str(exc)[:200]})") from None
         if answer.status != 200 or not isinstance(data, dict):
             said = data.get("message") if isinstance(data, dict) else None
             raise SchedulerError(f"Kubernetes API: HTTP {answer.status} for {path.split('?')[0]}"
                                  + (f": {str(said)[:200]}" if said else ""))
         return data
+
+
+def _address(value: object) -> str | None:
+    """An IP address as a pod's status gives it (`podIP`), else None: no host name, no zone, no "0.0.0.0"."""
+    if not isinstance(value, str):
+        return None
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    return None if address.is_unspecified or address.is_multicast else str(address)
 
 
 def _object(parent: dict[str, Any], key: str) -> dict[str, Any]:

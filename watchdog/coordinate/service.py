@@ -100,7 +100,7 @@ class Coordinator:
         elif not problems:
             problems.append("no scheduler id came with it that the coordinator may ask (a Slurm job with "
                             "--slurm-instance, a pod with --kubernetes-api), and no Prometheus is given to ask")
-        return Placement([]), "; ".join(problems)
+        return Placement([], source="none"), "; ".join(problems)
 
     def investigate(self, job: str, ids: SchedulerIds = NO_IDS) -> JobVerdict:
         started = time.monotonic()

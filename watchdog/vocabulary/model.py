@@ -379,3 +379,4 @@ class Workload:
 
 WORKLOAD_LABELS = tuple(f.name for f in fields(Workload) if f.name != "claimed")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a Kubernetes namespace, pod or node name
+SLURM_JOB_ID = re.compile(r"^[0-9]{1,20}$")  # ASCII digits (str.isdigit() takes other scripts' digits too)
