@@ -34,7 +34,8 @@ MAX_PROMETHEUS_BYTES = 24 * 2**20  # the placement of MAX_NODES nodes of 8 ranks
 BUILT_BYTES = 128 * 2**20
 MAX_NODES = 16_384  # a 12,500-node job (100,000 GPUs) and room
 # Nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds. 4,096 at once was
-# measured slower end to end (bench/coordinator_scale.py, 4,096 nodes on 2 cores: 53.9 s against 21.9 s):
+# measured slower end to end (bench/coordinator_scale.py, 4,096 nodes on 2 cores: 53.9 s, 2,048 at once 25.6 s,
+# against 21.9 s):
 # thousands of threads reading at once contend for the interpreter the answers are read in.
 MAX_PARALLEL = 1024
 FANOUT_STACK_BYTES = 1 << 20  # a fan-out thread's stack: it reads one HTTP answer
