@@ -19,33 +19,27 @@ Goal: the last node of the job asked within 15 s of the node's verdict, p95 over
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from watchdog.act.alerts import Alert, AlertDispatcher, CoordinatorReceiver
-from watchdog.config import AlertsConfig, ReceiverConfig
-from watchdog.export.metrics import new_counters
-from watchdog.vocabulary.alert_identity import AlertIdentity
-from watchdog.vocabulary.model import Severity, Signature, Workload
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.loopback import Quiet, free_port, started  # noqa: E402
+from watchdog.act.alerts import Alert, AlertDispatcher, CoordinatorReceiver  # noqa: E402
+from watchdog.config import AlertsConfig, ReceiverConfig  # noqa: E402
+from watchdog.export.metrics import new_counters  # noqa: E402
+from watchdog.vocabulary.alert_identity import AlertIdentity  # noqa: E402
+from watchdog.vocabulary.model import Severity, Signature, Workload  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_SECONDS = 15.0
 TOKEN, CALLERS = "bench-node-token-0123456789", "bench-caller-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Nodes:
@@ -57,25 +51,19 @@ class Nodes:
         self.servers: list[ThreadingHTTPServer] = []
         nodes = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                return None
-
+        class Handler(Quiet):
             def do_POST(self) -> None:  # noqa: N802
                 began = time.monotonic()
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 job = json.loads(body).get("training_job", "")
-                ok = self.headers.get("Authorization") == f"Bearer {TOKEN}"
+                address = self.server.server_address[0]
                 with nodes.lock:
-                    nodes.asked.setdefault(job, {}).setdefault(self.server.server_address[0], began)  # type: ignore[index]
+                    nodes.asked.setdefault(job, {}).setdefault(address, began)  # type: ignore[arg-type]
                 time.sleep(dump_seconds)
-                data = json.dumps({"node": f"node{self.server.server_address[0]}", "jobs": []} if ok
-                                  else {"error": "credentials required"}).encode()
-                self.send_response(200 if ok else 401)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+                    self.answer_json(200, {"node": f"node{address}", "jobs": []})
+                else:
+                    self.answer_json(401, {"error": "credentials required"})
 
         for n in range(1, count + 1):
             server = ThreadingHTTPServer((f"127.0.0.{n}", port), Handler)
@@ -111,7 +99,7 @@ def main() -> int:
         parser.error("--nodes: 1 to 254 (one loopback address each)")
     port = free_port()
     nodes = Nodes(args.nodes, port, args.dump_seconds)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.closing(nodes):
         folder = Path(tmp)
         (folder / "bin").mkdir()
         stand_in_slurm(folder / "bin", args.nodes)
@@ -119,24 +107,13 @@ def main() -> int:
             (folder / name).write_text(secret + "\n")
             (folder / name).chmod(0o600)
         listen = free_port()
-        coordinator = subprocess.Popen(
-            [sys.executable, "-m", "watchdog", "coordinate", "--slurm-instance", f"{{node}}:{port}",
-             "--prometheus", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{listen}",
-             "--token-file", str(folder / "callers"), "--node-token-file", str(folder / "node-token"),
-             "--out", str(folder / "jobs"), "--cooldown-seconds", "0", "--max-per-minute", "10000"],
-            cwd=REPO, env={**os.environ, "PATH": f"{folder / 'bin'}:{os.environ.get('PATH', '')}"},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{listen}/healthz", timeout=2).read()
-                    break
-                except OSError:
-                    if coordinator.poll() is not None or time.monotonic() > deadline:
-                        said = coordinator.stderr.read().decode() if coordinator.stderr else ""
-                        raise SystemExit(f"the coordinator did not start: {said}") from None
-                    time.sleep(0.2)
+        argv = [sys.executable, "-m", "watchdog", "coordinate", "--slurm-instance", f"{{node}}:{port}",
+                "--prometheus", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{listen}",
+                "--token-file", str(folder / "callers"), "--node-token-file", str(folder / "node-token"),
+                "--out", str(folder / "jobs"), "--cooldown-seconds", "0", "--max-per-minute", "10000"]
+        env = {**os.environ, "PATH": f"{folder / 'bin'}:{os.environ.get('PATH', '')}",
+               "PYTHONPATH": str(REPO)}
+        with started("coordinator", argv, folder, f"http://127.0.0.1:{listen}/healthz", env):
             (folder / "url").write_text(f"http://127.0.0.1:{listen}")
             cfg = AlertsConfig(receivers=[ReceiverConfig(type="coordinator", name="coordinator",
                                                          url_file=str(folder / "url"),
@@ -162,10 +139,6 @@ def main() -> int:
                       f"{last:6.3f} s", flush=True)
                 time.sleep(args.dump_seconds + 0.5)  # that investigation's answers in, before the next
             dispatcher.close()
-        finally:
-            coordinator.terminate()
-            coordinator.wait(15)
-            nodes.close()
     seconds.sort()
     p95 = seconds[min(len(seconds) - 1, int(round(0.95 * (len(seconds) - 1))))]
     print(f"\nnode verdict -> dumps begun on all {args.nodes} nodes, Prometheus down ({args.trials} trials): "

@@ -49,7 +49,7 @@ from prometheus_client.utils import floatToGoString
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.fakes.fleet import fleet_relabels, serving_nodes  # noqa: E402
-from tests.fakes.loopback import Quiet, free_port, serving  # noqa: E402
+from tests.fakes.loopback import Quiet, free_port, serving, started  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
 from watchdog.daemon import Daemon  # noqa: E402
 from watchdog.plumbing import logfmt  # noqa: E402
@@ -197,32 +197,6 @@ def scrape_config(nodes: list[Node], server: str, interval: int) -> dict[str, An
             "relabel_configs": fleet_relabels(server),
         }],
     }
-
-
-@contextmanager
-def started(name: str, argv: list[str], folder: Path, ready: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A server process, its output in FOLDER/NAME.log, once `ready` answers; stopped cleanly on the way out."""
-    log = (folder / f"{name}.log").open("wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(ready, timeout=2).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not start: see {folder / name}.log") from None
-                time.sleep(0.5)
-        yield process
-    finally:
-        process.terminate()  # SIGTERM: each stops cleanly
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @contextmanager

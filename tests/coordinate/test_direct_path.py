@@ -5,7 +5,6 @@ receiver pages `stall-watchdog coordinate` with the Slurm job it proved, the coo
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.fakes.daemon import daemon_config, stepping_clock
+from tests.fakes.loopback import free_port
 from tests.slurm import Slurm, hung_job, slurm_cluster
 from watchdog.boundary.http_server import Auth
 from watchdog.boundary.webhook import PayloadError, SchedulerIds, job_requests
@@ -33,12 +33,6 @@ HANG_AT = 300.0  # sim.SCENARIOS["zero_util_hang"]
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_page_names_its_job_and_the_slurm_job_it_runs_as() -> None:
@@ -88,7 +82,7 @@ def test_a_node_verdict_dumps_its_job_through_slurm_with_prometheus_down(slurm: 
     callers.write_text("caller-secret-0123456789\n")
     for path in (token, callers):
         path.chmod(0o600)
-    coordinator = Coordinator(f"http://127.0.0.1:{closed_port()}", tmp_path / "jobs",
+    coordinator = Coordinator(f"http://127.0.0.1:{free_port()}", tmp_path / "jobs",
                               NodeClient(token="node-secret-0123456789", timeout_seconds=30), cooldown_seconds=600,
                               auth=Auth(token="caller-secret-0123456789"))
     server = coordinator.serve("127.0.0.1", 0)
@@ -128,7 +122,7 @@ def test_a_node_verdict_dumps_its_job_through_slurm_with_prometheus_down(slurm: 
 
 def test_coordinate_asks_slurm_for_a_job_with_no_prometheus(slurm: Slurm, tmp_path: Path) -> None:
     job, _ = hung_job(slurm, tmp_path)
-    port = closed_port()
+    port = free_port()
     try:
         done = subprocess.run([sys.executable, "-m", "watchdog", "coordinate", "--slurm-instance", f"{{node}}:{port}",
                                "--slurm-conf", slurm.env["SLURM_CONF"], "--job", f"slurm:{job}", "--slurm-job-id",

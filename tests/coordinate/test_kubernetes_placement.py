@@ -5,7 +5,6 @@ its job and the daemons' pods, listed in pages (`limit`, `continue`) with the se
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.loopback import Quiet, Served
+from tests.fakes.loopback import Quiet, Served, free_port
 from watchdog.boundary.webhook import SchedulerIds
 from watchdog.coordinate.nodes import NodeClient
 from watchdog.coordinate.scheduler import KubernetesNodes, SchedulerError
@@ -119,9 +118,7 @@ class DumpNode(Quiet):
 
 @contextmanager
 def dump_nodes(*addresses: str) -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     servers = [ThreadingHTTPServer((address, port), DumpNode) for address in addresses]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()

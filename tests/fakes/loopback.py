@@ -1,14 +1,18 @@
-"""A test's own HTTP server on loopback: a handler class served from a thread, closed at the end."""
+"""A test's own HTTP server on loopback: a handler class served from a thread, closed at the end; and a server
+process started and waited for until it answers."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -79,3 +83,31 @@ def get_json(url: str, timeout: float = 10.0) -> Any:
     """GET a URL on loopback and parse its JSON answer."""
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
+
+
+@contextmanager
+def started(name: str, argv: list[str], folder: Path, ready: str,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (with `env`, else this one's environment), its output in FOLDER/NAME.log, once `ready`
+    answers; stopped cleanly on the way out."""
+    log = (folder / f"{name}.log").open("wb")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(ready, timeout=2).read()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start: see {folder / name}.log") from None
+                time.sleep(0.5)
+        yield process
+    finally:
+        process.terminate()  # SIGTERM: each stops cleanly
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

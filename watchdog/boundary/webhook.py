@@ -41,9 +41,6 @@ class SchedulerIds:
     pod: str | None = None
 
 
-_IDS = (SLURM_JOB, "namespace", "pod")
-
-
 def job_requests(body: bytes) -> dict[str, SchedulerIds]:
     """What a request to the coordinator names: each training job (in order, each once) with the scheduler's
     ids for it where the request says them. `{"training_job": "...", "slurm_job_id": "..."}` or with
@@ -55,7 +52,7 @@ def job_requests(body: bytes) -> dict[str, SchedulerIds]:
         return {}
     if "alerts" in payload or "version" in payload:
         return _from_alertmanager(payload)
-    unknown = sorted(set(payload) - {LABEL, *_IDS})
+    unknown = sorted(set(payload) - {LABEL, *_READERS})
     if unknown:
         raise PayloadError(f"unknown field {unknown[0]!r}: expected {LABEL!r}, with {SLURM_JOB!r} or 'namespace' "
                            "and 'pod' where known (or an Alertmanager webhook)")
@@ -67,7 +64,7 @@ def job_requests(body: bytes) -> dict[str, SchedulerIds]:
 def _ids(labels: Mapping[str, object], strict: bool) -> SchedulerIds:
     """The scheduler ids in a page (`strict`: a malformed one is a PayloadError; else it is left out)."""
     found: dict[str, str] = {}
-    for key, read in ((SLURM_JOB, _slurm_id), ("namespace", _k8s_name), ("pod", _k8s_name)):
+    for key, read in _READERS.items():
         if labels.get(key) is not None:
             try:
                 found[key] = read(labels[key], key)
@@ -103,6 +100,9 @@ def _slurm_id(value: object, key: str = SLURM_JOB) -> str:
     if not isinstance(value, str) or not SLURM_JOB_ID.match(value):
         raise PayloadError(f"{key}: expected a Slurm job id (digits, as a string)")
     return value
+
+
+_READERS = {SLURM_JOB: _slurm_id, "namespace": _k8s_name, "pod": _k8s_name}  # the scheduler ids a page may give
 
 
 def dump_target(body: bytes, slurm: bool = True) -> tuple[tuple[str, ...], str | None]:

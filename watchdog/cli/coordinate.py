@@ -71,12 +71,10 @@ def ready(cfg: CoordinatorConfig) -> tuple[NodeClient, Auth, KubernetesNodes | N
             secrets.one_line_token(callers, "coordinator.token_file (--token-file)")
         password = secret(cfg.basic_auth_password_file, "basic_auth_password_file", "--basic-auth-password-file")
         k = cfg.kubernetes
-        if k.api_url:  # read here to refuse a start without it; read again at each placement (it is renewed)
-            secrets.one_line_token(secrets.read_file(k.token_file, "coordinator.kubernetes.token_file (set it in the "
-                                                     "`coordinator:` section of --config)"),
-                                   "coordinator.kubernetes.token_file")
         kubernetes = KubernetesNodes(k.api_url, k.token_file, k.ca_file, k.daemon_namespace, k.daemon_selector,
                                      k.daemon_port, tuple(k.job_labels)) if k.api_url else None
+        if kubernetes is not None:  # read here to refuse a start without it; again at each placement (renewed)
+            kubernetes.read_token()
     except secrets.SecretError as exc:
         raise NotReady(str(exc)) from None
     for path, key in ((cfg.slurm_conf, "coordinator.slurm_conf (--slurm-conf)"),

@@ -112,13 +112,9 @@ class CoordinatorConfig(_Section):
     def _instance_template(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        rest = value.replace("{node}", "", 1)
-        if "{node}" not in value or "{" in rest or "}" in rest:
-            raise ValueError("expected host:port with {node} once for Slurm's node name, such as {node}:9944 or "
-                             "{node}.cluster.example:9944")
-        if not valid_instance(value.replace("{node}", "node-1")):
-            raise ValueError("expected host:port, {node} in the host, a port from 1 to 65535: {node}:9944 or "
-                             "{node}.cluster.example:9944 (no scheme, user or path)")
+        if value.count("{node}") != 1 or not valid_instance(value.replace("{node}", "node-1")):
+            raise ValueError("expected host:port, {node} in the host once (Slurm's node name), a port from 1 to "
+                             "65535: {node}:9944 or {node}.cluster.example:9944 (no scheme, user or path)")
         return value
 
     @model_validator(mode="after")

@@ -33,10 +33,9 @@ MAX_PROMETHEUS_BYTES = 24 * 2**20  # the placement of MAX_NODES nodes of 8 ranks
 # so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
 BUILT_BYTES = 128 * 2**20
 MAX_NODES = 16_384  # a 12,500-node job (100,000 GPUs) and room
-# Nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds. 4,096 at once was
-# measured slower end to end (bench/coordinator_scale.py, 4,096 nodes on 2 cores: 53.9 s, 2,048 at once 25.6 s,
-# against 21.9 s):
-# thousands of threads reading at once contend for the interpreter the answers are read in.
+# Nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds. More at once was measured
+# slower end to end (bench/coordinator_scale.py, 4,096 nodes on 2 cores: 53.9 s at 4,096, 25.6 s at 2,048,
+# 21.9 s at 1,024): thousands of threads reading at once contend for the interpreter the answers are read in.
 MAX_PARALLEL = 1024
 FANOUT_STACK_BYTES = 1 << 20  # a fan-out thread's stack: it reads one HTTP answer
 
@@ -303,25 +302,30 @@ class NodeClient:
             return list(pool.map(one, instances))
 
 
-@contextlib.contextmanager
-def _small_stacks() -> Iterator[None]:
+class _SmallStacks:
     """Threads started meanwhile get FANOUT_STACK_BYTES of stack rather than the system's 8 MiB: thousands of
     them each wait on one node's answer. The size is the process's: investigations that run at once share one
     setting, made by the first to begin and undone by the last to end (each setting and undoing its own would
     leave the size of whichever ended first)."""
-    with _STACKS_LOCK:
-        if not _STACKS_USERS:
-            _STACKS_BEFORE[:] = [threading.stack_size(FANOUT_STACK_BYTES)]
-        _STACKS_USERS.append(1)
-    try:
-        yield
-    finally:
-        with _STACKS_LOCK:
-            _STACKS_USERS.pop()
-            if not _STACKS_USERS:
-                threading.stack_size(_STACKS_BEFORE[0])
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0  # ask_all calls running now
+        self.before = 0  # the size before the first of them
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self.lock:
+            if self.users == 0:
+                self.before = threading.stack_size(FANOUT_STACK_BYTES)
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.users -= 1
+                if self.users == 0:
+                    threading.stack_size(self.before)
 
 
-_STACKS_LOCK = threading.Lock()
-_STACKS_USERS: list[int] = []  # one entry per ask_all running now
-_STACKS_BEFORE: list[int] = [0]  # the size before the first of them
+_small_stacks = _SmallStacks().held

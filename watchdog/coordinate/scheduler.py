@@ -17,7 +17,6 @@ service account token is read at each placement (projected tokens are renewed).
 from __future__ import annotations
 
 import ipaddress
-import re
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -32,7 +31,6 @@ from .nodes import MAX_NODES, Placement, valid_instance
 
 MAX_OUTPUT_BYTES = 2 * 2**20  # `scontrol show hostnames` of a 16,384-node job, a name of up to 127 bytes a line
 RUNNING = ("RUNNING", "SUSPENDED", "COMPLETING")  # states whose nodes still hold the job's ranks
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")  # a Slurm NodeName
 
 
 class SchedulerError(Exception):
@@ -66,8 +64,7 @@ class SlurmNodes:
         if not node_list or node_list == "(null)":
             raise SchedulerError(f"Slurm gives job {slurm_job_id} no nodes")
         nodes = self._run(self.scontrol, "show", "hostnames", node_list).split()
-        named = sorted({self.instance.format(node=node) for node in nodes if _NODE.match(node)})
-        instances = [i for i in named if valid_instance(i)]
+        instances = sorted({i for node in nodes if valid_instance(i := self.instance.format(node=node))})
         if not instances:
             raise SchedulerError(f"no node of Slurm job {slurm_job_id} makes a host:port with {self.instance!r} "
                                  f"(its nodes: {node_list[:200]})")
@@ -114,8 +111,7 @@ class KubernetesNodes:
         if not (K8S_NAME.match(namespace) and K8S_NAME.match(pod)):
             raise SchedulerError(f"{namespace}/{pod} is not a Kubernetes namespace and pod")
         try:
-            token = secrets.one_line_token(secrets.read_file(self.token_file, "coordinator.kubernetes.token_file"),
-                                           "coordinator.kubernetes.token_file") if self.token_file else None
+            token = self.read_token()
         except secrets.SecretError as exc:
             raise SchedulerError(str(exc)) from None
         started = time.monotonic()
@@ -144,6 +140,13 @@ class KubernetesNodes:
         note = (f"{len(missing)} nodes of the job run no daemon with an IP address ({', '.join(missing[:4])}"
                 f"{' and more' if len(missing) > 4 else ''}); not asked") if missing else None
         return Placement(instances, source="kubernetes", note=note)
+
+    def read_token(self) -> str | None:
+        """The service account token as its file holds it now (secrets.SecretError if it cannot be read)."""
+        if self.token_file is None:
+            return None
+        what = "coordinator.kubernetes.token_file (set in the `coordinator:` section of --config)"
+        return secrets.one_line_token(secrets.read_file(self.token_file, what), what)
 
     def _list(self, path: str, selector: str, token: str | None, started: float) -> Iterator[dict[str, Any]]:
         """A list's items, page by page: at most MAX_PAGES pages, within LIST_SECONDS of the placement's start, and
