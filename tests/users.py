@@ -139,16 +139,26 @@ def portable_install(folder: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(lib), "PATH": f"{folder}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def described(argv: Sequence[str], env: dict[str, str]) -> RankInfo:
-    """What the daemon keeps of a process (RankDiscovery.describe) that runs with these arguments and variables
-    (on top of this test's environment): a real process, asleep, ended once described."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv], env={**os.environ, **env})
+@contextmanager
+def asleep(env: dict[str, str], argv: Sequence[str] = ()) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Python process, asleep, with exactly these variables, once it has said it runs: until its exec
+    has finished, /proc/<pid>/environ and cmdline read empty, and a test reading them sooner fails under load."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                                *argv], env=env, stdout=subprocess.PIPE)
     try:
-        time.sleep(0.3)
-        info = RankDiscovery().describe(process.pid)
+        assert process.stdout is not None and process.stdout.readline() == b"up\n"
+        yield process
     finally:
         process.kill()
         process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def described(argv: Sequence[str], env: dict[str, str]) -> RankInfo:
+    """What the daemon keeps of a process (RankDiscovery.describe) that runs with these arguments and variables
+    (on top of this test's environment): a real process, asleep, ended once described."""
+    with asleep({**os.environ, **env}, argv) as process:
+        info = RankDiscovery().describe(process.pid)
     assert info is not None
     return info
-

@@ -21,7 +21,7 @@ from watchdog.service import Service, build
 from watchdog.vocabulary.model import EpisodeEvent, EventKind, Severity, Signature
 
 SLURM = REPO / "deploy" / "slurm"
-JOB = "31337"
+JOB = f"7{os.getpid()}"  # one job id a test worker: the dump scans every process, other workers' ranks too
 
 
 def slurm_env(script: str, **extra: str) -> dict[str, str]:

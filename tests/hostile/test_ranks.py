@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.users import asleep
 from watchdog.boundary import rank_files
 from watchdog.plumbing import logfmt
 from watchdog.sample.ranks import RankInfo, number
@@ -345,8 +346,6 @@ def test_an_environment_of_megabytes_is_read_bounded_and_never_misread(tmp_path:
     """A rank makes its environment as long as it likes (the kernel bounds each string, not their number):
     what is read of /proc/<pid>/environ is bounded, the variables in its head are kept, and a variable cut at
     the bound is not read as a shorter one (RANK=1 of RANK=12...)."""
-    import subprocess
-
     from watchdog.sample.ranks import _ENVIRON_MAX, RankDiscovery
 
     filler = {f"FILLER_{n}": "x" * 100_000 for n in range(10)}  # 1.0 MB, just short of the bound
@@ -354,15 +353,10 @@ def test_an_environment_of_megabytes_is_read_bounded_and_never_misread(tmp_path:
     cut_at = _ENVIRON_MAX - head  # RANK's value straddles the bound
     assert 0 < cut_at < 100_000
     env = {"WORLD_SIZE": "8", **filler, "RANK": "1" + "2" * (cut_at + 10), "LOCAL_RANK": "3"}
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
-    try:
-        time.sleep(0.3)
+    with asleep(env) as process:
         started = time.process_time()  # CPU seconds of the read
         kept, problem = RankDiscovery().environment(process.pid)
         took = time.process_time() - started
-    finally:
-        process.kill()
-        process.wait()
     assert problem is None and took < 1.0
     assert kept.get("WORLD_SIZE") == "8"
     assert "RANK" not in kept and "LOCAL_RANK" not in kept  # cut, and past the bound: neither is read

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakes.podresources import KubeletServer, generated
+from tests.users import asleep
 from watchdog.sample.kubelet import KubeletError, PodContainer, PodDirectory, PodResourcesClient, parse_list
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.vocabulary.model import GpuSample, NodeSnapshot, Workload
@@ -118,17 +117,13 @@ def test_the_thread_asks_again_when_a_new_gpu_is_not_named(socket_path: Path) ->
 
 def test_a_real_rank_is_named_by_the_pod_holding_its_gpu(socket_path: Path) -> None:
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "SLURM_JOB_ID": "777", "SLURM_STEP_ID": "3"}
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
-    try:
+    with asleep(env) as rank:
         with KubeletServer(socket_path, PODS):
             directory = PodDirectory(PodResourcesClient(str(socket_path)))
             directory.refresh()
         discovery = RankDiscovery(pods=directory)
         snapshot = NodeSnapshot(0.0, (GpuSample(index=5, uuid=UUID[5], pids=(rank.pid,)),))
         [info] = discovery.from_snapshot(snapshot)
-    finally:
-        rank.kill()
-        rank.wait()
     assert info.workload == Workload("ml", "trainer-1", "main", "777", "3", None)
     assert info.workload.describe() == ("pod ml/trainer-1 (container main), Slurm job 777 step 3 "
                                         "(as its environment says)")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
+from tests.users import asleep
 from watchdog.sample import workload
 from watchdog.sample.ranks import RankDiscovery
 from watchdog.vocabulary.model import Workload
@@ -23,10 +23,8 @@ def slurm_rank() -> Iterator[subprocess.Popen[bytes]]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
     env.update({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_USER": "alice", "SLURM_PROCID": "3",
                 "WORLD_SIZE": "16", "LOCAL_RANK": "3"})
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
-    yield process
-    process.kill()
-    process.wait()
+    with asleep(env) as process:
+        yield process
 
 
 def test_a_real_process_started_by_slurm_is_named_by_its_job(slurm_rank: subprocess.Popen[bytes]) -> None:
