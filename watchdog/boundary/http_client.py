@@ -1,5 +1,6 @@
 """The one HTTP client of the package: alert receivers, Alertmanager, Prometheus and the coordinator's
-calls to the nodes all go through `request`, so its rules hold for every caller:
+calls to the nodes all go through `request` (one exchange) or `request_each` (many at once), so its rules
+hold for every caller:
 
 - redirects are never followed (a 3xx is returned as it is; the callers treat it as a failure), so a
   token never reaches a host it was not meant for;
@@ -7,40 +8,24 @@ calls to the nodes all go through `request`, so its rules hold for every caller:
   answer a byte at a time is cut off when the deadline passes, not after every read;
 - the answer's body is read up to `max_bytes` and no further;
 - errors name the host, never the URL's path or query (a webhook URL may carry a key) nor a header.
+
+Every exchange runs on non-blocking sockets in the caller's thread (http_sockets.py): the coordinator asks
+thousands of nodes at once without a thread each.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import re
-import socket
-import ssl
-import threading
 import urllib.parse
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+
+from watchdog.boundary.http_sockets import Fanned, exchange_all
+from watchdog.boundary.http_wire import Call, HttpError, Response
+
+__all__ = ["Call", "Fanned", "HttpError", "Response", "request", "request_each", "split", "valid_instance"]
 
 DEFAULT_MAX_BYTES = 1 * 2**20
-
-
-class HttpError(Exception):
-    """No answer (unreachable, too slow, too long, not HTTP); the message holds no secret. `reason` is the
-    message without the host."""
-
-    def __init__(self, host: str, reason: str, timed_out: bool = False):
-        super().__init__(f"{host}: {reason}")
-        self.reason = reason
-        self.timed_out = timed_out
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: bytes
-
-    @property
-    def redirect(self) -> bool:
-        return 300 <= self.status < 400
+HELD_BYTES = 64 * 2**20  # answers read but not yet handed over, together, before more are begun
 
 
 _INSTANCE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):\d{1,5}$")
@@ -69,50 +54,23 @@ def split(url: str) -> urllib.parse.SplitResult:
 def request(method: str, url: str | urllib.parse.SplitResult, body: bytes | None = None,
             headers: dict[str, str] | None = None, timeout: float = 10.0, max_bytes: int = DEFAULT_MAX_BYTES,
             ca_file: str | None = None) -> Response:
+    """One exchange: its answer, or HttpError."""
     target = split(url) if isinstance(url, str) else url
-    host = target.hostname or ""
-    if target.scheme == "https":
-        context = ssl.create_default_context(cafile=ca_file)
-        connection: http.client.HTTPConnection = http.client.HTTPSConnection(host, target.port, timeout=timeout,
-                                                                             context=context)
-    else:
-        connection = http.client.HTTPConnection(host, target.port, timeout=timeout)
-    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-    # The socket to cut at the deadline: the connection's while it connects, then kept, because http.client
-    # hands a closing connection's socket to the response and forgets it before the body is read.
-    held = _Held()
-    deadline = threading.Timer(timeout, _cut, (connection, held))
-    deadline.daemon = True
-    deadline.start()
-    try:
-        connection.connect()
-        held.sock = connection.sock
-        connection.request(method, path, body=body, headers=headers or {})
-        answer = connection.getresponse()
-        data = answer.read(max_bytes + 1)
-        status = answer.status
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        reason = (f"no answer within {timeout:g} s" if held.fired
-                  else getattr(exc, "strerror", None) or type(exc).__name__)
-        raise HttpError(host, reason, held.fired) from None
-    finally:
-        deadline.cancel()
-        connection.close()
-    if held.fired:  # cut mid-body: what arrived is not the answer
-        raise HttpError(host, f"no answer within {timeout:g} s", timed_out=True)
-    if len(data) > max_bytes:
-        raise HttpError(host, f"the answer is over {max_bytes} bytes")
-    return Response(status, data)
+    results: list[Response | HttpError] = []
+    request_each([Call(method, target, body, headers or {})], lambda _, result: results.append(result), timeout,
+                 max_bytes, ca_file)
+    if isinstance(results[0], HttpError):
+        raise results[0]
+    return results[0]
 
 
-class _Held:
-    sock: socket.socket | None = None
-    fired = False
+def request_each(calls: Sequence[Call], answered: Callable[[int, Response | HttpError], None],
+                 timeout: float = 10.0, max_bytes: int = DEFAULT_MAX_BYTES, ca_file: str | None = None,
+                 at_once: int = 1024, held_bytes: int = HELD_BYTES) -> Fanned:
+    """Every call at once, up to `at_once` connections open, in this thread; `answered(index, answer or
+    HttpError)` for each as it completes, called here (while it runs, the other answers wait in their sockets).
+    Each exchange has its own deadline of `timeout` seconds from its start. Returns when every call is
+    answered."""
+    return exchange_all(calls, answered, timeout, max_bytes, ca_file, at_once, held_bytes)
 
 
-def _cut(connection: http.client.HTTPConnection, held: _Held) -> None:
-    held.fired = True
-    sock = held.sock or connection.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)

@@ -49,9 +49,11 @@ class NodeEvidence:
 
     def without(self, refused: set[str], node: str) -> NodeEvidence:
         """Only what it may speak for (`refused` left out), each piece named with the node's `node` name."""
-        return replace(self, dumps=[replace(d, node=node) for d in self.dumps if d.member not in refused],
+        return replace(self, dumps=[d if d.node == node else replace(d, node=node) for d in self.dumps
+                                    if d.member not in refused],
                        ranks=[{**r, "node": node} for r in self.ranks if member(r["rank"], r["pid"]) not in refused],
-                       traces=[replace(t, node=node) for t in self.traces if f"rank {t.rank}" not in refused])
+                       traces=[t if t.node == node else replace(t, node=node) for t in self.traces
+                               if f"rank {t.rank}" not in refused])
 
 
 def member(rank: object, pid: object) -> str:

@@ -12,12 +12,9 @@ import gc
 import ipaddress
 import json
 import resource
-import threading
-import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +30,9 @@ MAX_PROMETHEUS_BYTES = 24 * 2**20  # the placement of MAX_NODES nodes of 8 ranks
 # so this bounds what a node sending 16 MiB of `[],` could cost (about 350 MiB of lists unchecked).
 BUILT_BYTES = 128 * 2**20
 MAX_NODES = 16_384  # a 12,500-node job (100,000 GPUs) and room
-# Nodes asked at once: a node's dump takes seconds, so a bigger job is asked in rounds. More at once was measured
-# slower end to end (bench/coordinator_scale.py, 4,096 nodes on 2 cores: 53.9 s at 4,096, 25.6 s at 2,048,
-# 21.9 s at 1,024): thousands of threads reading at once contend for the interpreter the answers are read in.
-MAX_PARALLEL = 1024
-FANOUT_STACK_BYTES = 1 << 20  # a fan-out thread's stack: it reads one HTTP answer
+# Nodes asked at once: every node of the largest job (a node's dump takes seconds, so rounds would multiply
+# them), within the file descriptors the process may open (one connection each).
+MAX_PARALLEL = MAX_NODES
 
 
 class PrometheusError(Exception):
@@ -211,11 +206,12 @@ def raise_fd_limit() -> None:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused while one answer is parsed and read: the parse makes hundreds of
-    thousands of containers that the read drops again at once (reference counting frees them), and the
-    collector would scan them, and everything kept so far, over and over (a third of the reading time at
-    512 nodes). It runs again after each answer; whoever paused it first resumes it."""
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a job's answers are read and judged: each parse makes
+    hundreds of thousands of containers that the read drops again at once (reference counting frees them),
+    and the collector would scan them, and everything kept so far, over and over (resumed after each answer,
+    an eighth of the reading time at 1,024 nodes was its; resumed before the verdict, half the verdict's
+    time at 2,048). Whoever paused it first resumes it."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -254,78 +250,56 @@ class NodeClient:
     allowed: NodeAllowList = field(default_factory=NodeAllowList)
 
     def ask(self, instance: str, job: str, max_bytes: int = MAX_ANSWER_BYTES) -> NodeAnswer:
-        return self._exchange(instance, job, max_bytes)()
+        return self.ask_all([instance], job, max_bytes=max_bytes)[0]
 
-    def _exchange(self, instance: str, job: str, max_bytes: int) -> Callable[[], NodeAnswer]:
-        """POST /v1/dump to the node, then how to read its answer (the parse, left to the caller's time)."""
-        started = time.monotonic()
+    def _refusal(self, instance: str) -> str | None:
+        """Why a node is not asked at all; None: it may be."""
         if not valid_instance(instance):
-            return lambda: NodeAnswer(instance, None, error="not a host:port instance label; not asked")
+            return "not a host:port instance label; not asked"
         if not self.allowed.allows(instance):
-            return lambda: NodeAnswer(instance, None, error="not on the allow-list (--allow-node); not asked")
-        url = f"{self.scheme}://{instance}/v1/dump"
+            return "not on the allow-list (--allow-node); not asked"
+        return None
+
+    def ask_all(self, instances: list[str], job: str, read: Callable[[NodeAnswer], NodeAnswer] | None = None,
+                max_bytes: int | None = None) -> list[NodeAnswer]:
+        """Every node at once (a node's dump takes seconds, so asking in rounds would multiply them), up to
+        parallel() connections open; each answer (or its failure) within the timeout, the whole job's answers
+        within MAX_JOB_BYTES (each node gets its share, at most MAX_ANSWER_BYTES, unless `max_bytes` says
+        otherwise). `read` takes each answer as it arrives and returns what is kept of it. Answers are parsed and
+        read one at a time as they arrive whole, in this thread, while the others wait in their sockets
+        (http_client.request_each)."""
+        if not instances:
+            return []
+        share = max_bytes or max(1 << 20, min(MAX_ANSWER_BYTES, MAX_JOB_BYTES // len(instances)))
+        out: list[NodeAnswer | None] = [None] * len(instances)
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        try:
-            answer = http_client.request("POST", url, json.dumps({"training_job": job}).encode(), headers,
-                                         self.timeout_seconds, max_bytes, self.ca_file)
-        except http_client.HttpError as exc:
-            failed = NodeAnswer(instance, None, error=f"cannot reach {instance}: {exc.reason}",
-                                seconds=time.monotonic() - started)
-            return lambda: failed
-        seconds = time.monotonic() - started
-        if answer.redirect:
-            return lambda: NodeAnswer(instance, answer.status, error=f"HTTP {answer.status}: redirects are not "
-                                      "followed", seconds=seconds)
-        return lambda: _parsed(instance, answer.status, answer.body, seconds)
+        body = json.dumps({"training_job": job}).encode()
+        asked: list[int] = []
+        for n, instance in enumerate(instances):
+            refusal = self._refusal(instance)
+            if refusal is None:
+                asked.append(n)
+            else:
+                out[n] = NodeAnswer(instance, None, error=refusal)
+        calls = [http_client.Call("POST", urllib.parse.urlsplit(f"{self.scheme}://{instances[n]}/v1/dump"), body,
+                                  headers) for n in asked]
 
-    def ask_all(self, instances: list[str], job: str,
-                read: Callable[[NodeAnswer], NodeAnswer] | None = None) -> list[NodeAnswer]:
-        """Every node at once (up to MAX_PARALLEL; a node's dump takes seconds, so asking in rounds would
-        multiply them); each answer (or its failure) within the timeout, the whole job's answers within
-        MAX_JOB_BYTES (each node gets its share, at most MAX_ANSWER_BYTES). `read` takes each answer as it
-        arrives and returns what is kept of it. Answers are parsed and read one at a time (the GIL parses
-        one at a time anyway), so answers that all come at once are never all held parsed."""
-        if not instances:
-            return []
-        share = max(1 << 20, min(MAX_ANSWER_BYTES, MAX_JOB_BYTES // len(instances)))
-        reading = threading.Lock()
+        def answered(index: int, result: http_client.Response | http_client.HttpError) -> None:
+            instance = instances[asked[index]]
+            if isinstance(result, http_client.HttpError):
+                answer = NodeAnswer(instance, None, error=f"cannot reach {instance}: {result.reason}")
+            elif result.redirect:
+                answer = NodeAnswer(instance, result.status, error=f"HTTP {result.status}: redirects are not "
+                                    "followed", seconds=result.seconds)
+            else:
+                answer = _parsed(instance, result.status, result.body, result.seconds)
+            out[asked[index]] = read(answer) if read is not None else answer
 
-        def one(instance: str) -> NodeAnswer:
-            parse = self._exchange(instance, job, share)
-            with reading, _collector_paused():
-                return read(parse()) if read is not None else parse()
-
-        with _small_stacks(), ThreadPoolExecutor(max_workers=min(parallel(), len(instances)),
-                                                 thread_name_prefix="fanout") as pool:
-            return list(pool.map(one, instances))
-
-
-class _SmallStacks:
-    """Threads started meanwhile get FANOUT_STACK_BYTES of stack rather than the system's 8 MiB: thousands of
-    them each wait on one node's answer. The size is the process's: investigations that run at once share one
-    setting, made by the first to begin and undone by the last to end (each setting and undoing its own would
-    leave the size of whichever ended first)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0  # ask_all calls running now
-        self.before = 0  # the size before the first of them
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        with self.lock:
-            if self.users == 0:
-                self.before = threading.stack_size(FANOUT_STACK_BYTES)
-            self.users += 1
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.users -= 1
-                if self.users == 0:
-                    threading.stack_size(self.before)
-
-
-_small_stacks = _SmallStacks().held
+        with collector_paused():
+            for n, refused in enumerate(out):
+                if refused is not None and read is not None:
+                    out[n] = read(refused)  # the nodes not asked
+            http_client.request_each(calls, answered, self.timeout_seconds, share, self.ca_file, parallel())
+        return [answer for answer in out if answer is not None]

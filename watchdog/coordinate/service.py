@@ -38,7 +38,7 @@ from watchdog.plumbing import logfmt
 
 from . import job_bundle
 from .job_verdict import JobEvidence, JobVerdict
-from .nodes import NodeClient, Placement, PrometheusError, placement_of
+from .nodes import NodeClient, Placement, PrometheusError, collector_paused, placement_of
 from .scheduler import KubernetesNodes, SchedulerError, SlurmNodes
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -107,14 +107,16 @@ class Coordinator:
         placement, problem = self.locate(job, ids)
         instances = placement.instances
         evidence = JobEvidence(job)
-        answers = self.client.ask_all(instances, job, evidence.keep)
-        result = evidence.verdict(answers, placement, problem)
+        with collector_paused():
+            answers = self.client.ask_all(instances, job, evidence.keep)
+            result = evidence.verdict(answers, placement, problem)
         result.seconds = time.monotonic() - started
         try:
             bundle: str | None = str(job_bundle.write(self.out, result))
         except OSError as exc:
             bundle = None
             logfmt.event("job_bundle_failed", level=logfmt.ERROR, job=job, error=exc.strerror or str(exc))
+        writing = time.monotonic() - started - result.seconds
         odd = result.odd[0] if result.odd else None
         logfmt.event("job_verdict", level=logfmt.WARNING if result.verdict.severity else logfmt.INFO, job=job,
                      kind=result.verdict.kind, verdict=result.verdict.headline,
@@ -124,7 +126,7 @@ class Coordinator:
                      seconds=round(result.seconds, 2), problem=problem)
         with self._lock:
             self.latest.pop(job, None)
-            self.latest[job] = {**result.to_json(), "bundle": bundle}
+            self.latest[job] = {**result.to_json(), "bundle": bundle, "bundle_seconds": round(writing, 3)}
             while len(self.latest) > MAX_JOBS_KEPT:
                 self.latest.pop(next(iter(self.latest)))
         return result

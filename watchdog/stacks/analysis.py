@@ -63,8 +63,14 @@ def _nouns(noun: str) -> str:
 def analyze(dumps: Sequence[StackDump], idle_seconds: Mapping[str, float] | None = None) -> Analysis:
     """Group the ranks' main-thread stacks and name the outliers."""
     by_key: dict[tuple[tuple[str, str], ...], list[StackDump]] = {}
+    seen: dict[int, tuple[tuple[str, str], ...]] = {}  # by frames: a job's ranks share a few stacks, read once
     for dump in dumps:
-        by_key.setdefault(normalized(dump.main_thread), []).append(dump)
+        thread = dump.main_thread
+        if thread is None:
+            key: tuple[tuple[str, str], ...] = ()
+        elif (key := seen.get(id(thread.frames), ())) == ():
+            key = seen[id(thread.frames)] = normalized(thread)
+        by_key.setdefault(key, []).append(dump)
     groups = []
     activity_of: dict[str, Activity] = {}
     for members in by_key.values():
