@@ -114,6 +114,7 @@ SwitchType=switch/none
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobCompType=jobcomp/none
@@ -167,7 +168,7 @@ def hung_job(slurm: Slurm, tmp: Path) -> tuple[str, int]:
                       f"exec {sys.executable} {TARGETS / 'stuck.py'} queue {ready}\n")
     script.chmod(0o755)
     job = slurm.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", str(script)).strip()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a loaded machine: slurmctld's scheduling, then the rank's start
     while not ready.exists():
         assert time.monotonic() < deadline, f"job {job} did not start: {slurm.job(job)}"
         time.sleep(0.2)
