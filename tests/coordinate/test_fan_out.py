@@ -10,7 +10,8 @@ import selectors
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -199,3 +200,77 @@ def test_a_chunked_answer_is_whole_at_its_last_chunk_though_the_server_keeps_the
         listener.close()
     assert whole.status == 200 and whole.body == b"hello world"
     assert cut.value.timed_out and "no answer within 1 s" in str(cut.value)
+
+
+def _one_answer(reply: Callable[[socket.socket], None]) -> int:
+    """A loopback port whose one connection reads the request and then runs `reply` on the socket."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            peer = listener.accept()[0]
+            with peer, contextlib.suppress(OSError):
+                peer.recv(65536)
+                reply(peer)
+                time.sleep(5)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    (b"HTTP/1.1 200 OK\r\n" + b"X: a\r\n" * 101 + b"Content-Length: 2\r\n\r\n{}", "got more than 100 headers"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\nContent-Length: 2\r\n\r\n{}", "when reading header line"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", "not hexadecimal"),
+    (b"HTTP/1.1 100 Continue\r\n\r\n" * 17 + b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", "interim"),
+])
+def test_a_head_or_body_the_client_refuses_costs_that_exchange_alone(answer: bytes, expected: str) -> None:
+    """One node's answer that cannot be read is its own failure, said in our words: the other nodes of the
+    same call are answered."""
+    bad = _one_answer(lambda peer: peer.sendall(answer))
+    good = _one_answer(lambda peer: peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"node\":\"good\"}"))
+    asked = nodes.NodeClient(timeout_seconds=20).ask_all([f"127.0.0.1:{good}", f"127.0.0.1:{bad}"], "run:x")
+    assert asked[0].status == 200 and asked[0].body == {"node": "good"}, asked[0]
+    assert asked[1].status is None and expected in (asked[1].error or ""), asked[1]
+
+
+@pytest.mark.parametrize(("answer", "status", "body"), [
+    (b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", 200, b"{}"),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", 200, b"{}"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: 1\r\n\r\n", 200, b"{}"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", None, b""),  # cut short, then closed
+])
+def test_interim_answers_trailers_and_short_bodies(answer: bytes, status: int | None, body: bytes) -> None:
+    """Interim (1xx) answers are skipped to the final one, a chunked answer with trailers is whole at its end
+    though the server keeps the connection, and a body shorter than its Content-Length is no answer."""
+    def reply(peer: socket.socket) -> None:
+        peer.sendall(answer)
+        if status is None:
+            peer.shutdown(socket.SHUT_RDWR)
+
+    port = _one_answer(reply)
+    if status is None:
+        with pytest.raises(http_client.HttpError, match="IncompleteRead"):
+            http_client.request("GET", f"http://127.0.0.1:{port}/", timeout=20)
+        return
+    answered = http_client.request("GET", f"http://127.0.0.1:{port}/", timeout=20)
+    assert (answered.status, answered.body) == (status, body)
+
+
+def test_a_node_streaming_chunk_ends_does_not_hold_the_others() -> None:
+    """A node whose chunked body keeps seeming to end (`0\\r\\n\\r\\n` inside its chunks), sent as fast as the
+    socket takes it, up to the 16 MiB a node may send: each byte is walked once and the loop turns to the
+    other sockets, so the node that answered is read and this one is cut at its cap."""
+    unit = b"b\r\naaaaaa0\r\n\r\n\r\n"
+
+    def flood(peer: socket.socket) -> None:
+        peer.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:
+            peer.sendall(unit * 4096)
+
+    bad = _one_answer(flood)
+    good = _one_answer(lambda peer: peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"node\":\"good\"}"))
+    asked = nodes.NodeClient(timeout_seconds=20).ask_all([f"127.0.0.1:{good}", f"127.0.0.1:{bad}"], "run:x",
+                                                        max_bytes=16 << 20)
+    assert asked[0].body == {"node": "good"}, asked[0]
+    assert "over 16777216 bytes" in (asked[1].error or ""), asked[1]

@@ -21,11 +21,22 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from watchdog.boundary.http_wire import Call, HttpError, Response, framing, parsed, request_bytes
+from watchdog.boundary.http_wire import (
+    MAX_INTERIM,
+    Call,
+    HttpError,
+    Response,
+    chunks_whole,
+    framing,
+    interim,
+    parsed,
+    request_bytes,
+)
 
 _HEAD_BYTES = 64 * 1024  # an answer's status line and headers
 _RESOLVERS = 16  # host names looked up at once (a lookup blocks; addresses need none)
 _READ = 64 * 1024
+_READS_A_TURN = 16  # reads of one socket before the others (and the deadlines) have their turn
 _WHOLE = "whole"  # an exchange's answer has all arrived
 
 
@@ -36,15 +47,6 @@ class Fanned:
 
     peak_held: int
     parked: int
-
-
-def _whole(exchange: _Exchange, max_bytes: int) -> bool:
-    """Whether a chunked answer that seems to end here parses whole."""
-    try:
-        parsed(bytes(exchange.raw), exchange.call.method, max_bytes)
-    except (http.client.HTTPException, ValueError, OSError):
-        return False
-    return True
 
 
 class _Exchange:
@@ -61,7 +63,8 @@ class _Exchange:
         self.raw = bytearray()
         self.expected: int | None = None
         self.chunked = False
-        self.head_end = -1
+        self.head_start, self.head_end = 0, -1  # the final answer's head (after any interim 1xx ones)
+        self.chunk_at = 0  # in a chunked body, where the first chunk not yet whole begins
         self.reserved = 0  # of the bytes held: its length as its head says, else what has come
         self.last_error = ""
 
@@ -80,6 +83,7 @@ class _Fanout:
         self.held = 0  # bytes of answers being read: each counts as long as its head says it is
         self.peak_held = 0
         self.parked_total = 0  # answers that waited in their sockets for the bytes held to fall
+        self.again: list[_Exchange] = []  # TLS sockets left with bytes already decrypted: read next turn
         self.parked: deque[_Exchange] = deque()  # answers ready to be read, waiting for held bytes to fall
         self.resolved: queue.SimpleQueue[tuple[_Exchange, list[tuple[int, tuple[object, ...]]] | str]] = \
             queue.SimpleQueue()
@@ -113,8 +117,9 @@ class _Fanout:
         while self.running and self.running[0].state == "done":
             self.running.popleft()
         wait = max(0.0, self.running[0].started + self.timeout - time.monotonic()) if self.running else None
-        for key, _ in self.selector.select(wait):
-            exchange = key.data
+        again, self.again = self.again, []
+        ready = [key.data for key, _ in self.selector.select(0 if again else wait)]
+        for exchange in again + [e for e in ready if e not in again]:
             if exchange is None:
                 self._lookups()
             elif exchange.state != "done":
@@ -206,8 +211,10 @@ class _Fanout:
         except (ssl.SSLWantWriteError, BlockingIOError):
             self.selector.modify(exchange.sock or sock, selectors.EVENT_WRITE, exchange)
             return
-        except (OSError, ValueError) as exc:
-            outcome = getattr(exc, "strerror", None) or type(exc).__name__
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # a head http.client refuses too
+            # the reason in our words (a server's bytes can be in http.client's messages)
+            own = type(exc) in (ValueError, http.client.HTTPException, http.client.LineTooLong)  # texts without them
+            outcome = getattr(exc, "strerror", None) or (str(exc) if own else type(exc).__name__)
         if outcome == _WHOLE:
             self._finish(exchange)
         elif outcome:
@@ -250,6 +257,7 @@ class _Fanout:
             self.parked.append(exchange)
             self.parked_total += 1
             return None
+        reads = 0
         while True:
             try:
                 chunk = sock.recv(_READ)
@@ -261,19 +269,38 @@ class _Fanout:
             if len(exchange.raw) > self.raw_cap:
                 return f"the answer is over {self.max_bytes} bytes"
             if exchange.head_end < 0:
-                end = exchange.raw.find(b"\r\n\r\n")
-                if end < 0 and len(exchange.raw) > _HEAD_BYTES:
-                    return "the answer's head is over 64 KiB"
-                if end >= 0:
-                    exchange.head_end = end + 4
-                    exchange.expected, exchange.chunked = framing(exchange.raw, exchange.head_end)
-                    if exchange.expected is not None and exchange.expected - exchange.head_end > self.max_bytes:
-                        return f"the answer is over {self.max_bytes} bytes"
+                outcome = self._head(exchange)
+                if outcome:
+                    return outcome
             self._reserve(exchange)
             if exchange.expected is not None and len(exchange.raw) >= exchange.expected:
                 return _WHOLE
-            if exchange.chunked and exchange.raw.endswith(b"0\r\n\r\n") and _whole(exchange, self.max_bytes):
-                return _WHOLE  # the last chunk, from a server that keeps the connection open all the same
+            if exchange.chunked:  # the last chunk, though the server keeps the connection open all the same
+                exchange.chunk_at, last = chunks_whole(exchange.raw, exchange.chunk_at)
+                if last:
+                    return _WHOLE
+            reads += 1
+            if reads == _READS_A_TURN:  # the other sockets, and the deadlines, get their turn
+                if isinstance(sock, ssl.SSLSocket) and sock.pending():
+                    self.again.append(exchange)  # bytes TLS holds already: the selector would not say so
+                return None
+
+    def _head(self, exchange: _Exchange) -> str | None:
+        """Find the final answer's head (after interim 1xx ones) and how its body ends; why not, if it fails."""
+        raw = exchange.raw
+        for _ in range(MAX_INTERIM + 1):
+            end = raw.find(b"\r\n\r\n", exchange.head_start)
+            if end < 0:
+                return "the answer's head is over 64 KiB" if len(raw) - exchange.head_start > _HEAD_BYTES else None
+            if not interim(raw, exchange.head_start):
+                exchange.head_end = end + 4
+                exchange.expected, exchange.chunked = framing(raw, exchange.head_start, exchange.head_end)
+                exchange.chunk_at = exchange.head_end
+                if exchange.expected is not None and exchange.expected - exchange.head_end > self.max_bytes:
+                    return f"the answer is over {self.max_bytes} bytes"
+                return None
+            exchange.head_start = end + 4
+        return f"over {MAX_INTERIM} interim answers"
 
     def _reserve(self, exchange: _Exchange) -> None:
         reserved = max(len(exchange.raw), exchange.expected or 0)

@@ -83,23 +83,69 @@ class _Canned:
 
 
 def parsed(raw: bytes, method: str, max_bytes: int) -> tuple[int, bytes]:
-    """(status, body) of an answer that has arrived whole; http.client's errors as they come."""
-    answer = http.client.HTTPResponse(_Canned(raw), method=method)  # type: ignore[arg-type]
+    """(status, body) of an answer that has arrived whole, its interim (1xx) answers skipped; http.client's
+    errors as they come, IncompleteRead for a body shorter than its Content-Length."""
+    answer = http.client.HTTPResponse(_Canned(raw[final_head(raw):]), method=method)  # type: ignore[arg-type]
     answer.begin()
-    return answer.status, answer.read(max_bytes + 1)
+    body = answer.read(max_bytes + 1)
+    if len(body) <= max_bytes and answer.length:  # read() with a size says nothing of a body cut short
+        raise http.client.IncompleteRead(body, answer.length)
+    return answer.status, body
 
 
-def framing(raw: bytearray, head_end: int) -> tuple[int | None, bool]:
-    """(the answer's whole length where its head says it: Content-Length, no transfer coding, not 1xx; whether
-    its body is chunked). Neither: it ends when the server closes."""
-    status_end = raw.find(b"\r\n", 0, head_end)
-    words = bytes(raw[:status_end]).split(None, 2)
-    if len(words) < 2 or not words[1].isdigit() or words[1].startswith(b"1"):
-        return None, False
+MAX_INTERIM = 16  # interim (1xx) answers before the final one
+
+
+def final_head(raw: bytes | bytearray) -> int:
+    """Where the final answer's status line begins: after the interim (1xx) answers whole at its start."""
+    start = 0
+    for _ in range(MAX_INTERIM):
+        end = raw.find(b"\r\n\r\n", start)
+        if end < 0 or not interim(raw, start):
+            return start
+        start = end + 4
+    raise ValueError(f"over {MAX_INTERIM} interim answers")
+
+
+def interim(raw: bytes | bytearray, start: int) -> bool:
+    """Whether the status line at `start` is an interim (1xx) answer's."""
+    words = bytes(raw[start:raw.find(b"\r\n", start)]).split(None, 2)
+    return len(words) >= 2 and len(words[1]) == 3 and words[1].startswith(b"1")
+
+
+def framing(raw: bytearray, head_start: int, head_end: int) -> tuple[int | None, bool]:
+    """(the answer's whole length where its head says it: Content-Length, no transfer coding; whether its body
+    is chunked). Neither: it ends when the server closes. http.client's errors for a head it refuses."""
+    status_end = raw.find(b"\r\n", head_start, head_end)
     headers = http.client.parse_headers(io.BytesIO(bytes(raw[status_end + 2:head_end])))
     coding, length = headers.get("Transfer-Encoding"), headers.get("Content-Length")
     if coding is not None:
         return None, coding.strip().lower() == "chunked"
-    if length is None or not length.strip().isdigit():
+    if length is None or not length.strip().isdigit() or not length.strip().isascii():
         return None, False
     return head_end + int(length.strip()), False
+
+
+MAX_CHUNK_LINE = 1024  # a chunk's size line, its extensions with it
+
+
+def chunks_whole(raw: bytearray, pos: int) -> tuple[int, bool]:
+    """Walk the chunks of a chunked body that have arrived whole, from `pos` (a chunk's size line): (where the
+    first chunk not yet whole begins, whether the last chunk and its trailers have arrived). Each byte is
+    walked once however the body arrives; ValueError for a size line that is not one."""
+    while True:
+        line_end = raw.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+        if line_end < 0:
+            if len(raw) - pos > MAX_CHUNK_LINE:
+                raise ValueError(f"a chunk size line over {MAX_CHUNK_LINE} bytes")
+            return pos, False
+        text = bytes(raw[pos:line_end]).split(b";", 1)[0].strip()
+        if not text or not all(c in b"0123456789abcdefABCDEF" for c in text):
+            raise ValueError("a chunk size that is not hexadecimal")
+        size = int(text, 16)
+        if size == 0:
+            return pos, raw.find(b"\r\n\r\n", line_end) >= 0
+        after = line_end + 2 + size + 2
+        if len(raw) < after:
+            return pos, False
+        pos = after
