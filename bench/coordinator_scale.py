@@ -33,8 +33,6 @@ import contextlib
 import gc
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +45,8 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.loopback import free_port, get_json, started  # noqa: E402
 from watchdog.coordinate.job_verdict import merge
 from watchdog.coordinate.nodes import MAX_ANSWER_BYTES, MAX_JOB_BYTES, NodeAnswer, Placement
 from watchdog.stacks import fr_dumps, fr_matching
@@ -325,11 +325,6 @@ def _reply(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
 
 
 # -- one size -------------------------------------------------------------------------------------------
-def _get(url: str, timeout: float = 30.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
 class PeakRss:
     """A process's resident memory sampled every 20 ms on a thread; `peak` in bytes."""
 
@@ -357,7 +352,7 @@ class PeakRss:
 def run_size(nodes: int, node_seconds: float, fr_entries: int) -> dict[str, float | bool]:
     culprit_node = nodes * 2 // 3
     culprit = culprit_node * RANKS_PER_NODE + 5
-    started = time.perf_counter()
+    began = time.perf_counter()
     # Node 0 and the culprit's node decide their own verdicts; the other nodes, whose local picture is node 0's
     # (eight ranks waiting in the all_reduce), carry node 0's.
     first = node_answer(0, nodes, culprit, fr_entries)
@@ -368,22 +363,19 @@ def run_size(nodes: int, node_seconds: float, fr_entries: int) -> dict[str, floa
     answers = [json.dumps(first if i == 0 else node_answer(i, nodes, culprit, fr_entries,
                                                            None if i == culprit_node else like_first),
                           separators=(",", ":")).encode() for i in range(nodes)]
-    built = time.perf_counter() - started
+    built = time.perf_counter() - began
     sizes = sorted(len(a) for a in answers)
     stacks = len(json.dumps(pyspy_threads(1, False), separators=(",", ":")))
     print(f"{nodes} nodes, {nodes * RANKS_PER_NODE} ranks: answers built in {built:.1f} s, "
           f"{sum(sizes) / 2**20:.0f} MiB in all, {sizes[len(sizes) // 2] / 1024:.0f} KiB a node "
           f"({stacks / 1024:.1f} KiB of py-spy threads a rank, {fr_entries} Flight Recorder entries a rank)")
-    with Fleet(answers, node_seconds) as fleet, tempfile.TemporaryDirectory() as folder, \
-            (Path(folder) / "coordinate.log").open("wb") as log:
-        port = _free_port()
-        coordinator = subprocess.Popen(
-            [sys.executable, "-m", "watchdog", "coordinate", "--prometheus", fleet.prometheus,
-             "--listen", f"127.0.0.1:{port}", "--out", str(Path(folder) / "jobs"), "--timeout-seconds", "60"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+    with Fleet(answers, node_seconds) as fleet, tempfile.TemporaryDirectory() as folder:
+        port = free_port()
         base = f"http://127.0.0.1:{port}"
-        try:
-            _until(lambda: _get(base + "/healthz", 1)["ok"], 30)
+        with started("coordinate", [sys.executable, "-m", "watchdog", "coordinate", "--prometheus", fleet.prometheus,
+                                    "--listen", f"127.0.0.1:{port}", "--out", str(Path(folder) / "jobs"),
+                                    "--timeout-seconds", "60"], Path(folder), base + "/healthz", cwd=REPO) \
+                as coordinator:
             alert = {"version": "4", "status": "firing", "receiver": "coordinator",
                      "groupLabels": {"training_job": JOB}, "commonLabels": {"training_job": JOB},
                      "alerts": [{"status": "firing", "labels": {"alertname": "StallWatchdogJobCollectiveHang",
@@ -395,7 +387,7 @@ def run_size(nodes: int, node_seconds: float, fr_entries: int) -> dict[str, floa
                                                  {"Content-Type": "application/json"})
                 with urllib.request.urlopen(request, timeout=30) as response:
                     assert response.status == 202, response.status
-                latest = _until(lambda: _get(base + "/v1/jobs").get(JOB), 300)
+                latest = _until(lambda: get_json(base + "/v1/jobs", 30).get(JOB), 300)
                 took = time.perf_counter() - posted
             bundle = latest.get("bundle")
             odd = latest["odd_ranks"]
@@ -410,28 +402,19 @@ def run_size(nodes: int, node_seconds: float, fr_entries: int) -> dict[str, floa
             print(f"  {latest['verdict']['kind']}: {latest['verdict']['headline']}")
             print(f"  culprit rank {culprit} on gpu-node-{culprit_node:04d}: "
                   f"{'named' if named else 'NOT named (odd: ' + str([o['member'] for o in odd][:4]) + ')'}")
-        finally:
-            coordinator.terminate()
-            coordinator.wait(30)
     print(f"  {fleet.asked} of {nodes} nodes were asked for their dump")
     parsed = [NodeAnswer(f"10.0.{i // 256}.{i % 256}:9944", 200, json.loads(a)) for i, a in enumerate(answers)]
     del answers
     gc.collect()
     gc.freeze()  # the parsed answers are the input: the collector need not walk them again and again
-    started = time.perf_counter()
+    began = time.perf_counter()
     merged = merge(JOB, parsed, Placement([a.instance for a in parsed]))
-    merging = time.perf_counter() - started
+    merging = time.perf_counter() - began
     gc.unfreeze()
     assert [o["rank"] for o in merged.odd] == [culprit], merged.odd
     ranks = nodes * RANKS_PER_NODE
     print(f"  merge in this process: {merging:.2f} s, {merging / ranks * 1e6:.0f} us a rank")
     return {"seconds": took, "decided": decided, "rss": rss.peak, "named": named, "merge": merging, "ranks": ranks}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _until(check: Callable[[], Any], seconds: float) -> Any:

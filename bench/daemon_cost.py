@@ -22,6 +22,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.loopback import free_port, started  # noqa: E402
+
 CHILD = """
 import json, sys
 from watchdog.config import parse_config
@@ -41,41 +44,28 @@ GOALS = {8: 0.2, 64: 0.5}  # % of one core (issue 27)
 
 
 def measure(gpus: int, seconds: float, folder: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = [subprocess.Popen(["sleep", "3600"]) for _ in range(gpus)]  # stand-ins for the ranks on the GPUs
     pids = json.dumps({gpu: rank.pid for gpu, rank in enumerate(ranks)})
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpus), str(port), str(folder / f"b{gpus}"), pids])
-    process = psutil.Process(child.pid)
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "the daemon did not start"
-            time.sleep(0.2)
-    warm = process.cpu_times()
-    started = time.monotonic()
-    scrapes = []
-    rss = []
-    marks = []  # (seconds since the first answer, CPU seconds used since): the phases' own shares
-    while time.monotonic() - started < seconds:
-        t0 = time.perf_counter()
-        body = urllib.request.urlopen(url, timeout=5).read()
-        scrapes.append(time.perf_counter() - t0)
-        rss.append(process.memory_info().rss)
-        now = process.cpu_times()
-        marks.append((time.monotonic() - started, (now.user + now.system) - (warm.user + warm.system)))
-        time.sleep(5)
-    cpu_after = process.cpu_times()
-    elapsed = time.monotonic() - started
-    child.terminate()
-    child.wait(timeout=20)
+    with started(f"daemon{gpus}", [sys.executable, "-c", CHILD, str(gpus), str(port), str(folder / f"b{gpus}"),
+                                   pids], folder, url) as child:
+        process = psutil.Process(child.pid)
+        warm = process.cpu_times()
+        began = time.monotonic()
+        scrapes = []
+        rss = []
+        marks = []  # (seconds since the first answer, CPU seconds used since): the phases' own shares
+        while time.monotonic() - began < seconds:
+            t0 = time.perf_counter()
+            body = urllib.request.urlopen(url, timeout=5).read()
+            scrapes.append(time.perf_counter() - t0)
+            rss.append(process.memory_info().rss)
+            now = process.cpu_times()
+            marks.append((time.monotonic() - began, (now.user + now.system) - (warm.user + warm.system)))
+            time.sleep(5)
+        cpu_after = process.cpu_times()
+        elapsed = time.monotonic() - began
     for rank in ranks:
         rank.kill()
         rank.wait()

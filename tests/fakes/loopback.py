@@ -86,12 +86,12 @@ def get_json(url: str, timeout: float = 10.0) -> Any:
 
 
 @contextmanager
-def started(name: str, argv: list[str], folder: Path, ready: str,
-            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """A server process (with `env`, else this one's environment), its output in FOLDER/NAME.log, once `ready`
-    answers; stopped cleanly on the way out."""
+def started(name: str, argv: list[str], folder: Path, ready: str, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (with `env`, else this one's environment; in `cwd`, else this one's), its output in
+    FOLDER/NAME.log, once `ready` answers; stopped cleanly on the way out."""
     log = (folder / f"{name}.log").open("wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     try:
         deadline = time.monotonic() + 60
         while True:

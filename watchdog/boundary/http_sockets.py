@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from watchdog.boundary.http_wire import (
     MAX_INTERIM,
+    AnswerError,
     Call,
     HttpError,
     Response,
@@ -212,9 +213,7 @@ class _Fanout:
             self.selector.modify(exchange.sock or sock, selectors.EVENT_WRITE, exchange)
             return
         except (OSError, ValueError, http.client.HTTPException) as exc:  # a head http.client refuses too
-            # the reason in our words (a server's bytes can be in http.client's messages)
-            own = type(exc) in (ValueError, http.client.HTTPException, http.client.LineTooLong)  # texts without them
-            outcome = getattr(exc, "strerror", None) or (str(exc) if own else type(exc).__name__)
+            outcome = _reason(exc)
         if outcome == _WHOLE:
             self._finish(exchange)
         elif outcome:
@@ -310,12 +309,12 @@ class _Fanout:
 
     def _finish(self, exchange: _Exchange) -> None:
         """The whole answer is here: parsed, and handed to the caller."""
-        raw = bytes(exchange.raw)
+        raw = bytes(exchange.raw[exchange.head_start:])  # the final answer, its interim ones left out
         self._close(exchange)
         try:
             status, body = parsed(raw, exchange.call.method, self.max_bytes)
         except (http.client.HTTPException, ValueError, OSError) as exc:
-            self._done(exchange, HttpError(exchange.host, type(exc).__name__))
+            self._done(exchange, HttpError(exchange.host, _reason(exc)))
             return
         if len(body) > self.max_bytes:
             self._done(exchange, HttpError(exchange.host, f"the answer is over {self.max_bytes} bytes"))
@@ -341,6 +340,16 @@ class _Fanout:
                 self.selector.unregister(exchange.sock)
             exchange.sock.close()
             exchange.sock = None
+
+
+def _reason(exc: OSError | ValueError | http.client.HTTPException) -> str:
+    """Why an exchange failed, in words a server did not choose: the system's, ours, http.client's own where its
+    message holds none of the answer's bytes, else the error's name."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    if isinstance(exc, AnswerError) or type(exc) in (http.client.HTTPException, http.client.LineTooLong):
+        return str(exc)
+    return type(exc).__name__
 
 
 def exchange_all(calls: Sequence[Call], answered: Callable[[int, Response | HttpError], None], timeout: float,

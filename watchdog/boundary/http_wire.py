@@ -83,9 +83,10 @@ class _Canned:
 
 
 def parsed(raw: bytes, method: str, max_bytes: int) -> tuple[int, bytes]:
-    """(status, body) of an answer that has arrived whole, its interim (1xx) answers skipped; http.client's
-    errors as they come, IncompleteRead for a body shorter than its Content-Length."""
-    answer = http.client.HTTPResponse(_Canned(raw[final_head(raw):]), method=method)  # type: ignore[arg-type]
+    """(status, body) of an answer that has arrived whole, from its final status line (the interim answers
+    before it left out by the caller); http.client's errors as they come, IncompleteRead for a body shorter
+    than its Content-Length."""
+    answer = http.client.HTTPResponse(_Canned(raw), method=method)  # type: ignore[arg-type]
     answer.begin()
     body = answer.read(max_bytes + 1)
     if len(body) <= max_bytes and answer.length:  # read() with a size says nothing of a body cut short
@@ -96,15 +97,8 @@ def parsed(raw: bytes, method: str, max_bytes: int) -> tuple[int, bytes]:
 MAX_INTERIM = 16  # interim (1xx) answers before the final one
 
 
-def final_head(raw: bytes | bytearray) -> int:
-    """Where the final answer's status line begins: after the interim (1xx) answers whole at its start."""
-    start = 0
-    for _ in range(MAX_INTERIM):
-        end = raw.find(b"\r\n\r\n", start)
-        if end < 0 or not interim(raw, start):
-            return start
-        start = end + 4
-    raise ValueError(f"over {MAX_INTERIM} interim answers")
+class AnswerError(ValueError):
+    """An answer this client refuses, said in its own words (none of the server's bytes)."""
 
 
 def interim(raw: bytes | bytearray, start: int) -> bool:
@@ -132,16 +126,16 @@ MAX_CHUNK_LINE = 1024  # a chunk's size line, its extensions with it
 def chunks_whole(raw: bytearray, pos: int) -> tuple[int, bool]:
     """Walk the chunks of a chunked body that have arrived whole, from `pos` (a chunk's size line): (where the
     first chunk not yet whole begins, whether the last chunk and its trailers have arrived). Each byte is
-    walked once however the body arrives; ValueError for a size line that is not one."""
+    walked once however the body arrives; AnswerError for a size line that is not one."""
     while True:
         line_end = raw.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
         if line_end < 0:
             if len(raw) - pos > MAX_CHUNK_LINE:
-                raise ValueError(f"a chunk size line over {MAX_CHUNK_LINE} bytes")
+                raise AnswerError(f"a chunk size line over {MAX_CHUNK_LINE} bytes")
             return pos, False
         text = bytes(raw[pos:line_end]).split(b";", 1)[0].strip()
         if not text or not all(c in b"0123456789abcdefABCDEF" for c in text):
-            raise ValueError("a chunk size that is not hexadecimal")
+            raise AnswerError("a chunk size that is not hexadecimal")
         size = int(text, 16)
         if size == 0:
             return pos, raw.find(b"\r\n\r\n", line_end) >= 0
