@@ -251,6 +251,11 @@ def test_stack_verdict_refines_the_alert_severity(tmp_path: Path, stopping: bool
                     daemon.incidents.pool.submit(release.wait, 30)
             for _ in range(45 - ticks):
                 daemon.tick()
+            if not stopping:  # the alert is sent once its bundle is written: the tick after it shows it
+                deadline = time.monotonic() + 30
+                while not receiver.requests and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                daemon.tick()
             stopper = threading.Thread(target=service.close, kwargs={"timeout": 15})
             stopper.start()
             assert daemon.incidents.stopping.wait(10)
@@ -387,3 +392,45 @@ def test_the_failure_series_the_rules_watch_are_born_at_the_first_failure(tmp_pa
         assert metric(service.daemon, 'stall_watchdog_actions_total{') is None
     finally:
         service.close(timeout=5)
+
+
+def _judged(tmp: Path, batch_seconds: float, ticks: int) -> tuple[list[tuple[int, object]], list[int]]:
+    """spin_hang from 240 s, 1 s a tick: each event with the tick it came out at, and the ticks each call to
+    the detectors judged."""
+    config = daemon_config(tmp, sample={"interval_seconds": 1.0, "batch_seconds": batch_seconds},
+                           source={"scenario": "spin_hang", "start_offset_seconds": 240})
+    service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 240, clock=stepping_clock()))
+    daemon, observe = service.daemon, service.daemon.engine.observe
+    events: list[tuple[int, object]] = []
+    calls: list[int] = []
+
+    def counted(held: list) -> list:
+        calls.append(len(held))
+        found = observe(held)
+        events.extend((daemon.ticks, event) for event in found)
+        return found
+
+    daemon.engine.observe = counted  # type: ignore[method-assign]
+    try:
+        for _ in range(ticks):
+            daemon.tick()
+        daemon.flush()
+    finally:
+        service.close(timeout=5)
+    return events, calls
+
+
+def test_quiet_ticks_are_judged_in_batches_with_the_same_verdicts(tmp_path: Path) -> None:
+    """sample.batch_seconds: while no stall is suspected the detectors judge 5 s of ticks at once; once one is,
+    every tick until it is critical. The events are those of judging every tick, at the same stream times, and
+    the critical one comes out at the same tick."""
+    every, every_calls = _judged(tmp_path / "every", 0, 200)
+    batched, batched_calls = _judged(tmp_path / "batched", 5, 200)
+    assert [event for _, event in batched] == [event for _, event in every]
+    kinds = [(event.event.value, event.severity.value) for _, event in every]  # type: ignore[attr-defined]
+    suspected, critical = [kind for kind, _ in kinds].index("suspected"), kinds.index(("fired", "critical"))
+    assert suspected < critical and batched[critical][0] == every[critical][0]  # the page is not delayed
+    assert batched[suspected][0] - every[suspected][0] in range(5)  # the first sign: up to 5 s later
+    assert sum(every_calls) == sum(batched_calls) == 200  # every tick judged once, the last ones by flush()
+    assert len(every_calls) == 200 and len(batched_calls) < 200 / 2
+    assert max(batched_calls) == 5

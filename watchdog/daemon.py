@@ -121,6 +121,7 @@ class Daemon:
         self.board, self.counters, self.verdicts = board, counters, verdicts  # verdicts: from the stack workers
         self.notifier, self.monotonic, self.wall = notifier, monotonic, wall
         self.history: deque[NodeSnapshot] = deque()
+        self._unjudged: list[NodeSnapshot] = []  # ticks sampled and not yet judged (sample.batch_seconds)
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self.ticks = 0
@@ -138,31 +139,50 @@ class Daemon:
     def tick(self) -> None:
         started = self.monotonic()
         snapshot = self.guard.call("sample", self._sample)
-        events: list[EpisodeEvent] = []
         if snapshot is not None:
             self._remember(snapshot)
-            events = self.guard.call("detect", self._detect, snapshot) or []
-            for event in events:
-                self.guard.call("act", self._act, event, snapshot)
-            self.guard.call("act", self.incidents.forget, self.engine.episode_keys())
-            self.guard.call("act", self.incidents.recheck, self._unsettled(), snapshot)
+            self._unjudged.append(snapshot)
+            if self._judge_due():
+                self._judge(snapshot)
             self.guard.call("act", self.responder.consider, snapshot)
         self.guard.call("export", self._publish, snapshot, self.monotonic() - started)
         self.ticks += 1
         self.notifier.watchdog()
+
+    def flush(self) -> None:
+        """Judge the ticks not judged yet (the loop's end: nothing sampled goes unjudged)."""
+        if self._unjudged:
+            self._judge(self._unjudged[-1])
+
+    def _judge_due(self) -> bool:
+        """Whether the ticks held are judged now: batch_seconds of them are held, a stall is suspected or warned of
+        (judged every tick until it is critical or ends), or the stacks' verdict on one came back."""
+        sample = self.config.sample
+        return (len(self._unjudged) * sample.interval_seconds >= sample.batch_seconds or bool(self._unsettled())
+                or not self.verdicts.empty())
+
+    def _judge(self, snapshot: NodeSnapshot) -> None:
+        """Detect over the ticks held, act on what they show (`snapshot`: the newest), and look again at the stalls
+        not yet settled."""
+        ticks, self._unjudged = self._unjudged, []
+        events = self.guard.call("detect", self._detect, ticks) or []
+        for event in events:
+            self.guard.call("act", self._act, event, snapshot)
+        self.guard.call("act", self.incidents.forget, self.engine.episode_keys())
+        self.guard.call("act", self.incidents.recheck, self._unsettled(), snapshot)
 
     def _sample(self) -> NodeSnapshot:
         spin = self.config.detectors.busy_spin
         snapshot = self.host.annotate(self.source.sample(), lambda gpu: busy_spin.working_now(gpu, spin))
         return self.sampler.annotate(snapshot)
 
-    def _detect(self, snapshot: NodeSnapshot) -> list[EpisodeEvent]:
+    def _detect(self, ticks: list[NodeSnapshot]) -> list[EpisodeEvent]:
         while not self.verdicts.empty():  # stacks captured since the last tick go back to the verdict
             key, verdict = self.verdicts.get_nowait()
             self.engine.note_stacks(key, verdict)
         clock = self.engine.clock
         steps, jumps = clock.steps, clock.jumps
-        events = self.engine.observe(snapshot)
+        events = self.engine.observe(ticks)
         self._say_uneven()
         if clock.steps != steps:
             logfmt.event("clock_stepped_back", level=logfmt.WARNING, seconds=round(clock.last_step_seconds, 1),
@@ -254,12 +274,13 @@ class Daemon:
                 self.reload()
             self.tick()
             if max_ticks is not None and self.ticks >= max_ticks:
-                return
+                break
             delay, late = ticker.advance(self.config.sample.interval_seconds)
             if late:
                 self.counters.inc("tick_overruns_total")
             if delay > 0:
                 self.stop_requested.wait(delay)
+        self.guard.call("detect", self.flush)
 
     def reload(self) -> bool:
         if self.config_path is None:

@@ -123,6 +123,23 @@ def test_gpus_that_come_and_go_agree() -> None:
     assert_same(Config(), stream)
 
 
+def test_a_gpu_first_seen_later_counts_its_own_samples() -> None:
+    """A GPU first seen mid-stream widens the stretch: the rows before it hold none of its samples (not a cast of
+    NaN into the running counts), so its windows count its own samples, and the ways agree."""
+    stream = list(snapshots(make("hang_spin", 5), messy=False))  # 1 s, every GPU in every row
+    stream = [NodeSnapshot(s.time_seconds, s.gpus[:-1]) if n < 200 else s for n, s in enumerate(stream)]
+    assert_same(Config(), stream)
+    engine = DetectorEngine(Config())
+    for snapshot in stream[:260]:
+        engine.observe(snapshot)
+    stretch = engine.frames.stretch
+    assert stretch is not None and len(stretch) == 260
+    col = stretch.gpus.index(stream[-1].gpus[-1].index)
+    rows = np.array([0, 199, 200, 259])
+    assert stretch.counts(rows, np.full(4, col)).tolist() == [0, 0, 1, 60]
+    assert stretch.newest(rows)[:, col].tolist() == [-1, -1, 200, 259]
+
+
 def test_windows_read_the_same_rows_whether_every_gpu_is_in_every_row_or_not() -> None:
     """A stretch where every GPU is in every row reads a cell's k-th sample as row k; once a GPU has missed a
     tick, rows are looked up GPU by GPU until that tick leaves the stretch. Both ways give the same rows."""

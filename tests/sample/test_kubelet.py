@@ -155,3 +155,38 @@ def test_a_cut_answer_fails_cleanly(tail: bytes, cut: int) -> None:
     raw = answer.SerializeToString() + tail
     with contextlib.suppress(KubeletError):
         parse_list(raw[:cut] if cut < len(raw) else raw)
+
+
+def test_rank_labels_are_kept_until_the_processes_or_the_kubelets_answer_change(socket_path: Path) -> None:
+    """The labels of a tick with the same processes on the same GPUs are the last tick's (no process described
+    again); a new answer from the kubelet, or a pid whose start changed (another process), is read afresh."""
+    from watchdog.plumbing.counters import Counters
+    from watchdog.sample.rank_labels import RankLabels
+
+    with asleep({**os.environ, "RANK": "1"}) as rank, KubeletServer(socket_path, PODS[:1]) as server:
+        directory = PodDirectory(PodResourcesClient(str(socket_path)))
+        assert directory.refresh()
+        discovery = RankDiscovery(pods=directory)
+        described: list[int] = []
+        describe = discovery.describe
+
+        def counted(pid: int, *args: object, **kwargs: object) -> object:
+            described.append(pid)
+            return describe(pid, *args, **kwargs)  # type: ignore[arg-type]
+
+        discovery.describe = counted  # type: ignore[method-assign]
+        starts = {rank.pid: 100}
+        labels = RankLabels(discovery, starts.get, Counters(["component_errors_total"]))
+        snapshot = NodeSnapshot(0.0, (GpuSample(index=5, uuid=UUID[5], pids=(rank.pid,)),))
+        [first] = labels.of(snapshot)
+        assert first.rank == 1 and first.workload.pod is None  # trainer-1 is not in the answer yet
+        assert labels.of(snapshot) == [first] and described == [rank.pid]
+        server.pods = PODS
+        assert directory.refresh()
+        [second] = labels.of(snapshot)
+        assert second.workload.pod == "trainer-1" and described == [rank.pid]
+        starts[rank.pid] = 200  # the pid is another process's now
+        assert labels.of(snapshot) == [second] and described == [rank.pid, rank.pid]
+        moved = NodeSnapshot(1.0, (GpuSample(index=4, uuid=UUID[4], pids=(rank.pid,)),))
+        [third] = labels.of(moved)
+        assert third.gpu == 4 and third.workload.pod == "trainer-1"

@@ -45,6 +45,11 @@ class SampleConfig(_Section):
     evaluate_interval_seconds: Interval = Field(
         1.0, description="Detectors run at most this often (traces sampled faster are still all ingested)."
     )
+    batch_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = Field(
+        5.0, description="While no stall is suspected or warned of (none open below critical), the live loop hands "
+        "the detectors the ticks of this many seconds at once: the verdicts are those of judging each tick, a "
+        "new sign of a hang is seen up to this much later, and the detectors cost about a fifth at 5 s. A stall "
+        "that is suspected is judged every tick until it is critical or ends. 0: every tick.")
 
 
 class StacksConfig(_Section):

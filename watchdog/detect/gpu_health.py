@@ -145,6 +145,11 @@ class HealthLedger:
                                          for h, (_, setting, _) in zip(state.history, _RISES)))
         state.busy = utilization is not None and utilization >= self.cfg.busy_min_ratio
 
+    def _showing(self, state: _Gpu, t: float) -> bool:
+        """Whether a GPU may show a problem at time t (problems() finds none where not): a standing one, a slow
+        link while busy, or an Xid within xid_hold_seconds."""
+        return state.standing or (state.slow_link and state.busy) or state.last_xid >= t - self.cfg.xid_hold_seconds
+
     def problems(self, t: float, gpu: int) -> list[tuple[str, str, str]]:
         """(signal, what it shows, the action) for each problem GPU `gpu` shows at time t, the worst first."""
         state = self._gpus.get(gpu)
@@ -187,9 +192,8 @@ class HealthLedger:
     def findings(self, t: float) -> list[Finding]:
         """A warning for each GPU that shows a problem at time t."""
         out = []
-        hold = t - self.cfg.xid_hold_seconds
         for gpu, state in self._gpus.items():
-            if not (state.standing or (state.slow_link and state.busy) or state.last_xid >= hold):
+            if not self._showing(state, t):
                 state.since = None  # the usual tick: nothing to look at
                 continue
             problems = self.problems(t, gpu)
@@ -217,7 +221,8 @@ class HealthLedger:
             xids = self._xids(state, t - lookback, t, hardware_only=False)
             if xids:
                 parts.append(f"GPU {gpu} reported {_xid_text(xids, t, 'earlier')}")
-            parts += [f"GPU {gpu}: {what}" for signal, what, _ in self.problems(t, gpu) if signal != "xid"]
+            if self._showing(state, t):
+                parts += [f"GPU {gpu}: {what}" for signal, what, _ in self.problems(t, gpu) if signal != "xid"]
         return "; ".join(parts)
 
     @property

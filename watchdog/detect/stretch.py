@@ -9,7 +9,7 @@ oldest first, NaN past the window's own length), so that a rule is stated once o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -89,8 +89,8 @@ class Stretch:
             for buffer, part in zip(store, theirs))
         if store is None or not fits:
             size = len(self) + count
-            store = [None if part is None else np.empty((max(2 * size, 256), *part.shape[1:]), part.dtype)
-                     for part in mine]
+            room = max(size + max(size // 4, 64), 256)  # a quarter to spare: the rows kept are most of the memory
+            store = [None if part is None else np.empty((room, *part.shape[1:]), part.dtype) for part in mine]
             for buffer, part in zip(store, mine):
                 if buffer is not None:
                     buffer[:len(self)] = part
@@ -112,15 +112,18 @@ class Stretch:
 
     def widened(self, gpus: list[int]) -> Stretch:
         width = len(gpus)
-        def wide(a: np.ndarray | None) -> np.ndarray | None:
+        def wide(a: np.ndarray | None, fill: Any = None) -> np.ndarray | None:
             if a is None or a.ndim == 1:
                 return a
             shape = (a.shape[0], width - a.shape[1])
-            fill: Any = {np.dtype(bool): False, np.dtype(np.int8): 0}.get(a.dtype, np.nan)
+            if fill is None:  # what a GPU not yet seen reads: nothing, none present, no samples counted
+                fill = np.nan if a.dtype.kind == "f" else 0
             extra = no_pids(shape) if a.dtype == object else np.full(shape, fill, dtype=a.dtype)
             return np.hstack([a, extra])
         gap = self.first_row + len(self) - 1 if width > len(self.gpus) and len(self) else self.gap_row
-        stretch = self._build([wide(a) for a in self._parts()], self.errors, self.first_row, gap)
+        parts = [wide(a) for a in self._parts()[:-len(self.levels) - 1]]
+        parts += [wide(a, -1 if name == "newest" else None) for name, a in self.levels.items()]  # newest: no row yet
+        stretch = self._build([*parts, self.steps], self.errors, self.first_row, gap)
         stretch.gpus = gpus
         return stretch
 
@@ -175,10 +178,19 @@ class Window:
     cols: np.ndarray
     rows: np.ndarray
     count: np.ndarray
+    _read: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # readings taken
 
     def readings(self, name: str) -> np.ndarray:
-        values = self.stretch.values[name][self.rows, self.cols[:, None]]
-        return np.where(self.rows >= 0, values, np.nan)
+        """A reading's window (cells x width, NaN past the count), read once: callers never write into it."""
+        read = self._read.get(name)
+        if read is None:
+            if "" not in self._read:
+                self._read[""] = self.rows < 0
+            read = self.stretch.values[name][self.rows, self.cols[:, None]]
+            read[self._read[""]] = np.nan
+            read.flags.writeable = False
+            self._read[name] = read
+        return read
 
     def times(self) -> np.ndarray:
         return np.where(self.rows >= 0, self.stretch.times[self.rows], np.nan)
@@ -252,7 +264,7 @@ class Cells:
 
 def ranked(readings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's readings sorted (missing ones last) and how many there are."""
-    return np.sort(readings, axis=1), np.count_nonzero(~np.isnan(readings), axis=1)
+    return np.sort(readings, axis=1), np.add.reduce(~np.isnan(readings), axis=1, dtype=np.intp)
 
 
 def nearest_rank(sorted_readings: np.ndarray, count: np.ndarray, q: float) -> np.ndarray:

@@ -193,6 +193,7 @@ class PodDirectory:
         self.on_ok = on_ok  # called with the number of devices after a good answer that follows a failure
         self.last_error: str | None = None
         self.answered = False  # at least one good answer
+        self.answers = 0  # good answers so far: what was looked up in an earlier one may read otherwise now
         self._devices: Mapping[str, PodContainer] = {}
         self._asked: set[str] = set()  # devices looked up and not named, since the last answer
         self._unnamed: frozenset[str] = frozenset()  # looked up before the last answer, and not in it
@@ -225,6 +226,7 @@ class PodDirectory:
         asked, self._asked = self._asked, set()
         self._devices = devices
         self._unnamed = frozenset((self._unnamed | asked) - devices.keys())
+        self.answers += 1
         if (self.last_error is not None or not self.answered) and self.on_ok is not None:
             self.on_ok(len(devices))
         self.last_error, self.answered = None, True

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from watchdog.plumbing import logfmt
 from watchdog.plumbing.counters import Counters
@@ -49,6 +49,7 @@ class RankLabels:
         self._known: dict[int, tuple[int | None, RankInfo | None]] = {}  # pid -> (its start, its description)
         self._proven: Mapping[int, tuple[str, int]] = {}
         self.described: tuple[RankInfo, ...] = ()  # the processes on the GPUs at the last tick, with their GPUs
+        self._last: tuple[Any, list[RankRow]] | None = None  # the last tick's GPUs and processes, and its rows
 
     def of(self, snapshot: NodeSnapshot) -> list[RankRow]:
         known = self._known
@@ -62,6 +63,10 @@ class RankLabels:
         for gone in known.keys() - pids:
             del known[gone]
             changed = True
+        # The usual tick: the same processes on the same GPUs, and no new kubelet answer: the same rows.
+        seen = (tuple((g.index, g.uuid, g.pids) for g in snapshot.gpus), self.discovery.pod_answers())
+        if not changed and self._last is not None and self._last[0] == seen:
+            return list(self._last[1])
         gpus_of: dict[int, list[GpuSample]] = {}
         for g in snapshot.gpus:
             for pid in g.pids:
@@ -81,7 +86,8 @@ class RankLabels:
                 out.append(RankRow(g.index, pid, info.rank if info is not None else None,
                                    info.job_key if info else "", self.discovery.with_pod(workload, (g.uuid or "",)),
                                    proof, str(uid) if proof else ""))
-        return out
+        self._last = (seen, out)
+        return list(out)
 
     def _prove(self, infos: list[RankInfo]) -> Mapping[int, tuple[str, int]]:
         try:

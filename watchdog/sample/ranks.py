@@ -260,6 +260,10 @@ class RankDiscovery:
             raise psutil.NoSuchProcess(process.pid) from None
         return HostActivity(cpu, read, write, self.thread_states(process.pid))
 
+    def pod_answers(self) -> int:
+        """How many answers the kubelet has given (0 without one): with_pod's reading changes only with a new one."""
+        return self.pods.answers if self.pods is not None else 0
+
     def with_pod(self, found: Workload, uuids: Iterable[str]) -> Workload:
         """`found`, with the pod and container the kubelet says hold these GPUs in first place (its last
         answer; never waits)."""
