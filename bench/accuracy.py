@@ -7,6 +7,7 @@ nvidia-smi logs in ../shared/realdata, replayed as the daemon would decide them,
 
     python bench/accuracy.py [--per-class N] [--jobs N] [--mode telemetry|live|both]
     python bench/accuracy.py --perturb [--per-class N] [--strength 0|1|2 ...]
+    python bench/accuracy.py --spins [--per-class N]
 
 Per class it prints: traces, recall (the hang named as the class expects, at any time in the 15 minutes
 after it starts), latency from the hang's start to the first alert (p50 / p95 / max of the hangs that came
@@ -22,6 +23,12 @@ before a hang or in a healthy run (goal: 0). `--perturb` replays every trace aga
 perturbation of tests/traces/perturb.py, alone and combined, at each strength, and prints the same figures per
 perturbation and class group.
 
+`--spins` prints the spin matrix (issue 58): all-GPU spins (hang_spin, hang_spin_low_range) on every card of the
+corpus, sampled every 1, 2, 5 and 10 s, logged with the standard and the minimal column sets, the card's spin
+drawing what the corpus says, 15% less, 10% more, or a quarter of its limit: time to critical per card and per
+sampling (p50 / p95 / max; a spin never critical is a miss), and the false criticals of healthy runs on the same
+cards and samplings with their work drawing 10% less or more.
+
 Goals (issue 23): live, every zero-util hang critical within 60 s, one critical episode per hang, the odd
 blocked rank critical within 45 s; on telemetry alone every hang alerted within 60 s p95 (a pause the
 job's rhythm expects may wait until it outlasts the job's pauses) and critical within 10 minutes, every
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -44,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.traces import perturb  # noqa: E402
-from tests.traces.corpus import HANGS, HEALTHY, corpus  # noqa: E402
+from tests.traces.corpus import HANGS, HEALTHY, MODELS, corpus, on_card  # noqa: E402
 from tests.traces.judge import ACT, ACT_ON_TELEMETRY, Job, Outcome, alerts, replay, run_job, would_act  # noqa: E402
 from watchdog.vocabulary.model import EventKind, NodeSnapshot, Severity  # noqa: E402
 
@@ -150,6 +158,53 @@ def report_groups(results: dict[tuple[str, str], list[Outcome]]) -> None:
                       .replace(f"{group:<22}", f"{group:<12}", 1))
 
 
+SPIN_POWER = {"as the corpus": lambda m: {}, "spin -15%": lambda m: {"spin": 0.85 * m.spin},
+              "spin +10%": lambda m: {"spin": 1.1 * m.spin}, "spin 25% of limit": lambda m: {"spin": 0.25 * m.limit}}
+WORK_POWER = {"work -10%": lambda m: {"busy": 0.9 * m.busy}, "work +10%": lambda m: {"busy": 1.1 * m.busy}}
+SAMPLING = (1.0, 2.0, 5.0, 10.0)
+
+
+def spin_matrix(pool: ProcessPoolExecutor, per_class: int) -> None:
+    """The spin matrix (--spins): every card x sampling x column set x spin power, and healthy runs beside it."""
+    cells = list(itertools.product(MODELS, SAMPLING, ("standard", "minimal")))
+    hangs = [Job(on_card(cls, seed, card, interval, columns, power(MODELS[card])), False)
+             for card, interval, columns in cells for power in SPIN_POWER.values()
+             for cls in ("hang_spin", "hang_spin_low_range") for seed in range(per_class)]
+    healthy = [Job(on_card(cls, seed, card, interval, columns, power(MODELS[card])), False)
+               for card, interval, columns in cells for power in WORK_POWER.values()
+               for cls in ("healthy_train", "checkpoint_rank0") for seed in range(max(1, per_class // 2))]
+    found = list(pool.map(run_job, hangs, chunksize=4))
+    calm = list(pool.map(run_job, healthy, chunksize=2))
+    latency = {job.trace.name: out.critical_latency for job, out in zip(hangs, found)}
+
+    def figures(names: list[str]) -> str:
+        values = sorted(math.inf if latency[n] is None else latency[n] for n in names)  # type: ignore[misc]
+        missed = sum(1 for v in values if v == math.inf)
+        shown = [f"{v:.0f}" if v != math.inf else "miss" for v in (
+            values[len(values) // 2], values[min(len(values) - 1, int(0.95 * len(values)))], values[-1])]
+        return f"{len(values):>4} spins  critical p50/p95/max {'/'.join(shown):<14} misses {missed}"
+
+    print("== spins: critical after an all-GPU spin begins (s), telemetry alone")
+    for card in MODELS:
+        print(f"{card:<8}", figures([j.trace.name for j in hangs if j.trace.model == card]))
+    for interval in SAMPLING:
+        print(f"{interval:>4g} s   ", figures([j.trace.name for j in hangs if j.trace.interval == interval]))
+    for label, power in SPIN_POWER.items():
+        print(f"{label:<18}", figures([j.trace.name for j in hangs if j.trace.power == power(MODELS[j.trace.model])]))
+    everything = figures([j.trace.name for j in hangs])
+    values = sorted(math.inf if v is None else v for v in latency.values())
+    p95, worst = values[min(len(values) - 1, int(0.95 * len(values)))], values[-1]
+    print(f"all     {everything}  (goal: p95 <= 45 s {'met' if p95 <= 45 else 'NOT met'}, "
+          f"max <= 60 s {'met' if worst <= 60 else 'NOT met'})")
+    falses = sum(out.false_criticals for out in calm)
+    hours = sum(out.healthy_hours for out in calm)
+    print(f"healthy runs on the same cards and samplings, work power -10% / +10%: {len(calm)} runs, {hours:.1f} h, "
+          f"false criticals {falses} (goal 0), warnings/h {sum(o.warnings for o in calm) / max(hours, 1e-9):.2f}")
+    for job, out in zip(healthy, calm):
+        if out.false_criticals:
+            print(f"  false critical: {job.trace.name} ({job.trace.cls}, work at {job.trace.power})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-class", type=int, default=None, help="traces per class (default 12; 3 with --perturb)")
@@ -160,7 +215,12 @@ def main() -> None:
                         help="perturbation strengths with --perturb (default 1 2)")
     parser.add_argument("--only", nargs="+", choices=(*perturb.PERTURBATIONS, "combined"),
                         help="with --perturb: these perturbations alone (default: each, then combined)")
+    parser.add_argument("--spins", action="store_true", help="the spin matrix: cards x sampling x power levels")
     args = parser.parse_args()
+    if args.spins:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            spin_matrix(pool, args.per_class or 3)
+        return
     modes = MODES if args.mode == "both" else (args.mode,)
     traces = corpus(args.per_class or (3 if args.perturb else 12))
     with ProcessPoolExecutor(args.jobs) as pool:

@@ -150,7 +150,7 @@ class Daemon:
         self.notifier.watchdog()
 
     def flush(self) -> None:
-        """Judge the ticks not judged yet (the loop's end: nothing sampled goes unjudged)."""
+        """Judge the ticks not judged yet (the end of a bounded run; a daemon asked to stop starts nothing new)."""
         if self._unjudged:
             self._judge(self._unjudged[-1])
 
@@ -274,13 +274,13 @@ class Daemon:
                 self.reload()
             self.tick()
             if max_ticks is not None and self.ticks >= max_ticks:
-                break
+                self.guard.call("detect", self.flush)  # a bounded run judges every tick it sampled
+                return
             delay, late = ticker.advance(self.config.sample.interval_seconds)
             if late:
                 self.counters.inc("tick_overruns_total")
             if delay > 0:
                 self.stop_requested.wait(delay)
-        self.guard.call("detect", self.flush)
 
     def reload(self) -> bool:
         if self.config_path is None:

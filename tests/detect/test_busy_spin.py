@@ -139,3 +139,41 @@ def test_a_spin_on_its_newest_samples_is_early_evidence(spun: int, early: bool |
 def test_no_early_evidence_while_the_newest_samples_still_work_or_without_processes() -> None:
     assert spin([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * 11 + [LIVE_BUSY]) is None
     assert spin([LIVE_BUSY] * 60, [LIVE_SPIN] * 12) is None  # a log: no stacks to see
+
+
+@pytest.mark.parametrize("interval", [1.0, 5.0])
+def test_a_spin_that_draws_more_than_its_idle_multiple_does_not_teach_the_busy_level(interval: float) -> None:
+    """An RTX A6000-class card spins at about 165 W of the 260 W its work draws, past 2.5x the power it held at
+    start-up: at 100% util the spin passes for work at first. The busy level keeps what the work drew (its slow
+    average), so power_fell holds and the spin is critical within a minute; when the level followed the spin
+    down within a minute, power_fell lapsed and this spin (a log with only util, power and memory used) was
+    never critical."""
+    from tests.traces.corpus import Trace, snapshots
+    from watchdog.detect.engine import DetectorEngine
+    from watchdog.vocabulary.model import EventKind, Severity
+
+    trace = Trace("a6000", "hang_spin", "a6000", "minimal", interval, 2700, 1004, 8)
+    trace.segments = [(0.0, None, "startup"), (100.0, None, "train"), (1800.0, None, "spin")]
+    events = DetectorEngine(Config()).observe(list(snapshots(trace, start=0.0)))
+    critical = [e.at_seconds for e in events if e.severity is Severity.CRITICAL
+                and e.event in (EventKind.FIRED, EventKind.ESCALATED)]
+    assert critical and 1800 <= critical[0] <= 1860, critical
+
+
+def test_the_busy_level_rises_within_a_minute_and_falls_over_many() -> None:
+    """The busy level follows work that draws more within a minute, and work that draws less over about ten
+    (a spin's minutes do not teach it; a job whose steps became lighter does, in time)."""
+    from watchdog.detect.engine import DetectorEngine
+
+    def level(powers: list[float]) -> list[float]:
+        engine = DetectorEngine(Config())
+        stream = [NodeSnapshot(float(t), (GpuSample(0, utilization_ratio=0.98, power_watts=p, power_limit_watts=700.0,
+                                                    memory_used_bytes=40 * 2**30),)) for t, p in enumerate(powers)]
+        engine.observe(stream)
+        assert engine.frames.stretch is not None
+        return float(engine.frames.stretch.level("busy")[-1, 0])
+
+    assert level([300.0] * 600 + [600.0] * 60) >= 300.0 + 0.65 * 300.0
+    assert level([300.0] * 600 + [600.0] * 600) == pytest.approx(600.0, rel=0.01)
+    assert level([600.0] * 600 + [300.0] * 60) >= 0.9 * 600.0  # a minute of lighter work (or a spin): it holds
+    assert level([600.0] * 600 + [300.0] * 2400) == pytest.approx(300.0, rel=0.05)  # 40 minutes: the new work's

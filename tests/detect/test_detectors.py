@@ -117,11 +117,16 @@ def test_the_levels_learn_idle_and_busy_power() -> None:
     assert np.isnan(learnt(blocks[:4] + [{"utilization_ratio": 0.3, "power_watts": 90.0}] + blocks[:1], "idle"))
 
 
-def test_the_busy_level_is_an_average_over_about_a_minute_of_work() -> None:
-    readings = [{"utilization_ratio": 0.97, "power_watts": 600.0}] * 30 + [
+def test_the_busy_level_rises_over_about_a_minute_of_work_and_falls_over_ten() -> None:
+    """The higher of two averages of the work's power: over about 50 s (it rises with heavier work within a
+    minute) and about 600 s (it follows lighter work, or a spin that passes for work, only over minutes)."""
+    lighter = [{"utilization_ratio": 0.97, "power_watts": 600.0}] * 30 + [
         {"utilization_ratio": 0.97, "power_watts": 400.0}] * 50
-    busy = learnt(readings, "busy")
-    assert 400.0 < busy < 600.0 and busy == pytest.approx(400 + 200 * math.exp(-50 / 50), rel=1e-9)
+    busy = learnt(lighter, "busy")
+    assert 400.0 < busy < 600.0 and busy == pytest.approx(400 + 200 * math.exp(-50 / 600), rel=1e-9)
+    heavier = [{"utilization_ratio": 0.97, "power_watts": 400.0}] * 30 + [
+        {"utilization_ratio": 0.97, "power_watts": 600.0}] * 50
+    assert learnt(heavier, "busy") == pytest.approx(600 - 200 * math.exp(-50 / 50), rel=1e-9)
 
 
 def test_the_levels_do_not_learn_busy_power_from_a_spin() -> None:

@@ -81,7 +81,7 @@ def assert_same_state(a: DetectorEngine, b: DetectorEngine) -> None:
     for engine in (a, b):
         engine.frames.catch_up()
     la, lb = a.frames.levels, b.frames.levels
-    for name in ("idle", "busy", "busy_at", "block_count", "host", "newest", "_running"):
+    for name in ("idle", "busy", "settled", "busy_at", "block_count", "host", "newest", "_running"):
         np.testing.assert_allclose(getattr(la, name), getattr(lb, name), rtol=1e-9, equal_nan=True, err_msg=name)
     assert a.frames.gpus == b.frames.gpus
     assert (a._last_evaluation, a.frames.clock.interval, a.frames.clock.now) == (

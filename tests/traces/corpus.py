@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tests.traces import perturb
 from watchdog.vocabulary.model import GpuSample, NodeSnapshot
@@ -125,6 +125,7 @@ class Trace:
     hang_at: float | None = None
     expect: str | None = None  # "spin" | "odd" | "zero" | None (healthy)
     culprits: tuple[int, ...] = ()
+    power: dict[str, float] = field(default_factory=dict)  # the card's power levels as perturbed (Model fields)
 
     @property
     def healthy_seconds(self) -> float:
@@ -144,7 +145,7 @@ DEFAULT_MESS = ("drops", "rows", "na", "jitter")
 
 def _clean(trace: Trace, start: float, live: bool) -> Iterator[NodeSnapshot]:
     rng = random.Random(trace.seed)
-    m = MODELS[trace.model]
+    m = replace(MODELS[trace.model], **trace.power)
     keep = set(COLUMNS[trace.columns])
     if live:
         keep |= {"host_cpu_ratio", "host_io_bytes_per_second"}
@@ -297,6 +298,15 @@ def make(cls: str, seed: int) -> Trace:
         else:
             trace.segments.append((at, None, "zero"))
             trace.expect = "zero"
+    return trace
+
+
+def on_card(cls: str, seed: int, card: str, interval: float, columns: str, power: dict[str, float]) -> Trace:
+    """A trace of `cls` on this card, sampled at this interval with these columns, its power levels perturbed
+    (`power`: Model fields, e.g. the spin's watts): the spin matrix of bench/accuracy.py --spins."""
+    trace = make(cls, seed)
+    trace.name = f"{trace.name}-{card}-{interval:g}s-{columns}"
+    trace.model, trace.interval, trace.columns, trace.power = card, interval, columns, power
     return trace
 
 

@@ -5,7 +5,11 @@ Worked out over a stretch of ticks at once, every GPU a column, with what carrie
 held here; the daemon's single tick and a replay's day go through the same steps.
   idle: the lowest mean of 5 consecutive samples at 0% utilization (samples with no reading skipped)
   busy: an average over about _BUSY_SECONDS of the power of samples at 50% utilization or more that draw
-        more than idle_power_max_multiple x idle (or x default_idle_power_ratio x the limit): real work
+        more than idle_power_max_multiple x idle (or x default_idle_power_ratio x the limit): real work; or,
+        where higher, the same average over about _SETTLED_SECONDS. A spin that draws more than that (an
+        RTX A6000 spins at 165 W of its 260 W of work, past 2.5x its idle) passes for work at first: the short
+        average follows it down within a minute, and power_fell would lapse before the spin is judged; the
+        long one keeps what the work drew for minutes, and rises as fast as the short one does.
   host: when processes were first seen (again), last seen, and last seen moving (CPU or I/O)
 """
 
@@ -17,6 +21,7 @@ import numpy as np
 
 _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the idle estimate
 _BUSY_SECONDS = 50.0  # time constant of the busy level's average
+_SETTLED_SECONDS = 600.0  # ... and of the slower one it never falls below
 _CHUNK = 256  # rows per step of the busy average's recurrence (its weights' product stays well in range)
 UNIT = 1 << 30  # utilization summed in these fixed-point steps: exact, in any order
 LEARNT = ("idle", "busy", "host_first", "host_seen", "moved")  # learnt when first asked for (Frames.catch_up)
@@ -39,6 +44,21 @@ def zeroed(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), 0.0, values)
 
 
+def _averaged(level: np.ndarray, steps: np.ndarray, work: np.ndarray, working: np.ndarray, first: np.ndarray,
+              seconds: float) -> np.ndarray:
+    """b += w (p - b) over the working samples, w = 1 - exp(-min(dt, 10) / seconds) for the time dt since the
+    GPU's last working sample (`steps`); the first ever sets it. As b_n = A_n (b_0 + sum w_k p_k / A_k) with A
+    the running product of (1 - w)."""
+    start = level.copy()
+    if first.any():
+        rows, cols = np.nonzero(first)
+        start[cols] = work[rows, cols]  # the first working sample ever sets the level
+    weight = np.where(working & ~first, 1.0 - np.exp(steps * (-1.0 / seconds)), 0.0)
+    kept = np.cumprod(1.0 - weight, axis=0)
+    terms = np.where(weight > 0, weight * work / kept, 0.0)
+    return kept * (start + np.cumsum(terms, axis=0))
+
+
 def _filled(marks: np.ndarray, carry: np.ndarray) -> np.ndarray:
     """Each row's latest marked time (NaN where none), starting from `carry`: times only grow, and fmax
     passes over NaN."""
@@ -50,6 +70,7 @@ class Levels:
         self.config = config
         self.idle = np.full(width, np.nan)
         self.busy = np.full(width, np.nan)
+        self.settled = np.full(width, np.nan)  # the slow average (_SETTLED_SECONDS) as of the last working sample
         self.busy_at = np.full(width, np.nan)
         self.block = np.zeros((width, _IDLE_BLOCK - 1))  # each GPU's samples at 0% not yet averaged
         self.block_count = np.zeros(width, int)
@@ -62,7 +83,8 @@ class Levels:
     def widen(self, width: int) -> None:
         grow = width - len(self.idle)
         nans = np.full(grow, np.nan)
-        self.idle, self.busy, self.busy_at = (np.concatenate([a, nans]) for a in (self.idle, self.busy, self.busy_at))
+        self.idle, self.busy, self.settled, self.busy_at = (
+            np.concatenate([a, nans]) for a in (self.idle, self.busy, self.settled, self.busy_at))
         self.block = np.concatenate([self.block, np.zeros((grow, _IDLE_BLOCK - 1))])
         self.block_count = np.concatenate([self.block_count, np.zeros(grow, int)])
         self.host = np.hstack([self.host, np.full((3, grow), np.nan)])
@@ -145,7 +167,7 @@ class Levels:
         while row < count:
             if unsure_rows and unsure_rows[0] == row:
                 unsure_rows.pop(0)
-                busy = self.busy
+                busy = np.fmax(self.busy, self.settled)
                 work = working[row] | (unsure[row] & (np.isnan(busy) | (power[row] > cfg.fell_max_ratio * busy)))
                 stop = row + 1
                 out[row:stop] = self._average(times[row:stop], power[row:stop], work[None, :])
@@ -156,26 +178,22 @@ class Levels:
         return out
 
     def _average(self, times: np.ndarray, power: np.ndarray, working: np.ndarray) -> np.ndarray:
-        """b += w (p - b) over the working samples, w = 1 - exp(-min(dt, 10) / _BUSY_SECONDS) for the time dt
-        since the GPU's last working sample; the first ever sets it. As b_n = A_n (b_0 + sum w_k p_k / A_k)
-        with A the running product of (1 - w)."""
+        """The busy level as of each row: the higher of the short and the long average of the working samples."""
         marks = np.where(working, times[:, None], np.nan)
         last = _filled(marks, self.busy_at)
         before = np.concatenate([self.busy_at[None, :], last[:-1]])
         first = working & np.isnan(before)
-        start = self.busy.copy()
-        if first.any():
-            rows, cols = np.nonzero(first)
-            start[cols] = power[rows, cols]  # the first working sample ever sets the level
         steps = np.minimum(times[:, None] - before, 10.0)
-        weight = np.where(working & ~first, 1.0 - np.exp(steps * (-1.0 / _BUSY_SECONDS)), 0.0)
-        kept = np.cumprod(1.0 - weight, axis=0)
-        terms = np.where(weight > 0, weight * np.where(working, power, 0.0) / kept, 0.0)
-        busy = kept * (start + np.cumsum(terms, axis=0))
-        busy[np.isnan(last)] = np.nan
-        self.busy = np.where(np.isnan(last[-1]), self.busy, busy[-1])
-        self.busy_at = last[-1]
-        return busy
+        work = np.where(working, power, 0.0)
+        busy = _averaged(self.busy, steps, work, working, first, _BUSY_SECONDS)
+        settled = _averaged(self.settled, steps, work, working, first, _SETTLED_SECONDS)
+        gone = np.isnan(last)
+        busy[gone] = settled[gone] = np.nan
+        if len(times):
+            self.busy = np.where(gone[-1], self.busy, busy[-1])
+            self.settled = np.where(gone[-1], self.settled, settled[-1])
+            self.busy_at = last[-1]
+        return np.fmax(busy, settled)
 
     def _host(self, times: np.ndarray, cpu: np.ndarray, io: np.ndarray) -> dict[str, np.ndarray]:
         cfg = self.config
