@@ -189,10 +189,9 @@ class Levels:
         settled = _averaged(self.settled, steps, work, working, first, _SETTLED_SECONDS)
         gone = np.isnan(last)
         busy[gone] = settled[gone] = np.nan
-        if len(times):
-            self.busy = np.where(gone[-1], self.busy, busy[-1])
-            self.settled = np.where(gone[-1], self.settled, settled[-1])
-            self.busy_at = last[-1]
+        self.busy = np.where(gone[-1], self.busy, busy[-1])
+        self.settled = np.where(gone[-1], self.settled, settled[-1])
+        self.busy_at = last[-1]
         return np.fmax(busy, settled)
 
     def _host(self, times: np.ndarray, cpu: np.ndarray, io: np.ndarray) -> dict[str, np.ndarray]:

@@ -179,21 +179,23 @@ class Window:
     rows: np.ndarray
     count: np.ndarray
     _read: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # readings taken
+    _past: np.ndarray = field(init=False, repr=False)  # the places past each window's count
+
+    def __post_init__(self) -> None:
+        self._past = self.rows < 0
 
     def readings(self, name: str) -> np.ndarray:
         """A reading's window (cells x width, NaN past the count), read once: callers never write into it."""
         read = self._read.get(name)
         if read is None:
-            if "" not in self._read:
-                self._read[""] = self.rows < 0
             read = self.stretch.values[name][self.rows, self.cols[:, None]]
-            read[self._read[""]] = np.nan
+            read[self._past] = np.nan
             read.flags.writeable = False
             self._read[name] = read
         return read
 
     def times(self) -> np.ndarray:
-        return np.where(self.rows >= 0, self.stretch.times[self.rows], np.nan)
+        return np.where(self._past, np.nan, self.stretch.times[self.rows])
 
     def newest(self, samples: int) -> Window:
         """The newest `samples` of each window."""
