@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from watchdog.act.dump import DumpService
 from watchdog.act.incidents import IncidentHandler
+from watchdog.act.kept_telemetry import KeptTelemetry
 from watchdog.act.responder import Responder
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.detect import busy_spin
@@ -120,7 +120,7 @@ class Daemon:
         self.bundles = incidents.bundles
         self.board, self.counters, self.verdicts = board, counters, verdicts  # verdicts: from the stack workers
         self.notifier, self.monotonic, self.wall = notifier, monotonic, wall
-        self.history: deque[NodeSnapshot] = deque()
+        self.history = KeptTelemetry()  # for the incident bundles
         self._unjudged: list[NodeSnapshot] = []  # ticks sampled and not yet judged (sample.batch_seconds)
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
@@ -207,11 +207,7 @@ class Daemon:
                 if ep.finding.signature in STACK_SIGNATURES and ep.fired_severity is not Severity.CRITICAL]
 
     def _remember(self, snapshot: NodeSnapshot) -> None:
-        history = self.history
-        history.append(snapshot)
-        keep = self.config.bundles.telemetry_window_seconds + 120
-        while history and snapshot.time_seconds - history[0].time_seconds > keep:
-            history.popleft()
+        self.history.append(snapshot, self.config.bundles.telemetry_window_seconds + 120)
 
     def _act(self, event: EpisodeEvent, snapshot: NodeSnapshot) -> None:
         if event.event is EventKind.SUSPECTED:

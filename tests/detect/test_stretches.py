@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import realdata
 from tests.traces.corpus import HANGS, HEALTHY, make, snapshots
-from tests.traces.messy_day import write_messy_day
+from tests.traces.messy_day import DayShape, write_messy_day, write_random_day
 from tests.traces.perturb import PERTURBATIONS, apply
 from watchdog.config import Config, parse_config
 from watchdog.detect.engine import DetectorEngine
@@ -200,3 +200,24 @@ def test_perturbed_traces_agree(name: str) -> None:
     """Each of tests/traces/perturb.py's messes at its strongest, on a checkpointing job and on a hang."""
     for cls, seed in (("checkpoint_rank0", 6), ("hang_odd", 7)):
         assert_same(Config(), list(apply(snapshots(make(cls, seed), messy=False), [name], seed, 2)))
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_work_learnt_without_a_reference_agrees(tmp_path: Path, gpus: int) -> None:
+    """A log with no power limit whose GPUs are never seen idle: each busy sample is work or not by the busy level
+    as of the sample before it (detect/levels.py). Training noisy enough that many samples fall either side of
+    that line, then a spin: the levels worked out a chunk at a time agree with one sample at a time."""
+    shape = DayShape(gpus=gpus, interval=1, stamps="row", identity="index", units=True,
+                     fields=("timestamp", "index", "utilization.gpu", "power.draw", "memory.used"), absent=frozenset(),
+                     missing=0.0, dropped=0.0, outage=False, order="enumeration", checkpoints="barrier")
+    path = tmp_path / "day.csv"
+    with path.open("w") as f:
+        write_random_day(f, shape, 6_000 * gpus, seed=gpus)
+    with open_trace(str(path)) as trace:
+        items = list(trace.stretches)
+    stream = list(each_snapshot(items))
+    a, expected = one_by_one(Config(), stream)
+    assert any(e.signature.value == "busy_spin" and e.severity.value == "critical" for e in expected)
+    b, got = in_stretches(Config(), items, 0)
+    assert got == expected
+    assert_same_state(a, b)

@@ -25,7 +25,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +45,7 @@ from watchdog.vocabulary.words import iso_time
 @dataclass
 class Incident:
     event: EpisodeEvent
-    telemetry: Sequence[NodeSnapshot]
+    telemetry: Iterable[NodeSnapshot]
     pictures: list[StackPicture] = field(default_factory=list)
     ranks: list[RankInfo] = field(default_factory=list)
     telling: Telling | None = None  # what is said about it (the alert says the same sentence)

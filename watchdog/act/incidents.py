@@ -21,12 +21,13 @@ is written as a partial bundle.
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 from watchdog.act import membership
 from watchdog.act.alerts import Alert, AlertDispatcher
 from watchdog.act.bundles import BundleStore, Incident
+from watchdog.act.kept_telemetry import kept_since
 from watchdog.act.open_incident import OpenIncident, culprit_text, on_gpus, telling
 from watchdog.config import Config
 from watchdog.doctor.checks import examine, top_finding
@@ -99,7 +101,7 @@ class IncidentHandler:
         self.slurm_check = slurm_check
 
     # -- on the loop: only enqueue -----------------------------------------------------------------
-    def handle(self, event: EpisodeEvent, snapshot: NodeSnapshot, telemetry: Sequence[NodeSnapshot]) -> None:
+    def handle(self, event: EpisodeEvent, snapshot: NodeSnapshot, telemetry: Iterable[NodeSnapshot]) -> None:
         key = event.key
         gpus = tuple(sorted(set(event.gpus) | set(event.culprit_gpus)))
         with self._lock:
@@ -112,7 +114,7 @@ class IncidentHandler:
             self._look(key, state, snapshot)
         elif event.event is EventKind.FIRED:
             state.severity = event.severity
-            if not self._submit(self._investigate, event, state, snapshot, tuple(telemetry)):
+            if not self._submit(self._investigate, event, state, snapshot, copy.copy(telemetry)):
                 self.counters.inc("bundles_total", "skipped")
                 self.alert(event, state)
         elif event.event is EventKind.ESCALATED:
@@ -239,9 +241,9 @@ class IncidentHandler:
                 self.counters.inc("stack_captures_total", capture.result)
 
     def _investigate(self, event: EpisodeEvent, state: OpenIncident, snapshot: NodeSnapshot,
-                     telemetry: Sequence[NodeSnapshot]) -> None:
+                     telemetry: Iterable[NodeSnapshot]) -> None:
         window = self.config.bundles.telemetry_window_seconds
-        incident = Incident(event, [s for s in telemetry if s.time_seconds >= event.onset_seconds - window])
+        incident = Incident(event, kept_since(telemetry, event.onset_seconds - window))
         if self.config.bundles.capture_stacks:
             if self.stopping.is_set():
                 pass  # no new capture while stopping; what the looks already saw is kept below

@@ -110,7 +110,9 @@ class Ticks:
         if failed is not None:
             errors = {(int(r), int(c)): failed[r, c] for r, c in zip(*np.nonzero(np.vectorize(bool)(failed)))}
         times = np.asarray(block.times, dtype=float)
-        return cls(times, sorted(block.layout), values, np.ones(shape, bool), health, pids, errors)
+        present = np.ones(shape, bool) if block.present is None else np.array(block.present, bool).reshape(
+            shape)[:, order]
+        return cls(times, sorted(block.layout), values, present, health, pids, errors)
 
 
 class Frames:

@@ -22,6 +22,7 @@ import numpy as np
 _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the idle estimate
 _BUSY_SECONDS = 50.0  # time constant of the busy level's average
 _SETTLED_SECONDS = 600.0  # ... and of the slower one it never falls below
+_DECISIONS = 3  # times a chunk's unsure samples are decided again on the levels worked out from them
 _CHUNK = 256  # rows per step of the busy average's recurrence (its weights' product stays well in range)
 UNIT = 1 << 30  # utilization summed in these fixed-point steps: exact, in any order
 LEARNT = ("idle", "busy", "host_first", "host_seen", "moved")  # learnt when first asked for (Frames.catch_up)
@@ -159,26 +160,42 @@ class Levels:
         reference = np.where(np.isnan(idle), np.where(limit > 0, cfg.default_idle_power_ratio * limit, np.nan), idle)
         working = candidate & (power > cfg.idle_power_max_multiple * reference)
         # With no reference (a log without a power limit that never saw this GPU idle), work is learnt from
-        # samples that keep near the busy level learnt so far (not from a spin): decided a row at a time.
+        # samples that keep near the busy level learnt so far (not from a spin): each such sample decided on the
+        # level as of the sample before it. Taken a chunk at a time all the same: the chunk's unsure samples are
+        # decided on the level at its start, its levels worked out on that, the samples decided again on those
+        # levels (a few times, while some change), and the chunk kept up to the first sample decided otherwise
+        # than its levels assumed (that one decided as they say).
         unsure = candidate & np.isnan(reference)
         out = np.empty_like(power)
         row, count = 0, len(times)
-        unsure_rows = np.flatnonzero(unsure.any(axis=1)).tolist()
         while row < count:
-            if unsure_rows and unsure_rows[0] == row:
-                unsure_rows.pop(0)
-                busy = np.fmax(self.busy, self.settled)
-                work = working[row] | (unsure[row] & (np.isnan(busy) | (power[row] > cfg.fell_max_ratio * busy)))
-                stop = row + 1
-                out[row:stop] = self._average(times[row:stop], power[row:stop], work[None, :])
-            else:
-                stop = min(count, row + _CHUNK, unsure_rows[0] if unsure_rows else count)
-                out[row:stop] = self._average(times[row:stop], power[row:stop], working[row:stop])
+            stop = min(count, row + _CHUNK)
+            series = None
+            work = working[row:stop]
+            doubt = unsure[row:stop]
+            if doubt.any():
+                watts = power[row:stop]
+                level = np.fmax(self.busy, self.settled)[None, :]
+                work = work | (doubt & (np.isnan(level) | (watts > cfg.fell_max_ratio * level)))
+                for _ in range(_DECISIONS):
+                    series = self._series(times[row:stop], watts, work)
+                    before = np.concatenate([level, np.fmax(series[0], series[1])[:-1]])
+                    decided = working[row:stop] | (doubt & (np.isnan(before) | (watts > cfg.fell_max_ratio * before)))
+                    wrong = np.flatnonzero((decided != work).any(axis=1))
+                    if not wrong.size:
+                        break
+                    work = decided
+                else:
+                    stop = row + int(wrong[0]) + 1
+                    work, series = decided[:stop - row], None
+            out[row:stop] = self._kept(series or self._series(times[row:stop], power[row:stop], work))
             row = stop
         return out
 
-    def _average(self, times: np.ndarray, power: np.ndarray, working: np.ndarray) -> np.ndarray:
-        """The busy level as of each row: the higher of the short and the long average of the working samples."""
+    def _series(self, times: np.ndarray, power: np.ndarray, working: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The short and the long average as of each row (NaN before a GPU's first working sample), and each
+        row's latest working sample's time, from the levels as they stand."""
         marks = np.where(working, times[:, None], np.nan)
         last = _filled(marks, self.busy_at)
         before = np.concatenate([self.busy_at[None, :], last[:-1]])
@@ -189,6 +206,13 @@ class Levels:
         settled = _averaged(self.settled, steps, work, working, first, _SETTLED_SECONDS)
         gone = np.isnan(last)
         busy[gone] = settled[gone] = np.nan
+        return busy, settled, last
+
+    def _kept(self, series: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """The busy level as of each row, the higher of the short and the long average (_series), the averages
+        kept as of the last row."""
+        busy, settled, last = series
+        gone = np.isnan(last)
         self.busy = np.where(gone[-1], self.busy, busy[-1])
         self.settled = np.where(gone[-1], self.settled, settled[-1])
         self.busy_at = last[-1]

@@ -131,7 +131,7 @@ def _as_arrays(block: SnapshotBlock) -> SnapshotBlock:
     columns: tuple[Any, ...] = tuple(
         np.array(values, dtype=float) if values is not None and slot in _NUMERIC_SLOTS else values
         for slot, values in enumerate(block.columns))
-    return SnapshotBlock(block.times, block.layout, columns)
+    return SnapshotBlock(block.times, block.layout, columns, block.present)
 
 
 def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] | None) -> None:

@@ -252,6 +252,8 @@ def column_times(texts: list[str], stamps: Cells) -> list[float]:
     read as numbers, a column at a time, on the same fast path parse_timestamp takes."""
     if len(set(texts)) * 2 <= len(texts):
         return list(map(stamps.__getitem__, texts))
+    if texts and texts[0][:1].isspace():  # a column after the first: ", 2025/07/27 00:22:27.858"
+        texts = list(map(str.lstrip, texts))
     try:
         minutes = list(map(_minute_seconds, map(_MINUTE, texts)))
         seconds = list(map(float, map(_SECONDS, texts)))

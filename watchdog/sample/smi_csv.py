@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from watchdog.sample.errors import SkipLog, TraceError
-from watchdog.sample.lines import MAX_GPUS, TextLines, TraceGpus, line_blocks
+from watchdog.sample.lines import TextLines, line_blocks
 from watchdog.sample.smi_cells import (
     Cells,
     Column,
@@ -31,15 +31,14 @@ from watchdog.sample.smi_cells import (
     parse_header,
     parse_timestamp,
 )
-from watchdog.sample.smi_gpu_count import group_by_time, with_index
+from watchdog.sample.smi_gpu_count import group_by_time
+from watchdog.sample.smi_samples import RowBlock, RowStore, assemble, by_identity, gpu_ordinal
 from watchdog.vocabulary.model import (
-    SAMPLE_DEFAULTS,
     GpuHealth,
     GpuSample,
     NodeSnapshot,
     SnapshotBlock,
     each_snapshot,
-    samples_of,
 )
 
 RowParser = Callable[[list[str]], tuple[float | None, int | None, str | None, GpuSample]]
@@ -158,8 +157,8 @@ def read_smi_csv(
 def smi_csv_stretches(
     stream: Iterable[str] | TextLines, path: str, fields: list[str] | None = None, skips: SkipLog | None = None,
 ) -> Iterator[NodeSnapshot | SnapshotBlock]:
-    """read_smi_csv's snapshots, the regular stretches of the log (the same GPUs in the same order, as
-    nvidia-smi writes them) handed on as column blocks: a replay's detectors take them as they are."""
+    """read_smi_csv's snapshots, runs of them handed on as column blocks (smi_samples.py: a sample lacking a GPU
+    of its run marks that row absent): a replay's detectors take them as they are."""
     skips = skips if skips is not None else SkipLog()
     blocks = line_blocks(stream)
     head = next(blocks, None)
@@ -245,11 +244,25 @@ def smi_csv_stretches(
                 parse_row, parse_block = _row_parser(layout), _block_parser(layout)
                 lines, first = lines[header.line + 1 - first:], header.line + 1
 
+    store = RowStore()
     if identified:
-        yield from _group_by_identity(row_blocks(), path, skips)
+        ordinals: dict[str, int] = {}
+
+        def named() -> Iterator[RowBlock]:
+            for block in row_blocks():
+                indexes: list[int] = block.indexes  # type: ignore[assignment]  # an index column: every row's
+                if None in indexes:  # a log naming its GPUs by uuid: numbered in the order first seen
+                    indexes = [gpu_ordinal(ordinals, uuid or "") if index is None else index
+                               for index, uuid in zip(block.indexes, block.uuids)]
+                yield RowBlock(store.add(block.lines, block.columns()), block.lines, block.times, indexes)
+
+        samples = by_identity(named(), store, path, skips)
     else:
-        rows = itertools.chain.from_iterable(zip(*block[:4], block.built()) for block in row_blocks())
-        yield from group_by_time(rows, path, skips)
+        rows = itertools.chain.from_iterable(
+            zip(block.lines, block.times, itertools.count(store.add(block.lines, block.columns())))
+            for block in row_blocks())
+        samples = group_by_time(rows, path, skips)
+    yield from assemble(samples, store)
 
 
 @dataclass(frozen=True)
@@ -290,94 +303,11 @@ class _Rows(NamedTuple):
     samples: list[GpuSample] | None
     fields: list[list[Any] | None] | None = None
 
-    def built(self, start: int = 0, stop: int | None = None) -> list[GpuSample]:
-        """Samples of rows start..stop-1."""
-        if self.samples is not None:
-            return self.samples[start:stop]
-        stop = len(self.times) if stop is None else stop
-        fields: list[list[Any] | None] = self.fields  # type: ignore[assignment]  # samples or fields: one is there
-        return samples_of([None if column is None else column[start:stop] for column in fields], stop - start,
-                          _ROW_DEFAULTS)
-
-
-_ROW_DEFAULTS = (0, *SAMPLE_DEFAULTS[1:])  # a log without an index column: each row gets its place later
-
-
-def _joined(pending: list[GpuSample], fields: list[list[Any] | None], stop: int) -> tuple[list[Any] | None, ...]:
-    """The columns of the `pending` samples followed by rows 0..stop-1 of a block's `fields`."""
-    columns: list[list[Any] | None] = []
-    for before, column, default in zip(zip(*pending), fields, _ROW_DEFAULTS):
-        if column is not None:
-            columns.append([*before, *column[:stop]])
-        elif before.count(default) == len(before):
-            columns.append(None)
-        else:
-            columns.append([*before, *itertools.repeat(default, stop)])
-    return tuple(columns)
-
-
-def _ordinal(ordinals: dict[str, int], uuid: str) -> int:
-    """The number of a GPU a log names by its uuid alone, in the order first seen. Past MAX_GPUS uuids a new one is
-    not kept: its number is one too many for the trace's bound, which refuses its row."""
-    number = ordinals.get(uuid)
-    if number is None:
-        number = len(ordinals)
-        if number < MAX_GPUS:
-            ordinals[uuid] = number
-    return number
-
-
-def _group_by_identity(blocks: Iterator[_Rows], path: str, skips: SkipLog) -> Iterator[NodeSnapshot | SnapshotBlock]:
-    """Rows with an index or uuid: a GPU seen again starts the next sample. The same GPU twice at the same
-    time is a malformed row (one row per GPU per sample, as in a JSON Lines recording).
-    A block whose GPUs come in the order of the last whole sample (nvidia-smi's own order) is cut into
-    samples by slicing, and handed on as one SnapshotBlock; any other block row by row."""
-    ordinals: dict[str, int] = {}
-    gpus = TraceGpus()
-    group: list[GpuSample] = []
-    seen: list[int] = []  # at most MAX_GPUS
-    start = last = 0.0
-    order: list[int] = []  # the GPUs of the last whole sample, in their order
-    for block in blocks:
-        if None in block.indexes:
-            named = [_ordinal(ordinals, uuid or "") if index is None else index
-                     for index, uuid in zip(block.indexes, block.uuids)]
-            block = block._replace(indexes=list[int | None](named), samples=list(map(with_index, block.built(), named)),
-                                   fields=None)
-        lines, times, fields = block.lines, block.times, block.fields
-        indexes: list[int] = block.indexes  # type: ignore[assignment]  # every one named just above
-        count, width, pending = len(times), len(order), len(seen)
-        if width and count >= width and seen == order[:pending] and indexes == list(
-                itertools.islice(itertools.cycle(order), pending, pending + count)):
-            cuts = range((width - pending) % width, count, width)  # rows that begin a sample
-            if all(times[i] != (times[i - 1] if i else last) for i in cuts):
-                tail = cuts[-1]
-                stamps = [start, *times[cuts[0]:tail:width]]
-                if fields is not None:
-                    yield SnapshotBlock(stamps, tuple(order), _joined(group, fields, tail))
-                else:
-                    rows = [*group, *block.built(0, tail)]
-                    yield from (NodeSnapshot(t, tuple(rows[n:n + width]))
-                                for t, n in zip(stamps, range(0, len(rows), width)))
-                group, seen, start, last = block.built(tail), indexes[tail:], times[tail], times[-1]
-                continue
-        for line, t, index, sample in zip(lines, times, indexes, block.built()):
-            try:
-                gpus.admit((index,))
-            except ValueError as exc:
-                skips.malformed(f"{path}:{line}: {exc}")
-                continue
-            if index in seen:
-                if t == last:
-                    skips.malformed(f"{path}:{line}: GPU {index} twice at the same time")
-                    continue
-                yield NodeSnapshot(start, tuple(group))
-                order = seen
-                group, seen = [], []
-            if not group:
-                start = t
-            group.append(sample)
-            seen.append(index)
-            last = t
-    if group:
-        yield NodeSnapshot(start, tuple(group))
+    def columns(self) -> list[list[Any] | None]:
+        """The rows' GpuSample field columns (None: a field the log lacks)."""
+        if self.fields is not None:
+            return self.fields
+        samples: list[GpuSample] = self.samples  # type: ignore[assignment]  # samples or fields: one is there
+        if not samples:
+            return [None] * len(GpuSample._fields)
+        return [list[Any](column) for column in zip(*samples)]

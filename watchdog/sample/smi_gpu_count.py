@@ -12,7 +12,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 
 from watchdog.sample.errors import SkipLog, TraceError
-from watchdog.vocabulary.model import GpuSample, NodeSnapshot
+from watchdog.sample.smi_samples import Run
 
 _MAX_GPUS = 32
 _CHUNK = 128  # gaps per voting chunk
@@ -57,11 +57,7 @@ def _infer_gpu_count(times: list[float]) -> int:
                      "not grouped in time; add index to --query-gpu")
 
 
-def with_index(sample: GpuSample, index: int) -> GpuSample:
-    return sample._replace(index=index)
-
-
-_Row = tuple[int, float, "int | None", "str | None", GpuSample]
+_Row = tuple[int, float, int]  # (line, time, the row's number in the RowStore)
 _LOOKAHEAD_SAMPLES = 16
 
 
@@ -81,8 +77,9 @@ def _best_phase(times: list[float], previous: float | None, count: int) -> int:
     return best if scores[best] > 2 * max(scores[0], 0.0005) else 0
 
 
-def group_by_time(rows: Iterator[_Row], path: str, skips: SkipLog) -> Iterator[NodeSnapshot]:
-    """Rows in enumeration order, `count` per sample, the count inferred from the timestamps."""
+def group_by_time(rows: Iterator[_Row], path: str, skips: SkipLog) -> Iterator[Run]:
+    """Rows in enumeration order, `count` per sample, the count inferred from the timestamps; each row's GPU
+    is its place in its sample."""
     rows = iter(rows)
     head = list(itertools.islice(rows, 4096))
     if not head:
@@ -91,8 +88,14 @@ def group_by_time(rows: Iterator[_Row], path: str, skips: SkipLog) -> Iterator[N
         count = _infer_gpu_count([item[1] for item in head])
     except TraceError as exc:
         raise TraceError(f"{path}: {exc}") from None
+    if count == 1:  # each row a sample of its own, and none can be cut short: taken a block at a time
+        rows = itertools.chain(head, rows)
+        while chunk := list(itertools.islice(rows, 4096)):
+            yield Run([item[1] for item in chunk], (0,), [item[2] for item in chunk])
+        return
     buffer: deque[_Row] = deque(head)
     look = _LOOKAHEAD_SAMPLES * count
+    layout = tuple(range(count))
     previous: float | None = None
 
     while True:
@@ -121,4 +124,4 @@ def group_by_time(rows: Iterator[_Row], path: str, skips: SkipLog) -> Iterator[N
                 continue
         block = [buffer.popleft() for _ in range(count)]
         previous = block[-1][1]
-        yield NodeSnapshot(block[0][1], tuple(with_index(item[4], i) for i, item in enumerate(block)))
+        yield Run([block[0][1]], layout, [item[2] for item in block])

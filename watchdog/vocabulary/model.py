@@ -151,26 +151,16 @@ class SnapshotBlock:
     reader hands the detectors without building a GpuSample per reading. Row `n * width + p` is GPU
     `layout[p]` in snapshot n. `columns` has one entry per GpuSample field, in its order: a value per
     row, or None where every row has the field's default (a column the log does not have); the index
-    column is always there."""
+    column is always there. `present` is None where every snapshot has every GPU of the layout, else a flag
+    per row, False where the snapshot lacks that GPU (a log's dropped row: its row holds defaults)."""
 
     times: Sequence[float]  # one per snapshot
     layout: tuple[int, ...]  # the GPU indexes, as the rows of each snapshot list them
     columns: tuple[Sequence[Any] | None, ...]
+    present: Sequence[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.times)
-
-    def column(self, slot: int, position: int, start: int, stop: int) -> Sequence[Any]:
-        """Field `slot` of the GPU at `position` in snapshots start..stop-1."""
-        values, width = self.columns[slot], len(self.layout)
-        if values is None:
-            return (SAMPLE_DEFAULTS[slot],) * (stop - start)
-        return _plain(slot, values[start * width + position:stop * width:width])
-
-    def samples(self, position: int, start: int, stop: int) -> list[GpuSample]:
-        """The GPU at `position` in snapshots start..stop-1, as samples."""
-        return samples_of([None if values is None else self.column(slot, position, start, stop)
-                           for slot, values in enumerate(self.columns)], stop - start)
 
     def snapshots(self, start: int = 0, stop: int | None = None) -> list[NodeSnapshot]:
         stop = len(self.times) if stop is None else stop
@@ -178,7 +168,11 @@ class SnapshotBlock:
         first, last = start * width, stop * width
         samples = samples_of([None if values is None else _plain(slot, values[first:last])
                               for slot, values in enumerate(self.columns)], last - first)
-        return [NodeSnapshot(t, tuple(samples[n:n + width]))
+        if self.present is None:
+            return [NodeSnapshot(t, tuple(samples[n:n + width]))
+                    for t, n in zip(self.times[start:stop], range(0, last - first, width))]
+        present = self.present[first:last]
+        return [NodeSnapshot(t, tuple(itertools.compress(samples[n:n + width], present[n:n + width])))
                 for t, n in zip(self.times[start:stop], range(0, last - first, width))]
 
 
