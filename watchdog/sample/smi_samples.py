@@ -1,8 +1,9 @@
 """Which rows of an nvidia-smi log make one sample, and runs of samples handed on as column blocks.
 
 A log names each row's GPU (an index or uuid column: `by_identity`) or leaves it to the rows' order in time
-(smi_gpu_count.py). Either way the samples are found touching only each row's GPU and time (a block in
-nvidia-smi's own order cut by slicing, any other a row at a time), and runs of them leave as SnapshotBlocks
+(smi_gpu_count.py). Either way the samples are found touching only each row's GPU and time (a block whose
+samples each list the same GPUs, in nvidia-smi's order or each in one of its own, cut a sample at a time; any
+other a row at a time), and runs of them leave as SnapshotBlocks
 gathered from the block parser's columns (`assemble`): nothing builds a GpuSample per row, whatever the log's
 shape. A sample's rows go in the order of their GPUs' indexes (rows written interleaved read like nvidia-smi's
 own order); a sample that lacks a GPU of its run marks that GPU's row absent (a dropped row, a GPU out for a
@@ -12,6 +13,7 @@ while) rather than ending the run; a run ends where a GPU joins it.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -72,7 +74,7 @@ class RowStore:
         while self._blocks and self._blocks[0][0] + len(self._blocks[0][1]) <= before:
             self._blocks.popleft()
 
-    def gather(self, rows: Sequence[int]) -> list[list[Any] | None]:
+    def gather(self, rows: Sequence[int]) -> list[Sequence[Any] | None]:
         """The columns of these rows, in this order; a row of -1 holds every field's default."""
         absent = -1 in rows
         low = min(row for row in rows if row >= 0) if absent else min(rows)
@@ -87,13 +89,13 @@ class RowStore:
                        for slot, default in enumerate(SAMPLE_DEFAULTS)]
         if not absent and high - low == len(rows) - 1 and rows[0] == low and rows[-1] == high and (
                 list(rows) == list(range(low, high + 1))):
-            return [None if column is None else list(column[low - base:high + 1 - base]) for column in columns]
+            return [None if column is None else column[low - base:high + 1 - base] for column in columns]
         if absent:
             size = sum(len(block[1]) for block in spanned)
             positions = [size if row < 0 else row - base for row in rows]
         else:
-            positions = [row - base for row in rows]
-        picked: list[list[Any] | None] = []
+            positions = list(map(operator.sub, rows, itertools.repeat(base)))
+        picked: list[Sequence[Any] | None] = []
         for column, default in zip(columns, SAMPLE_DEFAULTS):
             if column is None:
                 picked.append(None)
@@ -205,29 +207,44 @@ class _Cut:
             self.split = gaps[len(gaps) // 2] / 2 or _FIRST_SPLIT
 
     def regular(self, block: RowBlock) -> Run | None:
-        """The whole samples of a block that follows the last whole sample's GPUs in turn, in index order (as
-        nvidia-smi writes them), with each sample's rows within half the interval of its start and no GPU twice at
-        the same time; the rows after them stay open. None for any other block: it is cut a row at a time."""
+        """The whole samples of a block that goes through the last whole sample's GPUs in turn, each sample's rows
+        within half the interval of its start and no GPU twice at the same time; the rows after them stay open.
+        In nvidia-smi's own order the samples are slices; where each sample lists the same GPUs in an order of
+        its own (rows interleaved), each is put in index order. None for any other block: it is cut a row at a
+        time."""
         order, pending, indexes, times = self.order, len(self.rows), block.indexes, block.times
         width, count = len(order), len(times)
-        if (not width or block.rows is not None or pending + count <= width or self.layout != order[:pending]
-                or any(a >= b for a, b in itertools.pairwise(order))
-                or indexes != list(itertools.islice(itertools.cycle(order), pending, pending + count))):
+        if not width or block.rows is not None or pending + count <= width:
             return None
+        ordered = sorted(order)
+        if any(a >= b for a, b in itertools.pairwise(ordered)):
+            return None
+        in_order = order == ordered and self.layout == order[:pending] and indexes == list(
+            itertools.islice(itertools.cycle(order), pending, pending + count))
         stamps = [*self.stamps, *times]
         begins = range(0, pending + count, width)  # in stamps: the rows that begin a sample
+        tail = begins[-1]  # the last sample begun: it stays open
+        if not in_order:
+            every = [*self.layout, *indexes]
+            if any(sorted(every[i:i + width]) != ordered for i in begins[:-1]) or (
+                    len(set(every[tail:])) != len(every) - tail or not set(every[tail:]) <= set(ordered)):
+                return None
         if any(stamps[i] == stamps[i - 1] for i in begins[1:]) or (not pending and stamps[0] == self.last):
             return None
         if any(stamps[i + width - 1] - stamps[i] > self.split for i in begins if i + width <= len(stamps)):
             return None
-        tail = begins[-1]  # the last sample begun: it stays open
-        rows = [*self.rows, *range(block.first, block.first + tail - pending)]
+        every_row = [*self.rows, *range(block.first, block.first + count)]
+        if in_order:
+            rows = every_row[:tail]
+            self.layout = order[:len(stamps) - tail]
+        else:
+            rows = [row for i in begins[:-1] for _, row in sorted(zip(every[i:i + width], every_row[i:i + width]))]
+            self.layout = every[tail:]
         starts = stamps[0:tail:width]
-        self.layout, self.stamps = order[:len(stamps) - tail], stamps[tail:]
-        self.rows = list(range(block.first + tail - pending, block.first + count))
+        self.stamps, self.rows = stamps[tail:], every_row[tail:]
         self.seen, self.last = set(self.layout), stamps[-1]
         self._started(starts)
-        return Run(starts, tuple(order), rows)
+        return Run(starts, tuple(ordered), rows)
 
 
 def assemble(runs: Iterator[Run], store: RowStore) -> Iterator[NodeSnapshot | SnapshotBlock]:
