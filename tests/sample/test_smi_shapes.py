@@ -96,3 +96,21 @@ def test_blocks_with_absent_rows_are_judged_as_their_snapshots(tmp_path: Path) -
         assert got == expected, shape.described()
         assert any(e.signature.value == "busy_spin" for e in expected), shape.described()
         assert_same_state(a, b)
+
+
+def test_a_sample_slow_to_print_stays_whole(tmp_path: Path) -> None:
+    """nvidia-smi taking 100-120 ms a GPU (a busy node: a sample's 8 rows span 0.7-0.84 s at -l 1.7): each sample
+    stays one sample of 8 GPUs, with none of its rows taken for the start of the next."""
+    for spacing in (100, 120):
+        lines = ["timestamp, index, utilization.gpu [%], power.draw [W], enforced.power.limit [W]"]
+        for second in range(300):
+            for gpu in range(8):
+                ms = second * 1700 + gpu * spacing
+                stamp = f"2025/07/27 00:{ms // 60_000:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+                lines.append(f"{stamp}, {gpu}, 100 %, {300 + gpu + second % 100 / 100:.2f} W, 700.00 W")
+        path = tmp_path / f"slow{spacing}.csv"
+        path.write_text("\n".join(lines) + "\n")
+        _, snapshots = read_back(path)
+        assert len(snapshots) == 300
+        assert all(sorted(g.index for g in s.gpus) == list(range(8)) for s in snapshots)
+        assert all(g.power_watts is not None and int(g.power_watts) == 300 + g.index for s in snapshots for g in s.gpus)

@@ -111,8 +111,8 @@ def _filled(column: Sequence[Any] | None, default: Any, count: int) -> Sequence[
 
 def by_identity(blocks: Iterator[RowBlock], store: RowStore, path: str, skips: SkipLog) -> Iterator[Run]:
     """The samples of a log whose rows name their GPU: a GPU seen again in a sample starts the next one, and so
-    does a row more than half the sampling interval after the sample began (half a second until the interval is
-    learnt): a sample that lacked a GPU, then one that begins with it. The same GPU twice at the same time, and a
+    does a row more than half the sampling interval (half a second at least) after the row before it: a sample
+    that lacked a GPU, then one that begins with it. The same GPU twice at the same time, and a
     row that would make the trace's GPUs more than it may name, are malformed rows."""
     gpus = TraceGpus()
     cut = _Cut()
@@ -127,7 +127,7 @@ def by_identity(blocks: Iterator[RowBlock], store: RowStore, path: str, skips: S
             continue
         seen, rows, layout, stamps = cut.seen, cut.rows, cut.layout, cut.stamps
         for row, t, index in zip(block.rows or itertools.count(block.first), block.times, block.indexes):
-            if index in seen or (stamps and t - stamps[0] > cut.split):
+            if index in seen or (stamps and t - stamps[-1] > cut.split):
                 kept = cut.kept(index, t)
                 if kept < 0:
                     skips.malformed(f"{path}:{store.line(row)}: GPU {index} twice at the same time")
@@ -167,8 +167,9 @@ class _Cut:
         self.order: list[int] = []  # the GPUs of the last whole sample, in the order its rows came
         self.last = 0.0
         self.starts: deque[float] = deque(maxlen=_GAPS + 1)
-        # How far after a sample's start a row begins the next: half the interval, learnt from the samples' starts;
-        # till then half a second (nvidia-smi -l samples every second or slower; -lms faster, cut by GPU alone).
+        # How long after the row before a row begins the next sample: half the interval, learnt from the samples'
+        # starts, and never less than half a second (nvidia-smi -l samples every second or slower; a log written
+        # faster, -lms, is cut by its GPUs alone, as is one whose sample is slow to print).
         self.split = _FIRST_SPLIT
         self.closed = 0
 
@@ -204,14 +205,14 @@ class _Cut:
         if len(self.starts) > 1 and (len(self.starts) <= _GAPS or self.closed >= _GAPS):
             self.closed = 0
             gaps = sorted(b - a for a, b in itertools.pairwise(self.starts))
-            self.split = gaps[len(gaps) // 2] / 2 or _FIRST_SPLIT
+            self.split = max(gaps[len(gaps) // 2] / 2, _FIRST_SPLIT)
 
     def regular(self, block: RowBlock) -> Run | None:
-        """The whole samples of a block that goes through the last whole sample's GPUs in turn, each sample's rows
-        within half the interval of its start and no GPU twice at the same time; the rows after them stay open.
-        In nvidia-smi's own order the samples are slices; where each sample lists the same GPUs in an order of
-        its own (rows interleaved), each is put in index order. None for any other block: it is cut a row at a
-        time."""
+        """The whole samples of a block that goes through the last whole sample's GPUs in turn, no row of a sample
+        more than half the interval after the row before it and no GPU twice at the same time; the rows after them
+        stay open. In nvidia-smi's own order the samples are slices; where each sample lists the same GPUs in an
+        order of its own (rows interleaved), each is put in index order. None for any other block: it is cut a row
+        at a time."""
         order, pending, indexes, times = self.order, len(self.rows), block.indexes, block.times
         width, count = len(order), len(times)
         if not width or block.rows is not None or pending + count <= width:
@@ -231,8 +232,12 @@ class _Cut:
                 return None
         if any(stamps[i] == stamps[i - 1] for i in begins[1:]) or (not pending and stamps[0] == self.last):
             return None
-        if any(stamps[i + width - 1] - stamps[i] > self.split for i in begins if i + width <= len(stamps)):
-            return None
+        if width > 1:  # the gaps between rows of a sample (those between samples set aside)
+            gaps = list(map(operator.sub, stamps[1:], stamps[:-1]))
+            for i in begins[1:]:
+                gaps[i - 1] = 0.0
+            if max(gaps) > self.split:
+                return None
         every_row = [*self.rows, *range(block.first, block.first + count)]
         if in_order:
             rows = every_row[:tail]
