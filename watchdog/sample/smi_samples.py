@@ -232,11 +232,13 @@ class _Cut:
                 return None
         if any(stamps[i] == stamps[i - 1] for i in begins[1:]) or (not pending and stamps[0] == self.last):
             return None
-        if width > 1:  # the gaps between rows of a sample (those between samples set aside)
+        split = self.split
+        if width > 1 and any(stamps[i + width - 1] - stamps[i] > split for i in begins if i + width <= len(stamps)):
+            # some sample spans more than that: the gaps between its rows (those between samples set aside)
             gaps = list(map(operator.sub, stamps[1:], stamps[:-1]))
             for i in begins[1:]:
                 gaps[i - 1] = 0.0
-            if max(gaps) > self.split:
+            if max(gaps) > split:
                 return None
         every_row = [*self.rows, *range(block.first, block.first + count)]
         if in_order:
