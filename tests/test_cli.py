@@ -28,7 +28,7 @@ def test_replay_json_schema_on_a_scenario() -> None:
     for e in events:
         assert e.keys() >= SCHEMA
         assert e["signature"] == "waiting" and e["culprit_gpus"] == [4]
-        assert e["onset"] == "2026-01-01T00:05:00.000+00:00"
+        assert e["onset"] == "2026-01-01T00:04:59.500+00:00"  # halfway from the last sample before it (300 s)
     assert events[1]["severity"] == "critical"
 
 

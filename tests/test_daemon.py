@@ -434,3 +434,36 @@ def test_quiet_ticks_are_judged_in_batches_with_the_same_verdicts(tmp_path: Path
     assert sum(every_calls) == sum(batched_calls) == 200  # every tick judged once, the last ones by flush()
     assert len(every_calls) == 200 and len(batched_calls) < 200 / 2
     assert max(batched_calls) == 5
+
+
+def test_the_loop_hands_free_memory_back_once_a_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc keeps what the daemon frees in its heaps: the loop asks it to give the free pages back every
+    allocator.TRIM_SECONDS of its own clock, not every tick (a trim walks the heaps)."""
+    from watchdog.plumbing import allocator
+
+    asked: list[int] = []
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: asked.append(1) or True)
+    now = [1000.0]
+    service = build(daemon_config(tmp_path, sample={"interval_seconds": 1.0}), spin_source(),
+                    monotonic=lambda: now[0])
+    daemon, tick = service.daemon, service.daemon.tick
+
+    def a_second() -> None:  # each tick takes a second of the loop's clock, and the loop waits for none
+        tick()
+        now[0] += 1.0
+
+    daemon.tick = a_second  # type: ignore[method-assign]
+    daemon.stop_requested.wait = lambda timeout=None: False  # type: ignore[method-assign]
+    daemon.run(max_ticks=185)
+    assert len(asked) == 3  # at 60, 120 and 180 s
+
+
+def test_the_allocator_is_asked_on_glibc() -> None:
+    """On glibc (these machines, the shipped image) the trim is found and runs; elsewhere it is a no-op."""
+    import platform
+
+    from watchdog.plumbing import allocator
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc: malloc_trim is not there to find")
+    assert allocator.release_free_memory() is True

@@ -26,7 +26,7 @@ from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.export.metrics import AlertRow, EpisodeView, Published
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.plumbing import logfmt
+from watchdog.plumbing import allocator, logfmt
 from watchdog.plumbing.counters import Counters
 from watchdog.plumbing.schedule import Ticker
 from watchdog.sample.host_progress import HostProgress
@@ -262,6 +262,7 @@ class Daemon:
     def run(self, on_ready: Callable[[], None] | None = None, max_ticks: int | None = None) -> None:
         """Tick every interval on the monotonic clock until stop_requested (or max_ticks)."""
         ticker = Ticker(self.monotonic)
+        trimmed = self.monotonic()
         if on_ready is not None:
             on_ready()
         while not self.stop_requested.is_set():
@@ -269,6 +270,9 @@ class Daemon:
                 self.reload_requested.clear()
                 self.reload()
             self.tick()
+            if self.monotonic() - trimmed >= allocator.TRIM_SECONDS:  # resident memory back to what is in use
+                trimmed = self.monotonic()
+                allocator.release_free_memory()
             if max_ticks is not None and self.ticks >= max_ticks:
                 self.guard.call("detect", self.flush)  # a bounded run judges every tick it sampled
                 return

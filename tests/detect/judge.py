@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from watchdog.config import Config
+from watchdog.detect.engine import DetectorEngine
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Frames, Ticks
-from watchdog.detect.levels import Levels, LevelsConfig
 from watchdog.detect.stretch import Cells, Context, Stretch
 from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 
@@ -20,12 +20,7 @@ GIB = 2**30
 
 def fresh_frames(config: Config | None = None) -> Frames:
     """The frames a fresh engine holds."""
-    config = config or Config()
-    bs, job = config.detectors.busy_spin, config.job
-    short = max(bs.window_seconds, config.detectors.zero_util.window_seconds)
-    levels = Levels(LevelsConfig(bs.idle_power_max_multiple, bs.default_idle_power_ratio, bs.fell_max_ratio, short,
-                                 job.progress_cpu_min_ratio, job.progress_io_min_bytes_per_second))
-    return Frames(max(short, config.detectors.underuse.window_seconds) + 60.0, levels)
+    return DetectorEngine(config or Config()).frames
 
 
 def stretch_of(samples: Sequence[tuple[float, GpuSample]], config: Config | None = None) -> Stretch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -14,6 +15,9 @@ from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Ticks
 from watchdog.detect.stretch import Cells, Context
 from watchdog.vocabulary.model import CLOCK_EVENT_HW_THERMAL, GpuSample, NodeSnapshot
+
+if TYPE_CHECKING:
+    from tests.traces.corpus import Trace
 
 CFG = Config().detectors.busy_spin
 H100 = {"power_limit_watts": 700.0, "sm_clock_max_hertz": 1.98e9, "memory_used_bytes": 40 * 2**30}
@@ -73,8 +77,9 @@ def test_power_flat_alone_is_not_evidence() -> None:
 
 
 def test_onset_ignores_the_samples_before_the_spin() -> None:
+    """Dated halfway between the last sample without the spin and the first with it (it began between them)."""
     evidence = spin([], [IDLE] * 8 + [SPIN] * 18)
-    assert evidence is not None and evidence.since == 8.0
+    assert evidence is not None and evidence.since == 7.5
 
 
 def _reading(rng: random.Random, spinning: bool) -> dict:
@@ -126,14 +131,14 @@ LIVE_BUSY = {**BUSY, "memory_utilization_ratio": 0.45, "sm_activity_ratio": 0.8,
 @pytest.mark.parametrize(("spun", "early"), [(5, None), (7, None), (8, True), (12, True), (20, False)])
 def test_a_spin_on_its_newest_samples_is_early_evidence(spun: int, early: bool | None) -> None:
     """Live, the work before a spin keeps the window's memory traffic and SM activity up (vetoes) until the
-    spin fills most of it; its newest samples alone, all pinned, are early evidence, dated from the spin's
-    first sample."""
+    spin fills most of it; its newest samples alone, all pinned, are early evidence, dated halfway between the
+    spin's first sample and the one before."""
     evidence = spin([LIVE_BUSY] * 60, [{**LIVE_SPIN, **RANK}] * spun)
     if early is None:
         assert evidence is None
         return
     assert evidence is not None and evidence.early is early
-    assert evidence.since == 60.0
+    assert evidence.since == 59.5
 
 
 def test_no_early_evidence_while_the_newest_samples_still_work_or_without_processes() -> None:
@@ -158,6 +163,31 @@ def test_a_spin_that_draws_more_than_its_idle_multiple_does_not_teach_the_busy_l
     critical = [e.at_seconds for e in events if e.severity is Severity.CRITICAL
                 and e.event in (EventKind.FIRED, EventKind.ESCALATED)]
     assert critical and 1800 <= critical[0] <= 1860, critical
+
+
+def _first_critical(trace: Trace) -> float | None:
+    from tests.traces.corpus import snapshots
+    from watchdog.detect.engine import DetectorEngine
+    from watchdog.vocabulary.model import EventKind, Severity
+
+    events = DetectorEngine(Config()).observe(list(snapshots(trace, start=0.0)))
+    return next((e.at_seconds for e in events if e.severity is Severity.CRITICAL
+                 and e.event in (EventKind.FIRED, EventKind.ESCALATED)), None)
+
+
+@pytest.mark.parametrize(("cls", "seed"), [("hang_spin", 0), ("hang_spin", 1), ("hang_spin_low_range", 0)])
+def test_a_spin_sampled_every_10_s_is_critical_within_45_s(cls: str, seed: int) -> None:
+    """nvidia-smi -l 10: the spin is first seen up to 10 s after it began, and a 40-s window of five samples
+    still holds the one taken at work just before it. That one sample vetoed the spin (memory traffic seen)
+    until the window had passed it, and the spin's time was counted from its first sample: these were critical
+    49, 46 and 47 s after the spin began. Now one sample at a window's edge does not veto, and the spin is
+    dated halfway back to the sample before it."""
+    from tests.traces.corpus import on_card
+
+    trace = on_card(cls, seed, "h100", 10.0, "standard", {})
+    critical = _first_critical(trace)
+    assert trace.hang_at is not None and critical is not None
+    assert trace.hang_at <= critical <= trace.hang_at + 45, critical - trace.hang_at
 
 
 def test_the_busy_level_rises_within_a_minute_and_falls_over_many() -> None:

@@ -31,7 +31,6 @@ from watchdog.config import BusySpinConfig
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.levels import zeroed
 from watchdog.detect.stretch import (
-    BUSY_PERCENTILE,
     MIN_WINDOW_SAMPLES,
     Cells,
     Context,
@@ -40,6 +39,7 @@ from watchdog.detect.stretch import (
     nearest_rank,
     ranked,
     run_start,
+    seen_busy,
 )
 from watchdog.vocabulary.model import THROTTLE_REASON_MASK, GpuSample, Signature
 
@@ -149,7 +149,7 @@ def _legs(cells: Cells, cfg: BusySpinConfig, window: Window) -> tuple[np.ndarray
              "busy_watts": nan.copy()}
     memory, memories = ranked(window.readings("memory_utilization_ratio"))
     seen = memories > 0
-    vetoed |= seen & (nearest_rank(memory, memories, BUSY_PERCENTILE) > cfg.memory_utilization_max_ratio)  # work
+    vetoed |= seen & (seen_busy(memory, memories) > cfg.memory_utilization_max_ratio)  # work
     fired[:, 0] = seen
     facts["memory_utilization"] = np.where(seen, at_rank(memory, memories - 1), np.nan)
     activity = window.readings("sm_activity_ratio")
@@ -204,4 +204,4 @@ def pinned(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:
     utils, count = ranked(window.readings("utilization_ratio"))
     memory, memories = ranked(window.readings("memory_utilization_ratio"))
     return (count >= MIN_WINDOW_SAMPLES) & (nearest_rank(utils, count, 0.5) >= cfg.utilization_min_ratio) & (
-        (memories == 0) | (nearest_rank(memory, memories, BUSY_PERCENTILE) <= cfg.memory_utilization_max_ratio))
+        (memories == 0) | (seen_busy(memory, memories) <= cfg.memory_utilization_max_ratio))

@@ -1,7 +1,8 @@
 """Episodes with hysteresis: ok -> suspect -> stalled -> recovered -> resolved, and the one severity each
 carries.
 
-A condition must hold for `for_seconds` (counted from its first sample) before it fires, unless its
+A condition must hold for `for_seconds` (counted from its onset, halfway between its first sample and the
+one before it) before it fires, unless its
 stacks were seen blocked at two looks seconds apart (stacks/confirm.py: a confirmed hang fires critical
 once the stall has lasted stacks.confirm_min_seconds, unless it is a pause of a length the job recovered
 from). A spin seen on its newest samples only, while the window still holds the work before it (an

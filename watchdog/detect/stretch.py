@@ -21,6 +21,7 @@ HEALTH_CODES = (GpuHealth.OK, GpuHealth.LOST, GpuHealth.HUNG)
 _KEPT_SAMPLES = 10  # a window keeps this many samples whatever their age: -l 5 samples still have enough
 MIN_WINDOW_SAMPLES = 3  # a window's median or percentile needs this many samples: one or two are a blip
 BUSY_PERCENTILE = 0.9  # a reading "seen busy" in a window: its 90th percentile, so that a few blips do not count
+_EDGE_SAMPLES = 5  # ... and never its top sample once it holds this many (seen_busy)
 
 
 def no_pids(shape: tuple[int, ...]) -> np.ndarray:
@@ -275,6 +276,17 @@ def nearest_rank(sorted_readings: np.ndarray, count: np.ndarray, q: float) -> np
     return np.where(count > 0, at_rank(sorted_readings, rank), np.nan)
 
 
+def seen_busy(sorted_readings: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Each row's reading "seen busy" (NaN where it has none): its BUSY_PERCENTILE nearest rank, so that a few
+    blips do not count, but never its top reading where it holds _EDGE_SAMPLES or more. At slow sampling
+    (-l 5, -l 10) a window of five to ten samples still holds the one taken before a spin began, at work:
+    one sample at its edge would veto the spin until the window had passed it (issue 58: 10-s spins
+    critical at 49 s)."""
+    top = np.where(count >= _EDGE_SAMPLES, count - 2, count - 1)
+    rank = np.minimum((BUSY_PERCENTILE * count).astype(int), np.maximum(top, 0))
+    return np.where(count > 0, at_rank(sorted_readings, rank), np.nan)
+
+
 def at_rank(sorted_readings: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Each row's reading at its rank (NaN for a row with no readings at all)."""
     rows, width = sorted_readings.shape
@@ -285,8 +297,11 @@ def at_rank(sorted_readings: np.ndarray, rank: np.ndarray) -> np.ndarray:
 
 def run_start(times: np.ndarray, holds: np.ndarray, count: np.ndarray, share: float = 0.8) -> np.ndarray:
     """Onset of a condition that `holds` at each sample of each window (or not): the earliest sample that
-    holds such that at least `share` of the samples from it to the newest hold too. Brief dips inside the
-    run do not move the onset; the samples from before the condition began do not pull it earlier."""
+    holds such that at least `share` of the samples from it to the newest hold too, or, where the window
+    holds a sample before that one, halfway between the two (the condition began between them: at -l 10 it
+    is seen up to 10 s after it began, and dating it from its first sample made a spin critical 10 s late
+    half the time). Brief dips inside the run do not move the onset; the samples from before the condition
+    began do not pull it earlier than that."""
     width = times.shape[1]
     inside = np.arange(width)[None, :] < count[:, None]
     holds = holds & inside
@@ -294,8 +309,10 @@ def run_start(times: np.ndarray, holds: np.ndarray, count: np.ndarray, share: fl
     total = count[:, None] - np.arange(width)[None, :]
     good = holds & (held >= share * total)
     first = np.argmax(good, axis=1)
-    newest = times[np.arange(len(count)), np.maximum(count - 1, 0)]
-    return np.where(good.any(axis=1), times[np.arange(len(count)), first], newest)
+    rows = np.arange(len(count))
+    newest = times[rows, np.maximum(count - 1, 0)]
+    began = np.where(first > 0, (times[rows, first] + times[rows, np.maximum(first - 1, 0)]) / 2, times[rows, first])
+    return np.where(good.any(axis=1), began, newest)
 
 
 def active(cells: Cells, ctx: Context) -> np.ndarray:

@@ -100,7 +100,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_pcie_link_generation", "gauge", "PCIe link generation now (it trains down at idle).", GPU),
     MetricSpec("gpu_pcie_link_width", "gauge", "PCIe link width (lanes) now.", GPU),
     MetricSpec("gpu_energy_joules_total", "counter", "Energy used since the driver loaded.", GPU),
-    MetricSpec("episode_start_time_seconds", "gauge", "Unix time of the first sample of the GPU's active episode.",
+    MetricSpec("episode_start_time_seconds", "gauge",
+               "Unix time the GPU's active episode began: halfway between its first sample and the one before.",
                ("gpu", "signature")),
     MetricSpec("rank_stack_samples_total", "counter", "Stack samples taken of the main thread of the GPU's rank "
                "(stacks.sample_rate_hz) since the daemon first sampled that process.", GPU),
