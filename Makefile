@@ -48,6 +48,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/series_budget.py
 	$(BIN)/python bench/live_verdict.py
 	$(BIN)/python bench/accuracy.py
+	$(BIN)/python bench/accuracy.py --spins --per-class 1  # every card x sampling 1-10 s x spin power
 	$(BIN)/python bench/straggler.py --per-class 2
 	$(BIN)/python bench/straggler_live.py  # real gloo ranks under torchrun, about 40 minutes
 	$(BIN)/python bench/soak.py

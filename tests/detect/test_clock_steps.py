@@ -58,7 +58,15 @@ def test_spring_dst_during_a_checkpoint_is_a_gap_not_an_hour_of_idle(tmp_path: P
     log.write_text(HEADER + rows(((t, t if t < 640 else t + 3600) for t in range(1200)), (600, 690)))
     events, err = replay(log)
     assert critical(events) == [], events
-    assert err.count("jumped forward") == 1 and "by 3601 s" in err
+    assert err.count("jumped forward") == 1 and "by 3600 s" in err  # an hour, not the hour and the interval
+
+
+def test_autumn_dst_is_said_as_the_hour_it_stepped_back(tmp_path: Path) -> None:
+    log = tmp_path / "autumn.csv"
+    log.write_text(HEADER + rows(((t, t if t < 640 else t - 3600) for t in range(1200)), (600, 690)))
+    events, err = replay(log)
+    assert critical(events) == [], events
+    assert err.count("stepped back") == 1 and "the last by 3600 s" in err, err  # was "by 3599 s"
 
 
 def test_one_sample_stamped_a_day_off_is_not_a_day_idle(tmp_path: Path) -> None:

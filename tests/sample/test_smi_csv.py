@@ -137,6 +137,30 @@ def test_wrong_column_count_names_the_line() -> None:
         read(text)
 
 
+def test_nvidia_smi_saying_it_cannot_reach_a_gpu_is_noted_not_malformed() -> None:
+    """A log written with nvidia-smi's stderr holds its own line where a GPU's row would be: read without
+    --lenient, the line noted, the GPU's rows simply absent from those samples."""
+    rows = ["timestamp, index, power.draw [W]"]
+    for second in range(4):
+        for gpu in range(2):
+            if second == 2 and gpu == 1:
+                rows.append("Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost.  "
+                            "Reboot the system to recover this GPU")
+                continue
+            rows.append(f"2024/01/02 03:04:{second:02d}.{gpu:03d}, {gpu}, {100 + gpu} W")
+    skips = SkipLog()
+    snaps = read("\n".join(rows) + "\n", skips=skips)
+    assert [len(s.gpus) for s in snaps] == [2, 2, 1, 2]
+    assert skips.count == 1 and skips.first[0].startswith("log.csv:7: nvidia-smi could not reach a GPU: Unable")
+
+
+@pytest.mark.parametrize("index", ["-1", "1024", "1000000000000000000000000000000"])
+def test_an_index_no_gpu_has_is_malformed(index: str) -> None:
+    text = f"timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, {index}, 100 W\n"
+    with pytest.raises(TraceError, match=r"log.csv:2: column 'index': GPU index -?\d+ is out of range \(0 to 1023\)"):
+        read(text)
+
+
 def test_lenient_skips_and_counts() -> None:
     text = ("timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0, 100 W\n"
             "garbage\n2024/01/02 03:04:07.000, 0, 100 W\n")

@@ -80,14 +80,15 @@ class StreamClock:
         elif stamp > last.newest:  # ahead of every clock by more than a gap: not time observed
             clock = last
             self.jumps += 1
-            self.last_jump_seconds = stamp - clock.newest
+            self.last_jump_seconds = stamp - clock.newest - step  # the stamp was due an interval after the newest
             clock.offset -= stamp - clock.newest - step
         else:  # behind every clock: a new one, continuing from the stream's time
             self.steps += 1
-            self.last_step_seconds = last.newest - stamp
+            back = last.newest - stamp
+            self.last_step_seconds = back + step  # how far the clock was set back (DST: an hour, not an hour less)
             # A clock set back by more than a gap (DST in autumn) goes on an interval later; a few seconds back is
             # as likely a second writer's sample, taken before the newest: it joins the stream where it is.
-            later = step if self.last_step_seconds > gap else 0.0
+            later = step if back > gap else 0.0
             clock = _Clock(stamp, now + later - stamp, self._count)
             self._clocks.append(clock)
             del self._clocks[:-_CLOCKS]

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from watchdog.detect.gpu_health import xid_words
 from watchdog.pasted.finding import Finding
-from watchdog.vocabulary.model import Severity
+from watchdog.vocabulary.model import NO_DEVICE_HANDLE, Severity
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f:.]{7,20})\):\s{0,4}(?P<xid>\d{1,4})\b"
                   r"(?P<rest>[^\n]{0,200})")
-_LOST = re.compile(r"Unable to determine the device handle for GPU\s{0,4}(?P<bus>[0-9A-Fa-f:.]{7,20}):\s{0,4}"
+_LOST = re.compile(re.escape(NO_DEVICE_HANDLE) + r"\s{0,4}(?P<bus>[0-9A-Fa-f:.]{7,20}):\s{0,4}"
                    r"(?P<why>[^\n]{0,80})|GPU (?P<bus2>[0-9A-Fa-f:.]{7,20}):?\s{0,4}GPU has fallen off the bus")
 _AER = re.compile(r"(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d):\s{0,4}AER:\s{0,4}(?P<kind>Corrected|"
                   r"Uncorrected \((?:Non-)?Fatal\)|Multiple Uncorrected \((?:Non-)?Fatal\))")
@@ -36,7 +36,7 @@ class GpuEvent:
 
 def looks_like(text: str) -> bool:
     head = text[:1 << 22]
-    return "NVRM: Xid" in head or "Unable to determine the device handle" in head or "fallen off the bus" in head \
+    return "NVRM: Xid" in head or NO_DEVICE_HANDLE in head or "fallen off the bus" in head \
         or " AER: " in head
 
 

@@ -90,6 +90,7 @@ def _too_large(text: str, default_unit: str) -> ValueError:
 _ANY_UNIT = {unit for scales in _SCALES.values() for unit in scales}
 MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
 LOST = {"[gpu is lost]", "gpu is lost", "[gpu requires reset]"}
+MAX_GPU_INDEX = 1023  # far above any node's GPUs, far below what would cost memory to number
 _NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 _HEADER = re.compile(r"^\s*([A-Za-z_.]+)\s*(?:\[([^\]]*)\])?\s*$")
 _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f",
@@ -314,10 +315,14 @@ def mask_cell(text: str) -> int | None:
 
 
 def index_cell(text: str) -> int:
+    """nvidia-smi's GPU index: 0 to MAX_GPU_INDEX (a node enumerates its GPUs from 0; -1 or 10**30 is no GPU)."""
     try:
-        return int(text)
+        index = int(text)
     except ValueError:
-        raise ValueError(f"cannot read {text.strip()!r} as a GPU index") from None
+        raise ValueError(f"cannot read {text.strip()[:40]!r} as a GPU index") from None
+    if not 0 <= index <= MAX_GPU_INDEX:
+        raise ValueError(f"GPU index {text.strip()[:40]} is out of range (0 to {MAX_GPU_INDEX})")
+    return index
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from watchdog.sample.smi_cells import (
 from watchdog.sample.smi_gpu_count import group_by_time
 from watchdog.sample.smi_samples import RowBlock, RowStore, assemble, by_identity, gpu_ordinal
 from watchdog.vocabulary.model import (
+    NO_DEVICE_HANDLE,
     GpuHealth,
     GpuSample,
     NodeSnapshot,
@@ -202,6 +203,9 @@ def smi_csv_stretches(
                 if looks_like_header(row):
                     yield _Header(line, row)
                     return
+                if text.lstrip().startswith(NO_DEVICE_HANDLE):  # nvidia-smi's word in place of a GPU's row
+                    skips.skip(f"{path}:{line}: nvidia-smi could not reach a GPU: {text.strip()[:160]}")
+                    continue
                 yield f"{path}:{line}: {exc}"
                 continue
             assert t is not None

@@ -14,6 +14,10 @@ from typing import Any, NamedTuple
 
 from watchdog.vocabulary.words import iso_time
 
+# What nvidia-smi prints in place of a GPU it cannot reach (in a CSV log when its stderr is logged too, in a
+# pasted kernel or console log): "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost".
+NO_DEVICE_HANDLE = "Unable to determine the device handle for GPU"
+
 
 class GpuHealth(str, enum.Enum):
     """Whether the GPU answered at all. A lost GPU is a signal, never folded into missing values."""
