@@ -190,6 +190,20 @@ def test_a_spin_sampled_every_10_s_is_critical_within_45_s(cls: str, seed: int) 
     assert trace.hang_at <= critical <= trace.hang_at + 45, critical - trace.hang_at
 
 
+@pytest.mark.parametrize(("interval", "within"), [(20.0, 75.0), (30.0, 105.0), (60.0, 200.0)])
+def test_a_spin_sampled_every_20_s_or_more_is_found(interval: float, within: float) -> None:
+    """Sampled every 25 s or more, busy_spin's 40-s window held one or two samples, fewer than a window needs:
+    no spin was ever found (at 20 s, found or not by the jitter: 99 s). The window now always holds three
+    samples, half an interval to spare; at 15 s and faster it is the same window as before."""
+    from tests.traces.corpus import Trace
+
+    trace = Trace("h100", "hang_spin", "h100", "standard", interval, 3600, 1004, 8)
+    began = 1800.5
+    trace.segments = [(0.0, None, "startup"), (100.0, None, "train"), (began, None, "spin")]
+    critical = _first_critical(trace)
+    assert critical is not None and began <= critical <= began + within, critical
+
+
 def test_the_busy_level_rises_within_a_minute_and_falls_over_many() -> None:
     """The busy level follows work that draws more within a minute, and work that draws less over about ten
     (a spin's minutes do not teach it; a job whose steps became lighter does, in time)."""

@@ -67,6 +67,10 @@ def test_autumn_dst_is_said_as_the_hour_it_stepped_back(tmp_path: Path) -> None:
     events, err = replay(log)
     assert critical(events) == [], events
     assert err.count("stepped back") == 1 and "the last by 3600 s" in err, err  # was "by 3599 s"
+    text = subprocess.run([sys.executable, "-m", "watchdog", "replay", str(log)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120).stdout
+    # the footer spans the samples as read (1,200 one a second), not the stamps' last minus first (0 s: before)
+    assert "(19 min 59 s observed: the clock was stepped)" in text, text[-400:]
 
 
 def test_one_sample_stamped_a_day_off_is_not_a_day_idle(tmp_path: Path) -> None:

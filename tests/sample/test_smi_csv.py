@@ -151,7 +151,19 @@ def test_nvidia_smi_saying_it_cannot_reach_a_gpu_is_noted_not_malformed() -> Non
     skips = SkipLog()
     snaps = read("\n".join(rows) + "\n", skips=skips)
     assert [len(s.gpus) for s in snaps] == [2, 2, 1, 2]
-    assert skips.count == 1 and skips.first[0].startswith("log.csv:7: nvidia-smi could not reach a GPU: Unable")
+    assert skips.count == 1 and skips.first[0].startswith("log.csv:7: nvidia-smi's own message, not a row: Unable")
+
+
+@pytest.mark.parametrize("said", ["No devices were found", "2025/07/27 00:04:00.000, Failed to initialize NVML: "
+                                  "Driver/library version mismatch", "Unable to determine the device handle for GPU "
+                                  "0000:3B:00.0: Unknown Error, GPU 3, again", "NVIDIA-SMI has failed because it "
+                                  "couldn't communicate with the NVIDIA driver"])
+def test_nvidia_smis_other_words_in_place_of_rows_are_noted(said: str) -> None:
+    text = ("timestamp, index, power.draw [W]\n2024/01/02 03:04:05.000, 0, 100 W\n" + said + "\n"
+            "2024/01/02 03:04:07.000, 0, 100 W\n")
+    skips = SkipLog()
+    assert len(read(text, skips=skips)) == 2
+    assert skips.count == 1 and skips.first[0].startswith("log.csv:3: nvidia-smi's own message"), skips.first
 
 
 @pytest.mark.parametrize("index", ["-1", "1024", "1000000000000000000000000000000"])

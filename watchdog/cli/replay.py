@@ -194,7 +194,8 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
         assert first is not None and last is not None
         still_open = [f"{ep.finding.signature.value} ({ep.fired_severity.value}) on {gpu_list(ep.finding.gpus)}"
                       for ep in engine.open_episodes() if ep.fired_severity is not None]
-        timeline.footer(first, last, samples, gpus, still_open)
+        timeline.footer(first, last, samples, gpus, still_open,
+                        None if engine.clock.now is None else engine.clock.now - first)
     if options.report:
         episodes = report_html.episodes_from_events(fired)
         worst = max(episodes, key=lambda e: (e["severity"] == "critical", e["severity"] == "warning"), default=None)

@@ -192,9 +192,11 @@ def _legs(cells: Cells, cfg: BusySpinConfig, window: Window) -> tuple[np.ndarray
 def _span(cells: Cells, seconds: float) -> np.ndarray:
     """The window to judge over: `seconds`, or enough samples to judge flatness when sampling is slow
     (Cells.span), but no more than _MAX_SPAN_SECONDS (at -l 10: four or five samples rather than a window
-    of minutes)."""
+    of minutes), and never too short to hold the MIN_WINDOW_SAMPLES a window needs, half an interval to spare
+    (at -l 25 and slower 40 s held one or two samples, and no spin was ever found; at -l 20, by the jitter)."""
     stretch = cells.span(seconds, _FLAT_MIN_SAMPLES)
-    return np.where(stretch <= _MAX_SPAN_SECONDS, stretch, max(seconds, _MAX_SPAN_SECONDS))
+    capped = np.where(stretch <= _MAX_SPAN_SECONDS, stretch, max(seconds, _MAX_SPAN_SECONDS))
+    return np.maximum(capped, cells.span(seconds, MIN_WINDOW_SAMPLES - 0.5))
 
 
 def pinned(cells: Cells, cfg: BusySpinConfig, ctx: Context) -> np.ndarray:

@@ -237,7 +237,7 @@ class Cells:
             return np.zeros(len(self.at), bool)
         return np.fromiter(map(bool, pids[self.end, self.cols]), bool, len(self.at))
 
-    def span(self, seconds: float, samples: int) -> np.ndarray:
+    def span(self, seconds: float, samples: float) -> np.ndarray:
         """The stretch to judge over: `seconds`, or long enough to hold `samples` samples when sampling is
         slow (nvidia-smi -l 5, -l 10): from the time between the cell's last two samples."""
         seen = self.stretch.counts(self.end, self.cols)

@@ -34,8 +34,14 @@ class TextTimeline:
             self.fired[Severity.CRITICAL] += 1
         self.out.write(f"{clock}  {kind:<9} {e.severity.value:<8} {e.signature.value:<9} {e.summary}\n")
 
-    def footer(self, first: float, last: float, samples: int, gpus: int, still_open: Sequence[str]) -> None:
-        span = duration_text(last - first)
+    def footer(self, first: float, last: float, samples: int, gpus: int, still_open: Sequence[str],
+               observed: float | None = None) -> None:
+        """`first` and `last` as stamped; `observed`, the time the samples span on the trace's clock as read
+        (a clock set back an hour mid-log spans its samples, not minus an hour)."""
+        observed = last - first if observed is None else observed
+        span = duration_text(observed)
+        if abs(observed - (last - first)) >= 1:
+            span += " observed: the clock was stepped"
         self.out.write(f"{self.source}: {counted(samples, 'sample')} of {counted(gpus, 'GPU')}, "
                        f"{iso_time(first, self.naive)} to {iso_time(last, self.naive)} ({span}). ")
         total = sum(self.fired.values())

@@ -34,7 +34,7 @@ from watchdog.sample.smi_cells import (
 from watchdog.sample.smi_gpu_count import group_by_time
 from watchdog.sample.smi_samples import RowBlock, RowStore, assemble, by_identity, gpu_ordinal
 from watchdog.vocabulary.model import (
-    NO_DEVICE_HANDLE,
+    SMI_SAYS,
     GpuHealth,
     GpuSample,
     NodeSnapshot,
@@ -203,8 +203,8 @@ def smi_csv_stretches(
                 if looks_like_header(row):
                     yield _Header(line, row)
                     return
-                if text.lstrip().startswith(NO_DEVICE_HANDLE):  # nvidia-smi's word in place of a GPU's row
-                    skips.skip(f"{path}:{line}: nvidia-smi could not reach a GPU: {text.strip()[:160]}")
+                if any(said in text for said in SMI_SAYS):  # nvidia-smi's own word in place of rows
+                    skips.skip(f"{path}:{line}: nvidia-smi's own message, not a row: {text.strip()[:160]}")
                     continue
                 yield f"{path}:{line}: {exc}"
                 continue

@@ -17,6 +17,9 @@ from watchdog.vocabulary.words import iso_time
 # What nvidia-smi prints in place of a GPU it cannot reach (in a CSV log when its stderr is logged too, in a
 # pasted kernel or console log): "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost".
 NO_DEVICE_HANDLE = "Unable to determine the device handle for GPU"
+# ... and its other words in place of rows, when it cannot read the GPUs at all.
+SMI_SAYS = (NO_DEVICE_HANDLE, "No devices were found", "Unable to query NVML", "Failed to initialize NVML",
+            "Unable to communicate with the NVIDIA driver", "NVIDIA-SMI has failed")
 
 
 class GpuHealth(str, enum.Enum):
