@@ -270,9 +270,12 @@ def ranked(readings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(readings, axis=1), np.add.reduce(~np.isnan(readings), axis=1, dtype=np.intp)
 
 
-def nearest_rank(sorted_readings: np.ndarray, count: np.ndarray, q: float) -> np.ndarray:
-    """Nearest-rank percentile of each row (NaN where it has no readings): the reading at int(q * n)."""
-    rank = np.minimum((q * count).astype(int), np.maximum(count - 1, 0))
+def nearest_rank(sorted_readings: np.ndarray, count: np.ndarray, q: float,
+                 top: np.ndarray | None = None) -> np.ndarray:
+    """Nearest-rank percentile of each row (NaN where it has no readings): the reading at int(q * n), at most
+    rank `top` (default: the row's last reading)."""
+    top = count - 1 if top is None else top
+    rank = np.minimum((q * count).astype(int), np.maximum(top, 0))
     return np.where(count > 0, at_rank(sorted_readings, rank), np.nan)
 
 
@@ -282,9 +285,7 @@ def seen_busy(sorted_readings: np.ndarray, count: np.ndarray) -> np.ndarray:
     (-l 5, -l 10) a window of five to ten samples still holds the one taken before a spin began, at work:
     one sample at its edge would veto the spin until the window had passed it (issue 58: 10-s spins
     critical at 49 s)."""
-    top = np.where(count >= _EDGE_SAMPLES, count - 2, count - 1)
-    rank = np.minimum((BUSY_PERCENTILE * count).astype(int), np.maximum(top, 0))
-    return np.where(count > 0, at_rank(sorted_readings, rank), np.nan)
+    return nearest_rank(sorted_readings, count, BUSY_PERCENTILE, np.where(count >= _EDGE_SAMPLES, count - 2, count - 1))
 
 
 def at_rank(sorted_readings: np.ndarray, rank: np.ndarray) -> np.ndarray:

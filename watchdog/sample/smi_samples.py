@@ -196,8 +196,7 @@ class _Cut:
         self._started([start])
         if all(a < b for a, b in itertools.pairwise(layout)):
             return Run([start], tuple(layout), rows)
-        ordered = sorted(zip(layout, rows))
-        return Run([start], tuple(gpu for gpu, _ in ordered), [row for _, row in ordered])
+        return Run([start], tuple(sorted(layout)), _by_gpu(layout, rows))
 
     def _started(self, starts: list[float]) -> None:
         self.starts.extend(starts[-(_GAPS + 1):])
@@ -245,13 +244,18 @@ class _Cut:
             rows = every_row[:tail]
             self.layout = order[:len(stamps) - tail]
         else:
-            rows = [row for i in begins[:-1] for _, row in sorted(zip(every[i:i + width], every_row[i:i + width]))]
+            rows = [row for i in begins[:-1] for row in _by_gpu(every[i:i + width], every_row[i:i + width])]
             self.layout = every[tail:]
         starts = stamps[0:tail:width]
         self.stamps, self.rows = stamps[tail:], every_row[tail:]
         self.seen, self.last = set(self.layout), stamps[-1]
         self._started(starts)
         return Run(starts, tuple(ordered), rows)
+
+
+def _by_gpu(gpus: Sequence[int], rows: Sequence[int]) -> list[int]:
+    """A sample's rows in index order (its GPUs as listed, each row beside its GPU; no GPU twice)."""
+    return [row for _, row in sorted(zip(gpus, rows))]
 
 
 def assemble(runs: Iterator[Run], store: RowStore) -> Iterator[NodeSnapshot | SnapshotBlock]:
