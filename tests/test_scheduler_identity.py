@@ -30,8 +30,12 @@ def test_the_alert_leads_to_the_pod_and_the_slurm_job(tmp_path: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="kubelet-") as folder:
         socket_path = Path(folder) / "kubelet.sock"
         try:
-            with KubeletServer(socket_path, pods), gloo_job("dataloader", tmp_path, odd_rank=2, env=SLURM) as ranks:
+            with (KubeletServer(socket_path, pods) as kubelet,
+                  gloo_job("dataloader", tmp_path, odd_rank=2, env=SLURM) as ranks):
                 pids = {4: [ranks[2].pid], 0: [ranks[0].pid], 1: [ranks[1].pid], 2: [ranks[3].pid]}
+                # A kubelet slow to give its first answer (a busy node): the look waits for it, and the alert
+                # still names the pod.
+                kubelet.delay = 1.5
                 config = daemon_config(
                     tmp_path, source={"scenario": "odd_rank", "start_offset_seconds": 295, "pids": pids},
                     bundles={"capture_stacks": True}, stacks={"observe_seconds": 0.3},

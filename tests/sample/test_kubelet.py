@@ -190,3 +190,42 @@ def test_rank_labels_are_kept_until_the_processes_or_the_kubelets_answer_change(
         moved = NodeSnapshot(1.0, (GpuSample(index=4, uuid=UUID[4], pids=(rank.pid,)),))
         [third] = labels.of(moved)
         assert third.gpu == 4 and third.workload.pod == "trainer-1"
+
+
+def test_settle_waits_for_the_first_answer_and_for_a_pod_that_just_started(socket_path: Path) -> None:
+    with KubeletServer(socket_path, PODS[:1]) as server:
+        server.delay = 1.0  # a slow first answer: a daemon that just started on a busy node
+        directory = PodDirectory(PodResourcesClient(str(socket_path)), refresh_seconds=3600)
+        directory.start()
+        try:
+            assert directory.holder([UUID[0]]) is None  # not answered yet: holder() never waits
+            directory.settle([UUID[0]], timeout=30)
+            assert directory.answered and directory.holder([UUID[0]]) == PodContainer("ml", "trainer-0", "main",
+                                                                                       "nvidia.com/gpu")
+            server.delay, server.pods = 0.0, PODS  # trainer-1 starts after that answer
+            calls = server.calls
+            directory.settle([UUID[4]], timeout=30)
+            assert directory.holder([UUID[4]]) == PodContainer("ml", "trainer-1", "main", "nvidia.com/gpu")
+            assert server.calls == calls + 1
+            directory.settle(["GPU-no-pod"], timeout=30)  # asked once, named by no pod
+            calls = server.calls
+            for _ in range(5):  # then known to be unnamed: no more asking, no waiting
+                directory.settle(["GPU-no-pod", UUID[0]], timeout=30)
+            assert server.calls == calls
+        finally:
+            directory.close()
+
+
+def test_settle_on_a_kubelet_that_never_answers_ends_at_its_timeout(socket_path: Path) -> None:
+    errors: list[str] = []
+    with KubeletServer(socket_path, PODS) as server:
+        server.delay = 5.0
+        directory = PodDirectory(PodResourcesClient(str(socket_path), timeout_seconds=0.3), refresh_seconds=3600,
+                                 on_error=errors.append)
+        directory.start()
+        try:
+            directory.settle([UUID[0]], timeout=30)  # the failed call counts as the answer tried
+            assert not directory.answered and directory.holder([UUID[0]]) is None
+            assert len(errors) == 1 and "DEADLINE_EXCEEDED" in errors[0]
+        finally:
+            directory.close()

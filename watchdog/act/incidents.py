@@ -217,6 +217,7 @@ class IncidentHandler:
     # -- off the loop ------------------------------------------------------------------------------
     def _capture(self, key: str, state: OpenIncident, on_gpus: NodeSnapshot, done: Future[None]) -> None:
         try:
+            self.discovery.settle_pods(g.uuid for g in on_gpus.gpus if g.pids and g.uuid)
             ranks = self.discovery.from_snapshot(on_gpus)
             s = self.config.stacks
             jobs = membership.pictured(ranks, self.slurm_check)

@@ -181,9 +181,10 @@ class PodDirectory:
     """The devices' holders, kept fresh off the sampling loop: a thread asks the kubelet every
     `refresh_seconds`, and sooner (at most once a second) after `holder()` was asked for a device the last
     answer did not name (a pod that just started). A device still unnamed after that (a GPU no pod was
-    allocated, or one shared) waits for the regular refresh. `holder()` never waits on the kubelet. A
-    kubelet that does not answer costs one failed call per refresh, reported through `on_error` when the
-    reason changes; the last good answer is kept."""
+    allocated, or one shared) waits for the regular refresh. `holder()` never waits on the kubelet;
+    `settle()` does, for an incident's look, which names its ranks' pods once. A kubelet that does not
+    answer costs one failed call per refresh, reported through `on_error` when the reason changes; the last
+    good answer is kept."""
 
     def __init__(self, client: PodResourcesClient, refresh_seconds: float = 30.0,
                  on_error: Callable[[str], None] | None = None, on_ok: Callable[[int], None] | None = None):
@@ -199,6 +200,8 @@ class PodDirectory:
         self._unnamed: frozenset[str] = frozenset()  # looked up before the last answer, and not in it
         self._missed = threading.Event()
         self._stop = threading.Event()
+        self._tries = 0  # refreshes done, good or not; under _tried
+        self._tried = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def holder(self, devices: Iterable[str]) -> PodContainer | None:
@@ -213,8 +216,30 @@ class PodDirectory:
             self._missed.set()
         return next(iter(found)) if len(found) == 1 else None
 
+    def settle(self, devices: Iterable[str], timeout: float) -> None:
+        """Wait, at most `timeout` seconds, until the directory says what the kubelet can about these
+        devices: its first answer tried (a daemon that just started), and those the last answer did not name
+        asked once more (a pod that just started). A device asked before and still unnamed costs no wait."""
+        deadline, wanted = time.monotonic() + timeout, [d for d in devices if d]
+        with self._tried:
+            self._tried.wait_for(lambda: self._tries > 0, timeout)
+            known, unnamed = self._devices, self._unnamed
+            if all(d in known or d in unnamed for d in wanted):
+                return
+            tries = self._tries
+            self.holder(wanted)  # the miss wakes the thread
+            self._tried.wait_for(lambda: self._tries > tries, max(0.0, deadline - time.monotonic()))
+
     def refresh(self) -> bool:
         """Ask the kubelet now; True on a good answer."""
+        try:
+            return self._refresh()
+        finally:
+            with self._tried:
+                self._tries += 1
+                self._tried.notify_all()
+
+    def _refresh(self) -> bool:
         try:
             devices = device_map(self.client.list())
         except KubeletError as exc:

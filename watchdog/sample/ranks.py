@@ -264,6 +264,12 @@ class RankDiscovery:
         """How many answers the kubelet has given (0 without one): with_pod's reading changes only with a new one."""
         return self.pods.answers if self.pods is not None else 0
 
+    def settle_pods(self, uuids: Iterable[str]) -> None:
+        """Off the loop, before an incident's look names its ranks' pods: wait (at most the kubelet's
+        timeout and a second) for an answer that can name these GPUs' holders."""
+        if self.pods is not None:
+            self.pods.settle(uuids, self.pods.client.timeout_seconds + 1.0)
+
     def with_pod(self, found: Workload, uuids: Iterable[str]) -> Workload:
         """`found`, with the pod and container the kubelet says hold these GPUs in first place (its last
         answer; never waits)."""
