@@ -22,6 +22,7 @@ from watchdog.config import parse_config
 from watchdog.daemon import Daemon
 from watchdog.export.server import EndpointError
 from watchdog.plumbing import logfmt
+from watchdog.plumbing.signals import SignalEvents
 from watchdog.service import build
 
 RANKS = 8
@@ -172,34 +173,31 @@ def run(duration: float | None, port: int, folder: Path | None, out: object = sy
         raise DemoError(str(exc)) from None
     daemon, endpoint = service.daemon, service.endpoint
     loop = threading.Thread(target=service.run, name="daemon", daemon=True)
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: stop.set())  # the terminal was closed
-    started = time.monotonic()
-    loop.start()
-    say(f"metrics: {endpoint.url}   (rank 4 gets stuck about {HANG_AFTER:.0f} s from now; the watchdog should "
-        "name it within a minute)")
-    reported: set[Path] = set()
-    try:
-        while not stop.is_set() and (duration is None or time.monotonic() - started < duration):
-            stop.wait(5)
-            say(_progress(daemon, started))
-            for bundle in daemon.bundles.bundles():
-                if bundle not in reported and (bundle / "report.html").exists():
-                    reported.add(bundle)
-                    for line in _describe(bundle):
-                        say(line)
-                    say(f"metrics: {endpoint.url}  (still serving; Ctrl+C to stop"
-                        + (f", or it stops after {duration:.0f} s)" if duration else ")"))
-    finally:
-        say("stopping: the daemon, the endpoint and the ranks ...")
-        service.stop()
-        loop.join(timeout=10)
-        service.close(timeout=5)
-        stop_ranks(ranks)
-        signal.signal(signal.SIGINT, previous)
-        for rank_file in workdir.glob("rank-*"):
-            rank_file.unlink()
+    with SignalEvents({signal.SIGINT: stop, signal.SIGTERM: stop, signal.SIGHUP: stop}):  # HUP: terminal closed
+        started = time.monotonic()
+        loop.start()
+        say(f"metrics: {endpoint.url}   (rank 4 gets stuck about {HANG_AFTER:.0f} s from now; the watchdog should "
+            "name it within a minute)")
+        reported: set[Path] = set()
+        try:
+            while not stop.is_set() and (duration is None or time.monotonic() - started < duration):
+                stop.wait(5)
+                say(_progress(daemon, started))
+                for bundle in daemon.bundles.bundles():
+                    if bundle not in reported and (bundle / "report.html").exists():
+                        reported.add(bundle)
+                        for line in _describe(bundle):
+                            say(line)
+                        say(f"metrics: {endpoint.url}  (still serving; Ctrl+C to stop"
+                            + (f", or it stops after {duration:.0f} s)" if duration else ")"))
+        finally:
+            say("stopping: the daemon, the endpoint and the ranks ...")
+            service.stop()
+            loop.join(timeout=10)
+            service.close(timeout=5)
+            stop_ranks(ranks)
+            for rank_file in workdir.glob("rank-*"):
+                rank_file.unlink()
     if not reported:
         say("no incident was written in time; the ranks' log is in " + str(workdir / "ranks.log"))
     # A folder the demo made itself outlives it (the bundle and report are what a user opens next): say so.

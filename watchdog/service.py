@@ -12,6 +12,7 @@ which exists before either. `Service.serve()` owns the signals, the threads and 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import threading
@@ -36,6 +37,7 @@ from watchdog.export.report import write_for_bundle
 from watchdog.export.server import DumpHandler, Endpoint
 from watchdog.export.systemd import SystemdNotifier
 from watchdog.plumbing import logfmt
+from watchdog.plumbing.signals import SignalEvents
 from watchdog.sample import sim
 from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.kubelet import pod_directory
@@ -147,16 +149,16 @@ class Service:
         """`run`: start, stop on SIGTERM or SIGINT, reload on SIGHUP, loop, then close everything (also when the
         endpoint cannot listen: EndpointError)."""
         daemon = self.daemon
-        try:
-            self.start()
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, lambda *_: daemon.stop_requested.set())
-                signal.signal(signal.SIGINT, lambda *_: daemon.stop_requested.set())
-                signal.signal(signal.SIGHUP, lambda *_: daemon.reload_requested.set())
-            self.run(max_ticks)
-        finally:
-            logfmt.event("stopping", ticks=daemon.ticks)
-            self.close()
+        wiring = {signal.SIGTERM: daemon.stop_requested, signal.SIGINT: daemon.stop_requested,
+                  signal.SIGHUP: daemon.reload_requested}
+        on_main = threading.current_thread() is threading.main_thread()
+        with SignalEvents(wiring) if on_main else contextlib.nullcontext():
+            try:
+                self.start()
+                self.run(max_ticks)
+            finally:
+                logfmt.event("stopping", ticks=daemon.ticks)
+                self.close()
 
     def stop(self) -> None:
         self.daemon.stop_requested.set()

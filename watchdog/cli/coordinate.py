@@ -17,6 +17,7 @@ from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.scheduler import KubernetesNodes, SlurmNodes
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.plumbing import logfmt
+from watchdog.plumbing.signals import SignalEvents
 from watchdog.vocabulary.model import K8S_NAME, SLURM_JOB_ID
 
 # Each flag and the key of the `coordinator:` section it overrides.
@@ -161,13 +162,12 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         error(f"--listen {cfg.listen_address}: cannot listen: {getattr(exc, 'strerror', None) or exc}")
         return EXIT_USAGE
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    thread = threading.Thread(target=server.serve_forever, name="coordinate-http", daemon=True)
-    thread.start()
-    logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,
-                 slurm=cfg.slurm_instance, kubernetes=cfg.kubernetes.api_url, out=cfg.out_directory)
-    stop.wait()
-    server.shutdown()
-    server.server_close()
+    with SignalEvents({signal.SIGTERM: stop, signal.SIGINT: stop}):
+        thread = threading.Thread(target=server.serve_forever, name="coordinate-http", daemon=True)
+        thread.start()
+        logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,
+                     slurm=cfg.slurm_instance, kubernetes=cfg.kubernetes.api_url, out=cfg.out_directory)
+        stop.wait()
+        server.shutdown()
+        server.server_close()
     return EXIT_OK

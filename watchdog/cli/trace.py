@@ -17,6 +17,7 @@ from typing import Protocol
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, error, open_nvml
 from watchdog.config import load_config
 from watchdog.plumbing.schedule import Ticker
+from watchdog.plumbing.signals import SignalEvents
 from watchdog.sample import recording, sim
 from watchdog.sample.errors import TraceError
 from watchdog.sample.replay import SIM_PREFIX, scenario
@@ -122,8 +123,6 @@ def cmd_record(args: argparse.Namespace) -> int:
     interval = args.interval_seconds or config.sample.interval_seconds
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if args.simulate:
         head = recording.header(f"{SIM_PREFIX}{scenario(args.simulate).name}", started, interval_seconds=interval)
         with _output(args.out) as write:
@@ -134,7 +133,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         if source is None:
             return EXIT_FAILURE
         try:
-            with _output(args.out) as write:
+            with SignalEvents({signal.SIGINT: stop, signal.SIGTERM: stop}), _output(args.out) as write:
                 written, dropped = record_live(source, write, started, interval, args.duration_seconds, stop)
         finally:
             source.close()

@@ -1,0 +1,61 @@
+"""Signals that stop (or reload) a process, handed to a threading.Event without the handler taking a lock.
+
+Python runs a signal handler in the main thread between two of its bytecodes, so a handler that calls
+`event.set()` can run while that same thread already holds the event's lock: inside the `set()` of the signal
+just before (two Ctrl+C, or a SIGTERM and a SIGINT, back to back), or on the way out of its own
+`event.wait()`. The lock is not reentrant, and the process never stops. Here a handler only writes the
+signal's number to a pipe (`os.write` takes no Python lock); a thread of its own reads the pipe and sets the
+events, so every signal reaches its event, however they arrive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any
+
+
+class SignalEvents:
+    """`with SignalEvents({signal.SIGTERM: stop, signal.SIGINT: stop}):` sets `stop` on either signal; the
+    handlers that were there before are put back on the way out. Only in the main thread (Python's rule for
+    `signal.signal`)."""
+
+    def __init__(self, wiring: Mapping[signal.Signals, threading.Event]) -> None:
+        self.wiring = {int(number): event for number, event in wiring.items()}
+        self._previous: dict[int, Any] = {}
+        self._read, self._write = -1, -1
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> SignalEvents:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # a full pipe drops a signal, never blocks the handler: see _run
+        self._thread = threading.Thread(target=self._run, name="signals", daemon=True)
+        self._thread.start()
+        for number in self.wiring:
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous.clear()
+        os.close(self._write)  # the thread reads the end of the pipe and returns
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        os.close(self._read)
+
+    def _handle(self, number: int, frame: FrameType | None) -> None:
+        # BlockingIOError: 64 KiB of signals the thread has not read yet; this one is dropped
+        with contextlib.suppress(OSError):
+            os.write(self._write, bytes((number,)))
+
+    def _run(self) -> None:
+        while chunk := os.read(self._read, 256):
+            for number in set(chunk):
+                event = self.wiring.get(number)
+                if event is not None:
+                    event.set()
