@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import REPO, gloo_job
@@ -22,8 +23,22 @@ from watchdog.stacks.fr_dumps import FlightRecorderError
 from watchdog.stacks.fr_matching import analyze, analyze_with_torch
 
 
+def until_blocked(processes: list[subprocess.Popen[str]], limit: float = 30) -> None:
+    """Until no rank has used CPU for half a second: each is blocked in its stall (a loaded machine takes
+    longer than gloo_job's pause from "ready" to get there, and a dump taken before shows the rank elsewhere)."""
+    watched = [psutil.Process(p.pid) for p in processes]
+    deadline, last = time.monotonic() + limit, -1.0
+    while time.monotonic() < deadline:
+        used = sum(sum(w.cpu_times()[:2]) for w in watched)
+        if used == last:
+            return
+        last = used
+        time.sleep(0.5)
+
+
 def dumps_of(scenario: str, tmp: Path, odd_rank: int = 2) -> list[fr_dumps.RankTrace]:
     with gloo_job(scenario, tmp, odd_rank=odd_rank, flight_recorder=True) as processes:
+        until_blocked(processes)
         discovery = RankDiscovery()
         ranks = [r for r in (discovery.describe(p.pid) for p in processes) if r is not None]
         asked_at = time.time()
