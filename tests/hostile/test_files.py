@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, python_target
 from watchdog.act.bundles import MARKER, BundleStore, Incident
 from watchdog.config import parse_config
@@ -116,6 +118,29 @@ def test_a_line_that_never_ends_is_bounded(tmp_path: Path) -> None:
     huge.write_text('{"stall_watchdog_recording": 1}\n{"t": 1, "gpus": {"index": [' + "0," * 3_000_000 + "0]}}\n")
     result = replay(str(huge))
     assert result.returncode == 1 and ":2: line longer than" in result.stderr
+    result = replay("/dev/zero", "--lenient")  # skipping it never ends: bounded too
+    assert result.returncode == 1 and "no end of line in 64 MiB" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_lenient_skips_a_line_over_1_mib_and_reads_on(tmp_path: Path, where: str) -> None:
+    rows = [f"2026/01/01 00:{m:02d}:{s:02d}.000, 0, 100 %, 150.0 W, 40000 MiB" for m in range(2) for s in range(60)]
+    junk = "x" * (3 << 20)
+    lines = ["timestamp, index, utilization.gpu [%], power.draw [W], memory.used [MiB]",
+             *rows[:60], junk, *rows[60:]] if where == "middle" else [
+             "timestamp, index, utilization.gpu [%], power.draw [W], memory.used [MiB]", *rows, junk + "\n" + junk]
+    log = tmp_path / "long.csv"
+    log.write_text("\n".join(lines) + "\n")
+    strict = replay(str(log))
+    number = 62 if where == "middle" else 122
+    assert strict.returncode == 1 and f"long.csv:{number}: line longer than 1 MiB" in strict.stderr, strict.stderr
+    assert "--lenient" in strict.stderr
+    lenient = replay(str(log), "--lenient")
+    assert lenient.returncode in (0, 2) and "Traceback" not in lenient.stderr, lenient.stderr[-2000:]
+    skipped = 1 if where == "middle" else 2
+    assert f"{skipped} line(s) or sample(s) skipped" in lenient.stderr, (lenient.stdout + lenient.stderr)[-2000:]
+    assert "120 samples" in lenient.stdout + lenient.stderr, (lenient.stdout + lenient.stderr)[-2000:]
 
 
 def test_a_byte_order_mark_and_a_report_to_a_folder(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Text lines of a trace file, read safely: each line at most MAX_LINE_BYTES (a 50 MB line or /dev/zero
-is an error naming the line, not gigabytes of memory), decoded as UTF-8 (bytes that are not text are a
-malformed line, skipped under --lenient), a leading byte-order mark dropped.
+is an error naming the line, or under --lenient a skipped line, never gigabytes of memory), decoded as UTF-8
+(bytes that are not text are a malformed line, skipped under --lenient), a leading byte-order mark dropped.
 
 Readers take lines in blocks (`blocks()`): a day of nvidia-smi log is read 96 KiB at a time and split
 with one call, rather than a million readline() calls. Any other iterable of text lines (a test's
@@ -19,6 +19,7 @@ from typing import BinaryIO
 from watchdog.sample.errors import SkipLog, TraceError
 
 MAX_LINE_BYTES = 1 << 20
+MAX_SKIPPED_BYTES = 64 << 20  # of one line over MAX_LINE_BYTES, read past under --lenient
 # The distinct GPUs one trace may name. The largest nodes hold 8 to 16 GPUs (a DGX-2 16, a few PCIe chassis
 # 20): 64 leaves room for any of them. The detectors keep a column for every GPU a trace ever named
 # (detect/frames.py): without a bound, lines that each name 1,024 new GPUs grow them to gigabytes.
@@ -61,14 +62,27 @@ class TextLines:
                 return
             rest += chunk
             cut = rest.rfind(b"\n") + 1
-            if cut == 0:
-                if len(rest) > MAX_LINE_BYTES:
-                    self._too_long(self.number + 1)
-                continue
-            yield from self._cut(rest[:cut])
-            rest = rest[cut:]
-            if len(rest) > MAX_LINE_BYTES:
+            if cut:
+                yield from self._cut(rest[:cut])
+                rest = rest[cut:]
+            if len(rest) > MAX_LINE_BYTES:  # a line still without its end
                 self._too_long(self.number + 1)
+                rest = self._past_line()
+                yield from self._cut(b"\n")  # skipped: a blank line keeps the numbering
+
+    def _past_line(self) -> bytes:
+        """What follows the end of the line being read, the rest of that line read and dropped; an error
+        past MAX_SKIPPED_BYTES of it (/dev/zero, or a binary file, under --lenient)."""
+        dropped = 0
+        while chunk := self._stream.read(_READ_BYTES):
+            end = chunk.find(b"\n")
+            if end >= 0:
+                return chunk[end + 1:]
+            dropped += len(chunk)
+            if dropped > MAX_SKIPPED_BYTES:
+                raise TraceError(f"{self._path}:{self.number + 1}: no end of line in "
+                                 f"{MAX_SKIPPED_BYTES // 2**20} MiB: not a trace")
+        return b""
 
     def _cut(self, data: bytes) -> Iterator[tuple[int, bytes, list[bytes]]]:
         raw = data.split(b"\n")
@@ -79,10 +93,13 @@ class TextLines:
             for offset, line in enumerate(raw):
                 if len(line) > MAX_LINE_BYTES:
                     self._too_long(first + offset)
+                    raw[offset] = b""  # skipped: a blank line keeps the numbering
+            data = b"\n".join(raw) + b"\n"
         yield first, data, raw
 
     def _too_long(self, number: int) -> None:
-        raise TraceError(f"{self._path}:{number}: line longer than {MAX_LINE_BYTES // 2**20} MiB: not a trace")
+        """A line over MAX_LINE_BYTES: an error, or under --lenient a counted skip (the caller drops it)."""
+        self._skips.malformed(f"{self._path}:{number}: line longer than {MAX_LINE_BYTES // 2**20} MiB: not a trace")
 
     def _decode(self, first: int, data: bytes, raw: list[bytes]) -> list[str]:
         try:
