@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import logging
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -16,11 +18,12 @@ import pytest
 
 from tests.fakes.daemon import FlakySource, Receiver, daemon_config, scrape, stepping_clock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
-from watchdog.daemon import Daemon
+from watchdog.daemon import PAGED_BATCHES, Daemon
 from watchdog.plumbing import logfmt
 from watchdog.sample import sim
 from watchdog.sample.nvml import NvmlSource
 from watchdog.service import build
+from watchdog.vocabulary.model import Severity
 
 
 def spin_source(offset: float = 285) -> sim.SimSource:
@@ -433,7 +436,44 @@ def test_quiet_ticks_are_judged_in_batches_with_the_same_verdicts(tmp_path: Path
     assert batched[suspected][0] - every[suspected][0] in range(5)  # the first sign: up to 5 s later
     assert sum(every_calls) == sum(batched_calls) == 200  # every tick judged once, the last ones by flush()
     assert len(every_calls) == 200 and len(batched_calls) < 200 / 2
-    assert max(batched_calls) == 5
+    # Once the page is out and nothing below critical is open, batches of PAGED_BATCHES x 5 s (the flush: the rest)
+    paged_at = batched[critical][0]
+    judged = list(itertools.accumulate(batched_calls))
+    before = [n for n, upto in zip(batched_calls, judged) if upto <= paged_at]
+    after = batched_calls[len(before) + 1:-1]  # after the batch that held the critical tick
+    assert max(before) == 5 and after and set(after) == {5 * PAGED_BATCHES}, (before, after)
+
+
+def test_the_ranks_of_a_paged_hang_are_read_on_the_host_every_5_s_not_every_tick(tmp_path: Path) -> None:
+    """Host progress: every rank is read every tick while no GPU works (a pause or a stall to tell apart); once
+    the hang is critical its ranks are read every host_progress.AT_WORK_SECONDS, their rates standing in."""
+    ranks = [subprocess.Popen(["sleep", "600"]) for _ in range(8)]
+    pids = {gpu: [rank.pid] for gpu, rank in enumerate(ranks)}
+    config = daemon_config(tmp_path, sample={"interval_seconds": 1.0},
+                           source={"scenario": "spin_hang", "start_offset_seconds": 240, "pids": pids})
+    service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 240, pids, clock=stepping_clock()))
+    daemon, read = service.daemon, service.daemon.host._read
+    daemon.host._monotonic = stepping_clock(0.0)  # its own clock, a second a tick like the source's
+    per_tick: list[int] = []
+    daemon.host._read = lambda pid, now: per_tick.__setitem__(-1, per_tick[-1] + 1) or read(pid, now)  # type: ignore
+    try:
+        critical = None
+        for tick in range(200):
+            per_tick.append(0)
+            daemon.tick()
+            if critical is None and any(ep.fired_severity is Severity.CRITICAL for ep in daemon.engine.open_episodes()):
+                critical = tick
+            elif critical is not None and tick - critical == 60:
+                break
+        assert critical is not None
+        spinning = per_tick[critical - 20:critical]  # nothing at work in a spin: every rank read every tick
+        paged = per_tick[critical + 16:]  # from the first judgement after the page (batches of 15 s)
+        assert spinning == [8] * 20 and sum(paged) <= 8 * len(paged) / 4, (spinning, paged)
+    finally:
+        service.close(timeout=5)
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
 
 
 def test_the_loop_hands_free_memory_back_once_a_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

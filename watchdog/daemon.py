@@ -103,6 +103,11 @@ class Guard:
                      error=f"{type(exc).__name__}: {exc}")
 
 
+# While every open episode is already critical (the page is out, nothing below it waits to be decided), the ticks
+# are judged in batches this many times batch_seconds: its end, or a new sign elsewhere, is seen that much later.
+PAGED_BATCHES = 3
+
+
 class Daemon:
     """The loop over the parts watchdog/service.py built: the source and what annotates its samples (host progress,
     the stack sampler), the detector engine, the incident handler and the responder, and the board the export
@@ -122,6 +127,7 @@ class Daemon:
         self.notifier, self.monotonic, self.wall = notifier, monotonic, wall
         self.history = KeptTelemetry()  # for the incident bundles
         self._unjudged: list[NodeSnapshot] = []  # ticks sampled and not yet judged (sample.batch_seconds)
+        self._paged_gpus: set[int] = set()  # the GPUs of critical episodes, as last judged
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self.ticks = 0
@@ -155,11 +161,15 @@ class Daemon:
             self._judge(self._unjudged[-1])
 
     def _judge_due(self) -> bool:
-        """Whether the ticks held are judged now: batch_seconds of them are held, a stall is suspected or warned of
-        (judged every tick until it is critical or ends), or the stacks' verdict on one came back."""
+        """Whether the ticks held are judged now: batch_seconds of them are held (PAGED_BATCHES times that while
+        every open episode is critical), a stall is suspected or warned of (judged every tick until it is
+        critical or ends), or the stacks' verdict on one came back."""
         sample = self.config.sample
-        return (len(self._unjudged) * sample.interval_seconds >= sample.batch_seconds or bool(self._unsettled())
-                or not self.verdicts.empty())
+        if self._unsettled() or not self.verdicts.empty():
+            return True
+        episodes = self.engine.open_episodes()
+        paged = bool(episodes) and all(ep.fired_severity is Severity.CRITICAL for ep in episodes)
+        return len(self._unjudged) * sample.interval_seconds >= sample.batch_seconds * (PAGED_BATCHES if paged else 1)
 
     def _judge(self, snapshot: NodeSnapshot) -> None:
         """Detect over the ticks held, act on what they show (`snapshot`: the newest), and look again at the stalls
@@ -170,10 +180,15 @@ class Daemon:
             self.guard.call("act", self._act, event, snapshot)
         self.guard.call("act", self.incidents.forget, self.engine.episode_keys())
         self.guard.call("act", self.incidents.recheck, self._unsettled(), snapshot)
+        self._paged_gpus = {gpu for ep in self.engine.open_episodes() if ep.fired_severity is Severity.CRITICAL
+                            for gpu in ep.finding.gpus}
 
     def _sample(self) -> NodeSnapshot:
-        spin = self.config.detectors.busy_spin
-        snapshot = self.host.annotate(self.source.sample(), lambda gpu: busy_spin.working_now(gpu, spin))
+        """A tick's sample, with its ranks' host progress: read every tick where a GPU does no work of its own,
+        and less often on GPUs at work or already paged for (their rates stand in between: host_progress.py)."""
+        spin, paged = self.config.detectors.busy_spin, self._paged_gpus
+        snapshot = self.host.annotate(self.source.sample(),
+                                      lambda gpu: gpu.index in paged or busy_spin.working_now(gpu, spin))
         return self.sampler.annotate(snapshot)
 
     def _detect(self, ticks: list[NodeSnapshot]) -> list[EpisodeEvent]:

@@ -49,7 +49,8 @@ class SampleConfig(_Section):
         5.0, description="While no stall is suspected or warned of (none open below critical), the live loop hands "
         "the detectors the ticks of this many seconds at once: the verdicts are those of judging each tick, a "
         "new sign of a hang is seen up to this much later, and the detectors cost about a fifth at 5 s. A stall "
-        "that is suspected is judged every tick until it is critical or ends. 0: every tick.")
+        "that is suspected is judged every tick until it is critical or ends; while every open episode is critical, "
+        "three times this (its end is seen up to that much later). 0: every tick.")
 
 
 class StacksConfig(_Section):

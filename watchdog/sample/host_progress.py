@@ -12,9 +12,9 @@ were most of the reading's cost. A file of a process that has ended answers an e
 with thousands of GPU processes cannot take the daemon's descriptors; the others are opened at each reading.
 
 Host progress decides between a stall and a pause only where the GPU does no work of its own. A process whose
-GPUs are all at work in this sample (the caller's `at_work`: memory controller or SMs busy) is read at most
-every AT_WORK_SECONDS, its last rates standing in between: on a node of busy GPUs that is a fifth of the
-reads, and a GPU that stops working is read again on its first idle sample.
+GPUs are all at work in this sample (the caller's `at_work`: memory controller or SMs busy, or a hang on them
+already paged for) is read at most every AT_WORK_SECONDS, its last rates standing in between: on a node of busy
+GPUs that is a fifth of the reads, and a GPU that stops working is read again on its first idle sample.
 """
 
 from __future__ import annotations
