@@ -22,7 +22,7 @@ from watchdog.config import parse_config
 from watchdog.daemon import Daemon
 from watchdog.export.server import EndpointError
 from watchdog.plumbing import logfmt
-from watchdog.plumbing.signals import SignalEvents
+from watchdog.plumbing.signals import SignalEvents, die_with_parent
 from watchdog.service import build
 
 RANKS = 8
@@ -62,16 +62,6 @@ def _ptrace_note() -> str | None:
     return None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the demo's process dies (Linux's PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the demo's own clean-up still stops the ranks
-
-
 def start_ranks(folder: Path) -> list[subprocess.Popen[bytes]]:
     if importlib.util.find_spec("torch") is None:  # not imported here: importing torch is slow and noisy
         raise DemoError("the demo runs a real torch.distributed job on the CPU: install torch "
@@ -87,7 +77,7 @@ def start_ranks(folder: Path) -> list[subprocess.Popen[bytes]]:
         # A session of their own: Ctrl+C reaches the demo, which stops them, instead of eight tracebacks.
         # And killed by the kernel if the demo dies without stopping them (kill -9): PR_SET_PDEATHSIG.
         ranks.append(subprocess.Popen([sys.executable, "-m", "watchdog.demo_rank", str(folder)], env=env,
-                                      stdout=log, stderr=log, start_new_session=True, preexec_fn=_die_with_parent))
+                                      stdout=log, stderr=log, start_new_session=True, preexec_fn=die_with_parent))
     deadline = time.monotonic() + 120
     while len(list(folder.glob("rank-*"))) < RANKS:
         if any(r.poll() is not None for r in ranks) or time.monotonic() > deadline:

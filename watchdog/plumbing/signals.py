@@ -11,6 +11,7 @@ events, so every signal reaches its event, however they arrive.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import threading
@@ -59,3 +60,21 @@ class SignalEvents:
                 event = self.wiring.get(number)
                 if event is not None:
                     event.set()
+
+
+def wait_on_main(event: threading.Event, poll_seconds: float = 0.5) -> None:
+    """Wait for `event` on the main thread, which is where Python runs signal handlers. A signal the kernel hands
+    to another thread (a second one, arriving while the first is still pending on the main thread) only leaves
+    a note for the main thread to act on when it next runs: a wait without a timeout would never get there, and
+    the stop would be lost."""
+    while not event.wait(poll_seconds):
+        pass
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """In a child process: killed (SIGKILL) when the process that started it dies, even by kill -9 (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing). `parent`: its pid, checked after, for a parent that died before."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)

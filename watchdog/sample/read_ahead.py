@@ -10,6 +10,7 @@ without a word is an error naming its exit code; leaving the context stops it.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import traceback
 from collections import deque
@@ -18,6 +19,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
+from watchdog.plumbing.signals import die_with_parent
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.replay import Trace, open_trace
 from watchdog.vocabulary.model import NUMERIC_FIELDS, GpuSample, NodeSnapshot, SnapshotBlock
@@ -47,7 +49,7 @@ def open_trace_ahead(spec: str, lenient: bool = False, csv_fields: list[str] | N
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
     _widen(receiving)
-    reader = context.Process(target=_read, args=(sending, spec, lenient, csv_fields), daemon=True,
+    reader = context.Process(target=_read, args=(sending, spec, lenient, csv_fields, os.getpid()), daemon=True,
                              name="stall-watchdog trace reader")
     reader.start()
     sending.close()
@@ -134,8 +136,10 @@ def _as_arrays(block: SnapshotBlock) -> SnapshotBlock:
     return SnapshotBlock(block.times, block.layout, columns, block.present)
 
 
-def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] | None) -> None:
-    """The reading process: everything it reads, in order, then what it skipped."""
+def _read(sending: Connection, spec: str, lenient: bool, csv_fields: list[str] | None, parent: int) -> None:
+    """The reading process: everything it reads, in order, then what it skipped. It dies with the replay's
+    process (a replay killed by SIGTERM left it reading an endless input, a FIFO or /dev/urandom, for ever)."""
+    die_with_parent(parent)
     try:
         try:
             with open_trace(spec, lenient=lenient, csv_fields=csv_fields) as trace:
