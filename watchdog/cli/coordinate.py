@@ -17,7 +17,7 @@ from watchdog.coordinate.nodes import NodeAllowList, NodeClient, raise_fd_limit
 from watchdog.coordinate.scheduler import KubernetesNodes, SlurmNodes
 from watchdog.coordinate.service import Coordinator, CoordinatorError
 from watchdog.plumbing import logfmt
-from watchdog.plumbing.signals import SignalEvents, wait_on_main
+from watchdog.plumbing.signals import SignalEvents
 from watchdog.vocabulary.model import K8S_NAME, SLURM_JOB_ID
 
 # Each flag and the key of the `coordinator:` section it overrides.
@@ -167,7 +167,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         thread.start()
         logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,
                      slurm=cfg.slurm_instance, kubernetes=cfg.kubernetes.api_url, out=cfg.out_directory)
-        wait_on_main(stop)
+        stop.wait()
         server.shutdown()
         server.server_close()
     return EXIT_OK

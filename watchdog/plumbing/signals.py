@@ -3,9 +3,12 @@
 Python runs a signal handler in the main thread between two of its bytecodes, so a handler that calls
 `event.set()` can run while that same thread already holds the event's lock: inside the `set()` of the signal
 just before (two Ctrl+C, or a SIGTERM and a SIGINT, back to back), or on the way out of its own
-`event.wait()`. The lock is not reentrant, and the process never stops. Here a handler only writes the
-signal's number to a pipe (`os.write` takes no Python lock); a thread of its own reads the pipe and sets the
-events, so every signal reaches its event, however they arrive.
+`event.wait()`. The lock is not reentrant, and the process never stops. And a signal the kernel hands to
+another thread (a second one, while the first is still pending on the main thread) runs its Python handler
+only when the main thread next runs bytecode: never, for a main thread asleep in a wait without a timeout.
+Here no Python handler does anything: Python's own C handler writes each signal's number to a pipe
+(`signal.set_wakeup_fd`), whichever thread the signal reached, and a thread of its own reads the pipe and sets
+the events, so every signal reaches its event, however they arrive and however the main thread waits.
 """
 
 from __future__ import annotations
@@ -28,31 +31,28 @@ class SignalEvents:
     def __init__(self, wiring: Mapping[signal.Signals, threading.Event]) -> None:
         self.wiring = {int(number): event for number, event in wiring.items()}
         self._previous: dict[int, Any] = {}
-        self._read, self._write = -1, -1
+        self._read, self._write, self._previous_fd = -1, -1, -1
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> SignalEvents:
         self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)  # a full pipe drops a signal, never blocks the handler: see _run
+        os.set_blocking(self._write, False)  # set_wakeup_fd's rule: a full pipe drops a signal, never blocks
         self._thread = threading.Thread(target=self._run, name="signals", daemon=True)
         self._thread.start()
+        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         for number in self.wiring:
-            self._previous[number] = signal.signal(number, self._handle)
+            self._previous[number] = signal.signal(number, _written)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for number, previous in self._previous.items():
             signal.signal(number, previous)
         self._previous.clear()
+        signal.set_wakeup_fd(self._previous_fd)
         os.close(self._write)  # the thread reads the end of the pipe and returns
         if self._thread is not None:
             self._thread.join(timeout=5)
         os.close(self._read)
-
-    def _handle(self, number: int, frame: FrameType | None) -> None:
-        # BlockingIOError: 64 KiB of signals the thread has not read yet; this one is dropped
-        with contextlib.suppress(OSError):
-            os.write(self._write, bytes((number,)))
 
     def _run(self) -> None:
         while chunk := os.read(self._read, 256):
@@ -62,13 +62,9 @@ class SignalEvents:
                     event.set()
 
 
-def wait_on_main(event: threading.Event, poll_seconds: float = 0.5) -> None:
-    """Wait for `event` on the main thread, which is where Python runs signal handlers. A signal the kernel hands
-    to another thread (a second one, arriving while the first is still pending on the main thread) only leaves
-    a note for the main thread to act on when it next runs: a wait without a timeout would never get there, and
-    the stop would be lost."""
-    while not event.wait(poll_seconds):
-        pass
+def _written(number: int, frame: FrameType | None) -> None:
+    """The Python handler of a wired signal: nothing left to do (the C handler wrote it to the pipe); installed
+    so that the signal's default action (ending the process) is not taken."""
 
 
 def die_with_parent(parent: int | None = None) -> None:
