@@ -90,11 +90,12 @@ class TextLines:
         first = self.number + 1
         self.number += len(raw)
         if len(data) > MAX_LINE_BYTES:
-            for offset, line in enumerate(raw):
-                if len(line) > MAX_LINE_BYTES:
-                    self._too_long(first + offset)
-                    raw[offset] = b""  # skipped: a blank line keeps the numbering
-            data = b"\n".join(raw) + b"\n"
+            long = [offset for offset, line in enumerate(raw) if len(line) > MAX_LINE_BYTES]
+            for offset in long:
+                self._too_long(first + offset)
+                raw[offset] = b""  # skipped: a blank line keeps the numbering
+            if long:
+                data = b"\n".join(raw) + b"\n"
         yield first, data, raw
 
     def _too_long(self, number: int) -> None:
