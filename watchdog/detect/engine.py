@@ -64,7 +64,7 @@ class DetectorEngine:
         self._last_evaluation: float | None = None
         self._pids: dict[int, tuple[int, ...]] = {}  # each GPU's processes, as last seen with any
         self._configure(config)
-        self.frames = Frames(self._keep_seconds, Levels(self._levels_config()))
+        self.frames = Frames(self._keep_seconds, Levels(self._levels_config()), self._tally_seconds)
         self.health = HealthLedger(config.detectors.gpu_health)
         self.waits = WaitLedger(config.detectors.straggler)
         self.nccl_waits = WaitLedger(config.detectors.straggler, timed=True)
@@ -74,7 +74,8 @@ class DetectorEngine:
         d = config.detectors
         short = max(d.busy_spin.window_seconds, d.zero_util.window_seconds)
         self.context = Context(short, config.job.memory_min_bytes)
-        self._keep_seconds = max(short, d.underuse.window_seconds) + 60.0
+        self._keep_seconds = short + 60.0  # the rows the windows look at; underuse's long one at its totals only
+        self._tally_seconds = max(short, d.underuse.window_seconds) + 60.0
         self._sections = [(name, spec, getattr(d, name)) for name, spec in self.detectors.items()]
         self._enabled = [name for name, _, section in self._sections if section.enabled]
 
@@ -87,7 +88,7 @@ class DetectorEngine:
     def reconfigure(self, config: Config) -> None:
         """Apply a reloaded configuration without forgetting the rows, baselines or open episodes."""
         self._configure(config)
-        self.frames.keep_seconds = self._keep_seconds
+        self.frames.keep_seconds, self.frames.tally_seconds = self._keep_seconds, self._tally_seconds
         self.frames.levels.config = self._levels_config()
         self.health.cfg = config.detectors.gpu_health
         self.waits.cfg = self.nccl_waits.cfg = config.detectors.straggler

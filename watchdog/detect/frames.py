@@ -18,6 +18,7 @@ import numpy as np
 from watchdog.detect.levels import LEARNT, LEVELS, Levels
 from watchdog.detect.stream_clock import StreamClock
 from watchdog.detect.stretch import HEALTH_CODES, NUMERIC, Stretch, no_pids
+from watchdog.detect.tally import Tally
 from watchdog.vocabulary.model import GpuSample, NodeSnapshot, SnapshotBlock
 
 _KEEP_ROWS = 64  # kept whatever their age: a window of -l 5 samples still has enough to judge
@@ -119,8 +120,10 @@ class Frames:
     """The rows kept (enough for the longest window) and what carries from one stretch to the next: the
     stream clock, the GPU columns, and the learnt levels."""
 
-    def __init__(self, keep_seconds: float, levels: Levels):
+    def __init__(self, keep_seconds: float, levels: Levels, tally_seconds: float = 0.0):
         self.keep_seconds = keep_seconds
+        self.tally_seconds = tally_seconds  # the rows of utilization's totals kept (detect/tally.py): at least as many
+        self.tally = Tally.empty()
         self.levels = levels
         self.gpus: list[int] = []
         self.stretch: Stretch | None = None  # the rows kept, as the last add left them
@@ -157,14 +160,18 @@ class Frames:
         base = 0 if old is None else len(old.times)
         errors = {(self.first_row + base + row, at[col]): e for (row, col), e in ticks.errors.items()}
         learnt = {name: np.full((count, width), np.nan) for name in LEARNT}
-        learnt.update(self.levels.totals(values["utilization_ratio"], present, self.first_row + base))
+        totals = self.levels.totals(values["utilization_ratio"], present, self.first_row + base)
+        tally = self.tally.joined(times, totals.pop("util_sum"), totals.pop("util_count"))
+        learnt.update(totals)
         new = Stretch(self.gpus, times, values, present, health, pids, learnt, steps, errors, self.first_row + base)
         stretch = new if old is None else old.joined(new)
         self.pending += count
         if self.pending > _KEEP_ROWS:  # before rows not yet learnt from could be trimmed away
             self.catch_up(stretch)
-        stretch.learn = self.catch_up
+        stretch.learn, stretch.tally = self.catch_up, tally
         self.stretch = self._trimmed(stretch)
+        first = _first_kept(tally.times, max(self.tally_seconds, self.keep_seconds))
+        self.tally = tally.rows_from(first) if first else tally
         return stretch, base
 
     def catch_up(self, stretch: Stretch | None = None) -> None:
@@ -185,18 +192,23 @@ class Frames:
             return
         self.gpus = self.gpus + added
         self.levels.widen(len(self.gpus))
+        self.tally = self.tally.widened(len(self.gpus))
         if self.stretch is not None:
             self.stretch = self.stretch.widened(self.gpus)
 
     def _trimmed(self, stretch: Stretch) -> Stretch:
         """The rows a later stretch needs: those of the last keep_seconds, and at least _KEEP_ROWS."""
-        times = stretch.times
-        first = int(np.searchsorted(times, times[-1] - self.keep_seconds, "left"))
-        first = max(0, min(first, len(times) - _KEEP_ROWS))
+        first = _first_kept(stretch.times, self.keep_seconds)
         if first == 0:
             return stretch
         self.first_row += first
         return stretch.rows_from(first)
+
+
+def _first_kept(times: np.ndarray, keep_seconds: float) -> int:
+    """The first of these rows a later stretch needs: those of the last keep_seconds, and at least _KEEP_ROWS."""
+    first = int(np.searchsorted(times, times[-1] - keep_seconds, "left"))
+    return max(0, min(first, len(times) - _KEEP_ROWS))
 
 
 __all__ = ["Frames", "Ticks", "LEVELS"]

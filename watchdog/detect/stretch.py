@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from watchdog.detect.row_buffers import appended
+from watchdog.detect.tally import Tally
 from watchdog.vocabulary.model import NUMERIC_FIELDS, GpuHealth, GpuSample
 
 NUMERIC = NUMERIC_FIELDS
@@ -59,6 +61,7 @@ class Stretch:
         self._store: list[np.ndarray | None] | None = None  # the buffers the rows are views of (joined)
         self._lo = 0
         self.learn: Callable[[], None] | None = None  # works out the learnt levels not yet known (Frames)
+        self.tally: Tally | None = None  # utilization's totals over underuse's longer window (Frames.add)
 
     def __len__(self) -> int:
         return len(self.times)
@@ -81,26 +84,8 @@ class Stretch:
         if self.pids is not None or later.pids is not None:
             self.pids, later.pids = (p if p is not None else no_pids(s.present.shape)
                                      for p, s in ((self.pids, self), (later.pids, later)))
-        mine, theirs = self._parts(), later._parts()
-        store: list[Any] | None = self._store
-        lo, hi = self._lo, self._lo + len(self)
-        count = len(later)
-        fits = store is not None and hi + count <= len(store[0]) and all(
-            (buffer is None) == (part is None) and (part is None or buffer.shape[1:] == part.shape[1:])
-            for buffer, part in zip(store, theirs))
-        if store is None or not fits:
-            size = len(self) + count
-            room = max(size + max(size // 4, 64), 256)  # a quarter to spare: the rows kept are most of the memory
-            store = [None if part is None else np.empty((room, *part.shape[1:]), part.dtype) for part in mine]
-            for buffer, part in zip(store, mine):
-                if buffer is not None:
-                    buffer[:len(self)] = part
-            lo, hi = 0, len(self)
-        for buffer, part in zip(store, theirs):
-            if buffer is not None:
-                buffer[hi:hi + count] = part
-        joined = self._build([None if b is None else b[lo:hi + count] for b in store],
-                             {**self.errors, **later.errors}, self.first_row, max(self.gap_row, later.gap_row))
+        store, lo, parts = appended(self._store, self._lo, self._parts(), later._parts())
+        joined = self._build(parts, {**self.errors, **later.errors}, self.first_row, max(self.gap_row, later.gap_row))
         joined._store, joined._lo = store, lo
         return joined
 
