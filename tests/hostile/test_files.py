@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,29 @@ def test_a_half_written_bundle_from_a_killed_daemon_is_counted_and_cleaned(tmp_p
     assert bundles.disk_bytes() >= 10_000  # inside the budget's count
     bundles.write(Incident(event(1.9e9), []))
     assert not leftover.exists() and foreign.exists()
+
+
+def test_bundle_sizes_are_walked_again_only_when_a_bundle_changed(tmp_path: Path, monkeypatch) -> None:
+    """The disk the bundles take is published every half minute: each bundle is walked once, and again only once
+    it changed (an action recorded, evidence kept, one removed by hand), and the total stays right."""
+    from watchdog.act import bundles as module
+
+    walked: list[Path] = []
+    walk = module._size
+    monkeypatch.setattr(module, "_size", lambda path: walked.append(path) or walk(path))
+    bundles = store(tmp_path / "incidents", max_count=20)
+    written = [bundles.write(Incident(event(1.9e9 + 100 * n), [])) for n in range(3)]
+    assert all(written)
+    first = bundles.disk_bytes()
+    walked.clear()
+    assert bundles.disk_bytes() == first and walked == []  # nothing changed: no walk
+    bundles.record_action(str(written[1]), {"decision": "x" * 5000})
+    after = bundles.disk_bytes()
+    assert walked == [written[1]] and after >= first + 5000  # the one changed, walked again
+    walked.clear()
+    shutil.rmtree(written[0])  # removed by hand: gone from the total without a walk
+    gone = bundles.disk_bytes()
+    assert walked == [] and gone < after and gone == sum(walk(p) for p in written[1:])
 
 
 def test_a_report_that_cannot_be_written_makes_the_bundle_partial(tmp_path: Path) -> None:

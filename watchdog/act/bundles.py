@@ -94,6 +94,9 @@ class BundleStore:
         # summary.json is read, changed and replaced by the incident workers (a verdict rewritten) and the
         # responder (an action recorded): one at a time, so that neither writes back a copy without the other's
         self._summary_lock = threading.RLock()
+        # Each bundle's size as last walked, by the modification times it had then (_stamp): a bundle is walked
+        # again only once something in it was written or replaced.
+        self._sizes: dict[Path, tuple[tuple[int, int], int]] = {}
 
     def write(self, incident: Incident) -> Path | None:
         def fill(folder: Path, budget: private_files.Budget) -> None:
@@ -250,7 +253,19 @@ class BundleStore:
         return [p for p in found if not private_files.made_here(p.name)]
 
     def disk_bytes(self) -> int:
-        return sum(_size(p) for p in self.bundles() + self.leftovers())
+        """The bytes the bundles and leftovers take. A bundle is walked file by file only when it is new or its
+        folder or summary changed since the last walk (every writer here replaces a file or adds one to the
+        folder): twenty bundles of a node that hung before cost twenty walks once, not every half minute."""
+        total, sizes = 0, {}
+        for path in self.bundles():
+            stamp = _stamp(path)
+            known = self._sizes.get(path)
+            size = known[1] if known is not None and stamp is not None and known[0] == stamp else _size(path)
+            if stamp is not None:
+                sizes[path] = (stamp, size)
+            total += size
+        self._sizes = sizes
+        return total + sum(_size(p) for p in self.leftovers())
 
     def rotate(self, keep: Path | None = None) -> None:
         """Leftovers first, then the oldest bundles, until under the count and the disk budget; the newest
@@ -268,6 +283,14 @@ class BundleStore:
             bundles = [b for b in bundles if b != old]
             total -= sizes[old]
             logfmt.event("bundle_removed", bundle=str(old), reason="disk budget or count")
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """When the bundle's folder and its summary were last changed (None: gone, or not readable)."""
+    try:
+        return os.lstat(path).st_mtime_ns, os.lstat(path / "summary.json").st_mtime_ns
+    except OSError:
+        return None
 
 
 def _size(path: Path) -> int:
