@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+import selectors
 import signal
 import socket
 import ssl
@@ -262,3 +263,32 @@ def test_a_dump_longer_than_the_request_deadline_still_gets_its_reply(monkeypatc
     finally:
         endpoint.stop()
     assert served == [b"{}"]
+
+
+def test_an_idle_server_sleeps_until_a_connection_or_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving thread wakes for a connection or for shutdown(), not on a timer (socketserver's own loop
+    woke twice a second on every node to look for a shutdown); shutdown() still stops it, and a server that
+    never served shuts down at once."""
+    idle = http_server.HardenedServer(("127.0.0.1", 0), _Big, None)
+    idle.shutdown()  # never served: nothing to wait for
+    idle.server_close()
+    server = http_server.HardenedServer(("127.0.0.1", 0), _Big, None)
+    selects = []
+
+    class Counting(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+        def select(self, timeout=None):  # type: ignore[no-untyped-def]
+            selects.append(timeout)
+            return super().select(timeout)
+
+    monkeypatch.setattr(selectors, "DefaultSelector", Counting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert _get_from("127.0.0.1", server.server_address[1]).endswith(b"ok")
+        time.sleep(1.5)  # idle: the loop waits in one select with no timeout
+        server.shutdown()
+        thread.join(10)
+    finally:
+        server.server_close()
+    assert not thread.is_alive()
+    assert set(selects) == {None} and len(selects) <= 3  # the first, the connection's, the shutdown's

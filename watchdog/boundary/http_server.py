@@ -26,6 +26,8 @@ import hmac
 import io
 import ipaddress
 import json
+import os
+import selectors
 import socket
 import ssl
 import threading
@@ -209,8 +211,45 @@ class HardenedServer(ThreadingHTTPServer):
         self._clients: dict[tuple[str, str], int] = {}  # (kind, client address) -> requests being served
         self._heads: dict[int, bytes] = {}
         self._heads_lock = threading.Lock()
-        super().__init__(address, handler)
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
+        self._wake_read, self._wake_write = os.pipe()
+        try:
+            super().__init__(address, handler)
+        except BaseException:
+            self._close_pipe()
+            raise
         self.gate = Gate(self)
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept connections until shutdown(), woken by a connection or by shutdown's byte on a pipe, never by a
+        timer (socketserver's own loop looks for a shutdown every `poll_interval`: two wakeups a second on every
+        node for nothing)."""
+        self._stopped.clear()
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(self._wake_read, selectors.EVENT_READ)
+                while not self._stopping:
+                    for key, _ in selector.select():
+                        if key.fileobj is self and not self._stopping:
+                            self._handle_request_noblock()  # type: ignore[attr-defined]  # as socketserver does
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever and wait until it has returned (at once when it is not running)."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"x")
+        self._stopped.wait()
+
+    def _close_pipe(self) -> None:
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._wake_read = self._wake_write = -1
 
     def get_request(self) -> tuple[Any, Any]:
         try:
@@ -302,3 +341,4 @@ class HardenedServer(ThreadingHTTPServer):
         if gate is not None:
             gate.stop()
         super().server_close()
+        self._close_pipe()
