@@ -152,7 +152,7 @@ class Service:
         wiring = {signal.SIGTERM: daemon.stop_requested, signal.SIGINT: daemon.stop_requested,
                   signal.SIGHUP: daemon.reload_requested}
         on_main = threading.current_thread() is threading.main_thread()
-        with SignalEvents(wiring) if on_main else contextlib.nullcontext():
+        with SignalEvents(wiring, restore=False) if on_main else contextlib.nullcontext():  # `run` ends with it
             try:
                 self.start()
                 self.run(max_ticks)

@@ -162,7 +162,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         error(f"--listen {cfg.listen_address}: cannot listen: {getattr(exc, 'strerror', None) or exc}")
         return EXIT_USAGE
     stop = threading.Event()
-    with SignalEvents({signal.SIGTERM: stop, signal.SIGINT: stop}):
+    with SignalEvents({signal.SIGTERM: stop, signal.SIGINT: stop}, restore=False):  # the command ends with it
         thread = threading.Thread(target=server.serve_forever, name="coordinate-http", daemon=True)
         thread.start()
         logfmt.event("coordinating", listen=f"{host}:{server.server_address[1]}", prometheus=cfg.prometheus_url,

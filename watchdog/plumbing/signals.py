@@ -25,11 +25,15 @@ from typing import Any
 
 class SignalEvents:
     """`with SignalEvents({signal.SIGTERM: stop, signal.SIGINT: stop}):` sets `stop` on either signal; the
-    handlers that were there before are put back on the way out. Only in the main thread (Python's rule for
-    `signal.signal`)."""
+    handlers that were there before are put back on the way out, or, with `restore=False` (a process whose work
+    ends with the block), the signals are ignored from then on: a stop signal that comes while the process
+    closes down and exits (the rest of a burst) is the stop already under way, not a kill by its default action
+    (SIG_IGN, not a Python handler: Python puts the default action back under its own handlers as it exits).
+    Only in the main thread (Python's rule for `signal.signal`)."""
 
-    def __init__(self, wiring: Mapping[signal.Signals, threading.Event]) -> None:
+    def __init__(self, wiring: Mapping[signal.Signals, threading.Event], restore: bool = True) -> None:
         self.wiring = {int(number): event for number, event in wiring.items()}
+        self.restore = restore
         self._previous: dict[int, Any] = {}
         self._read, self._write, self._previous_fd = -1, -1, -1
         self._thread: threading.Thread | None = None
@@ -46,7 +50,7 @@ class SignalEvents:
 
     def __exit__(self, *exc: object) -> None:
         for number, previous in self._previous.items():
-            signal.signal(number, previous)
+            signal.signal(number, previous if self.restore else signal.SIG_IGN)
         self._previous.clear()
         signal.set_wakeup_fd(self._previous_fd)
         os.close(self._write)  # the thread reads the end of the pipe and returns
