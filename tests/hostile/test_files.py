@@ -5,10 +5,12 @@ never end a line, or whose clock steps back."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,14 @@ def test_bundle_sizes_are_walked_again_only_when_a_bundle_changed(tmp_path: Path
     shutil.rmtree(written[0])  # removed by hand: gone from the total without a walk
     gone = bundles.disk_bytes()
     assert walked == [] and gone < after and gone == sum(walk(p) for p in written[1:])
+    with (written[2] / "summary.json").open("a") as grown:  # grown in place by hand: seen at the next rewalk
+        grown.write(" " * 7000)
+    then = bundles._sizes[written[2]][0][1]
+    os.utime(written[2] / "summary.json", ns=(then, then))  # as a write that keeps the mtime (tar, rsync -t)
+    assert bundles.disk_bytes() == gone
+    clock = time.monotonic() + module.REWALK_SECONDS
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock)
+    assert bundles.disk_bytes() == gone + 7000
 
 
 def test_a_report_that_cannot_be_written_makes_the_bundle_partial(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from watchdog.vocabulary.model import EpisodeEvent, NodeSnapshot, Severity
 from watchdog.vocabulary.telling import Telling
 from watchdog.vocabulary.words import iso_time
 
+REWALK_SECONDS = 600.0  # a bundle's files are walked again at least this often (disk_bytes)
 
 @dataclass
 class Incident:
@@ -94,9 +95,9 @@ class BundleStore:
         # summary.json is read, changed and replaced by the incident workers (a verdict rewritten) and the
         # responder (an action recorded): one at a time, so that neither writes back a copy without the other's
         self._summary_lock = threading.RLock()
-        # Each bundle's size as last walked, by the modification times it had then (_stamp): a bundle is walked
-        # again only once something in it was written or replaced.
-        self._sizes: dict[Path, tuple[tuple[int, int], int]] = {}
+        # Each bundle's size as last walked, by the modification times it had then (_stamp) and when: a bundle is
+        # walked again once something in it was written or replaced, and every REWALK_SECONDS whatever happened.
+        self._sizes: dict[Path, tuple[tuple[int, int], int, float]] = {}
 
     def write(self, incident: Incident) -> Path | None:
         def fill(folder: Path, budget: private_files.Budget) -> None:
@@ -255,14 +256,19 @@ class BundleStore:
     def disk_bytes(self) -> int:
         """The bytes the bundles and leftovers take. A bundle is walked file by file only when it is new or its
         folder or summary changed since the last walk (every writer here replaces a file or adds one to the
-        folder): twenty bundles of a node that hung before cost twenty walks once, not every half minute."""
-        total, sizes = 0, {}
+        folder), or REWALK_SECONDS have passed (a file grown or cut in place by hand): twenty bundles of a node
+        that hung before cost twenty walks every ten minutes, not every half minute."""
+        total, sizes, now = 0, {}, time.monotonic()
         for path in self.bundles():
             stamp = _stamp(path)
             known = self._sizes.get(path)
-            size = known[1] if known is not None and stamp is not None and known[0] == stamp else _size(path)
-            if stamp is not None:
-                sizes[path] = (stamp, size)
+            if known is not None and stamp is not None and known[0] == stamp and now - known[2] < REWALK_SECONDS:
+                sizes[path] = known
+                size = known[1]
+            else:
+                size = _size(path)
+                if stamp is not None:
+                    sizes[path] = (stamp, size, now)
             total += size
         self._sizes = sizes
         return total + sum(_size(p) for p in self.leftovers())
