@@ -72,6 +72,23 @@ def test_bad_payloads_and_repeats(tmp_path: Path) -> None:
     assert "run:x" in coordinator.latest
 
 
+def test_a_stop_drops_the_investigations_queued_and_waits_only_for_those_under_way(tmp_path: Path) -> None:
+    """A coordinator told to stop with a dozen investigations behind a Prometheus that never answers: the ones
+    queued are dropped at once (they ran after the stop, 4 at a time, 10 s each: 30 s to exit), the 4 under way
+    finish within their own timeout."""
+    with socket.socket() as blackhole:  # accepts, never answers
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(64)
+        coordinator = Coordinator(f"http://127.0.0.1:{blackhole.getsockname()[1]}", tmp_path,
+                                  NodeClient(timeout_seconds=1), max_per_minute=100)
+        for n in range(12):
+            assert coordinator.accept(json.dumps({"training_job": f"run:{n}"}).encode())[0] == 202
+        running, dropped = coordinator.stop()
+        assert running + dropped == 12 and dropped >= 8
+        coordinator.pool.shutdown(wait=True)
+    assert len(coordinator.latest) == running  # only those under way at the stop were judged
+
+
 def test_analyze_reads_ncclras_reports(tmp_path: Path) -> None:
     frozen = job(world=16, behind={13: 1})
     one, two, text = tmp_path / "ras-1.json", tmp_path / "ras-2.json", tmp_path / "ras.txt"

@@ -170,4 +170,6 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         stop.wait()
         server.shutdown()
         server.server_close()
+        running, dropped = coordinator.stop()
+        logfmt.event("stopping", investigations_finishing=running, investigations_dropped=dropped)
     return EXIT_OK

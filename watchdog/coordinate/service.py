@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from watchdog.boundary.http_server import Auth, HardenedServer, QuietHandler, is_loopback, read_body
@@ -71,6 +71,7 @@ class Coordinator:
         self.latest: dict[str, dict[str, object]] = {}
         self._started: dict[str, float] = {}
         self._running: set[str] = set()
+        self._futures: set[Future[None]] = set()  # investigations queued or under way
         self._lock = threading.Lock()
 
     def locate(self, job: str, ids: SchedulerIds = NO_IDS) -> tuple[Placement, str | None]:
@@ -159,7 +160,9 @@ class Coordinator:
                 self._running.add(job)
                 accepted.append(job)
         for job in accepted:
-            self.pool.submit(self._run, job, jobs[job])
+            future = self.pool.submit(self._run, job, jobs[job])
+            self._futures.add(future)
+            future.add_done_callback(self._futures.discard)
         if limited and not accepted:
             return 429, {"error": f"over {self.max_per_minute} investigations a minute", "rate_limited": limited,
                          "skipped": skipped}
@@ -173,6 +176,13 @@ class Coordinator:
         finally:
             with self._lock:
                 self._running.discard(job)
+
+    def stop(self) -> tuple[int, int]:
+        """No more investigations: those queued are dropped, those under way finish (each within its own
+        timeouts: the process waits for them as it exits). How many are under way, and how many were dropped."""
+        dropped = sum(future.cancel() for future in list(self._futures))
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        return sum(not future.done() for future in list(self._futures)), dropped
 
     def serve(self, host: str, port: int) -> HardenedServer:
         if not self.auth.configured and (self.client.token or not is_loopback(host)):
