@@ -77,17 +77,20 @@ def reader(process: subprocess.Popen[str]) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("verb", ["run", "coordinate"])
-def test_the_daemon_and_the_coordinator_stop_on_a_burst_of_sigterm_and_sigint(verb: str, tmp_path: Path) -> None:
+def service(verb: str, tmp_path: Path) -> tuple[list[str], str]:
+    """The command line of `run` (a simulated node) or `coordinate` on a free loopback port, and its line of ready."""
     port = free_port()
     if verb == "run":
         config = tmp_path / "config.yaml"
         config.write_text(config_text(tmp_path, port))
-        argv, ready = ["run", "--config", str(config)], "event=started"
-    else:
-        argv = ["coordinate", "--prometheus", "http://127.0.0.1:9", "--out", str(tmp_path / "jobs"),
-                "--listen", f"127.0.0.1:{port}"]
-        ready = "event=coordinating"
+        return ["run", "--config", str(config)], "event=started"
+    return (["coordinate", "--prometheus", "http://127.0.0.1:9", "--out", str(tmp_path / "jobs"),
+             "--listen", f"127.0.0.1:{port}"], "event=coordinating")
+
+
+@pytest.mark.parametrize("verb", ["run", "coordinate"])
+def test_the_daemon_and_the_coordinator_stop_on_a_burst_of_sigterm_and_sigint(verb: str, tmp_path: Path) -> None:
+    argv, ready = service(verb, tmp_path)
     process = subprocess.Popen([sys.executable, "-m", "watchdog", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     lines = reader(process)
@@ -143,3 +146,28 @@ def test_a_replay_stopped_by_sigterm_leaves_no_reader_behind(tmp_path: Path) -> 
     finally:
         if process.poll() is None:
             process.kill()
+
+
+# The signals come after the command's first line and before its handlers are in: while it imports and reads its
+# configuration (half a second, in which they killed it).
+EARLY = textwrap.dedent("""
+    import os, signal, sys
+    import watchdog.cli
+    from watchdog.entry import main
+    command = watchdog.cli.main
+    def early(args):
+        for number in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), number)
+        return command(args)
+    watchdog.cli.main = early
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("verb", ["run", "coordinate"])
+def test_signals_before_the_handlers_are_in_stop_the_service_cleanly(verb: str, tmp_path: Path) -> None:
+    argv, _ = service(verb, tmp_path)
+    done = subprocess.run([sys.executable, "-c", EARLY, *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "event=stopping" in done.stderr

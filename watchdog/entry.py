@@ -14,6 +14,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(VERSION_LINE)
         return 0
+    if args and args[0] in ("run", "coordinate"):
+        # Their stop and reload signals are caught from here, before the imports and the configuration (half a
+        # second, in which a SIGTERM, a Ctrl+C or a reload killed the process), and handed on once the command's
+        # own handlers are in.
+        from watchdog.plumbing.signals import hold
+
+        hold()
     from watchdog.cli import main as command
 
     return command(args)

@@ -46,6 +46,9 @@ class SignalEvents:
         self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         for number in self.wiring:
             self._previous[number] = signal.signal(number, _written)
+        for number in _held & self.wiring.keys():  # came while the process started (hold)
+            self.wiring[number].set()
+        _held.clear()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -64,6 +67,21 @@ class SignalEvents:
                 event = self.wiring.get(number)
                 if event is not None:
                     event.set()
+
+
+_held: set[int] = set()  # signals caught by hold() and not yet handed on
+HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def hold() -> None:
+    """From now on, until a SignalEvents takes them: a stop or reload signal is kept, not acted on by its default
+    (the process killed; a Ctrl+C a traceback), and the first SignalEvents wired for it sets its event then."""
+    for number in HELD:
+        signal.signal(number, _hold)
+
+
+def _hold(number: int, frame: FrameType | None) -> None:
+    _held.add(number)
 
 
 def _written(number: int, frame: FrameType | None) -> None:
