@@ -127,7 +127,6 @@ class Daemon:
         self.notifier, self.monotonic, self.wall = notifier, monotonic, wall
         self.history = KeptTelemetry()  # for the incident bundles
         self._unjudged: list[NodeSnapshot] = []  # ticks sampled and not yet judged (sample.batch_seconds)
-        self._paged_gpus: set[int] = set()  # the GPUs of critical episodes, as last judged
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self.ticks = 0
@@ -180,13 +179,13 @@ class Daemon:
             self.guard.call("act", self._act, event, snapshot)
         self.guard.call("act", self.incidents.forget, self.engine.episode_keys())
         self.guard.call("act", self.incidents.recheck, self._unsettled(), snapshot)
-        self._paged_gpus = {gpu for ep in self.engine.open_episodes() if ep.fired_severity is Severity.CRITICAL
-                            for gpu in ep.finding.gpus}
 
     def _sample(self) -> NodeSnapshot:
         """A tick's sample, with its ranks' host progress: read every tick where a GPU does no work of its own,
         and less often on GPUs at work or already paged for (their rates stand in between: host_progress.py)."""
-        spin, paged = self.config.detectors.busy_spin, self._paged_gpus
+        spin = self.config.detectors.busy_spin
+        paged = {gpu for ep in self.engine.open_episodes() if ep.fired_severity is Severity.CRITICAL
+                 for gpu in ep.finding.gpus}
         snapshot = self.host.annotate(self.source.sample(),
                                       lambda gpu: gpu.index in paged or busy_spin.working_now(gpu, spin))
         return self.sampler.annotate(snapshot)

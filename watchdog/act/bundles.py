@@ -43,6 +43,7 @@ from watchdog.vocabulary.words import iso_time
 
 REWALK_SECONDS = 600.0  # a bundle's files are walked again at least this often (disk_bytes)
 
+
 @dataclass
 class Incident:
     event: EpisodeEvent

@@ -181,7 +181,7 @@ class Coordinator:
         """No more investigations: those queued are dropped, those under way finish (each within its own
         timeouts: the process waits for them as it exits). How many are under way, and how many were dropped."""
         dropped = sum(future.cancel() for future in list(self._futures))
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False)
         return sum(not future.done() for future in list(self._futures)), dropped
 
     def serve(self, host: str, port: int) -> HardenedServer:
