@@ -221,3 +221,40 @@ def test_the_busy_level_rises_within_a_minute_and_falls_over_many() -> None:
     assert level([300.0] * 600 + [600.0] * 600) == pytest.approx(600.0, rel=0.01)
     assert level([600.0] * 600 + [300.0] * 60) >= 0.9 * 600.0  # a minute of lighter work (or a spin): it holds
     assert level([600.0] * 600 + [300.0] * 2400) == pytest.approx(300.0, rel=0.05)  # 40 minutes: the new work's
+
+
+@pytest.mark.parametrize(("interval", "seed"), [(1.0, 1009), (5.0, 1005), (10.0, 1006)])
+def test_work_below_the_idle_multiple_is_learnt_and_a_spin_after_it_still_found(interval: float, seed: int) -> None:
+    """A T4 logged with util, power and memory used (no power limit) holds 27 W with a context and trains at
+    52-64 W: less than 2.5x that idle, so its work was never learnt as work, and training read as a spin
+    (power_near_idle, and flat within the sensor's noise): half an hour of healthy training paged critical. The
+    work is now learnt from samples near the level learnt so far that show gaps in utilization (a spin reads
+    100% every sample); a spin after it (41 W) is critical within a minute all the same, and nothing before."""
+    from tests.traces.corpus import Trace
+
+    trace = Trace("t4", "hang_spin", "t4", "minimal", interval, 3600, seed, 8)
+    trace.segments = [(0.0, None, "startup"), (120.0, None, "train"), (2400.0, None, "spin")]
+    critical = _first_critical(trace)
+    assert critical is not None and 2400 <= critical <= 2460, critical
+
+
+@pytest.mark.parametrize(("interval", "seed"), [(2.0, 1010), (5.0, 1013), (10.0, 1010)])
+def test_healthy_training_below_the_idle_multiple_is_not_a_spin(interval: float, seed: int) -> None:
+    """The same T4 training 10% lighter (52-60 W, 2.0-2.2x its idle) for an hour: no critical (it paged within
+    minutes while its work was never learnt)."""
+    from tests.traces.corpus import Trace
+
+    trace = Trace("t4", "healthy_train", "t4", "minimal", interval, 3600, seed, 8, power={"busy": 57.6})
+    trace.segments = [(0.0, None, "startup"), (120.0, None, "train")]
+    assert _first_critical(trace) is None
+
+
+def test_a_job_that_spins_from_its_start_does_not_teach_its_spin_as_work() -> None:
+    """The gaps in utilization that let low power teach a first busy level never come from a spin: a T4 job that
+    spins from its first step (every sample at 100%) is critical within a minute, as before."""
+    from tests.traces.corpus import Trace
+
+    trace = Trace("t4", "hang_spin_startup", "t4", "minimal", 5.0, 1800, 1007, 8)
+    trace.segments = [(0.0, None, "startup"), (150.0, None, "spin")]
+    critical = _first_critical(trace)
+    assert critical is not None and 150 <= critical <= 210, critical

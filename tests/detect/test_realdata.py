@@ -133,11 +133,13 @@ def test_t4_spin_with_its_idle_history() -> None:
 
 @pytest.mark.parametrize("name", ["libai-528-1.json", "caffe-364-1.json"])
 def test_healthy_low_power_jobs_look_like_spins_on_power_alone(name: str) -> None:
-    """Tensor parallel at batch 1 (libai) and a P40 benchmark (caffe) sit at 25-34% of their cap: the
-    power leg alone says spin for at least one GPU. Utilization that never pins at 100% keeps the verdict
-    healthy (test_snapshot_table_verdict_matches_its_label)."""
+    """Tensor parallel at batch 1 (libai) and a P40 benchmark (caffe) sit at 25-34% of their cap: read as a
+    spin reads (pinned at 100%), the power leg alone says spin for at least one GPU. Utilization that never
+    pins keeps the verdict healthy (test_snapshot_table_verdict_matches_its_label), and its gaps teach this
+    power as the GPU's work (detect/levels.py)."""
     table = json.loads(realdata("smi_snapshots", name).read_text())
-    trace = held(table, seconds=30)
+    trace = [NodeSnapshot(s.time_seconds, tuple(g._replace(utilization_ratio=1.0) for g in s.gpus))
+             for s in held(table, seconds=30)]
     cfg = Config().detectors.busy_spin
     power_alone = []
     pinned = cfg.model_copy(update={"utilization_min_ratio": 0.0})

@@ -82,7 +82,7 @@ class DetectorEngine:
     def _levels_config(self) -> LevelsConfig:
         bs, job = self.config.detectors.busy_spin, self.config.job
         return LevelsConfig(bs.idle_power_max_multiple, bs.default_idle_power_ratio, bs.fell_max_ratio,
-                            self.context.short_seconds, job.progress_cpu_min_ratio,
+                            bs.utilization_min_ratio, self.context.short_seconds, job.progress_cpu_min_ratio,
                             job.progress_io_min_bytes_per_second)
 
     def reconfigure(self, config: Config) -> None:

@@ -9,7 +9,11 @@ held here; the daemon's single tick and a replay's day go through the same steps
         where higher, the same average over about _SETTLED_SECONDS. A spin that draws more than that (an
         RTX A6000 spins at 165 W of its 260 W of work, past 2.5x its idle) passes for work at first: the short
         average follows it down within a minute, and power_fell would lapse before the spin is judged; the
-        long one keeps what the work drew for minutes, and rises as fast as the short one does.
+        long one keeps what the work drew for minutes, and rises as fast as the short one does. Work that draws
+        no more than that multiple of idle (a T4 trains at 58-64 W, 27 W held) is learnt, as in a log with no
+        idle reading and no limit, from samples near the level learnt so far, but only those with gaps in their
+        utilization (real work leaves them; a spin reads 100% every sample), and its first level only after
+        _GAP_SAMPLES of them: a spin never passes for such work, nor does a job that spins from its start.
   host: when processes were first seen (again), last seen, and last seen moving (CPU or I/O)
 """
 
@@ -23,6 +27,7 @@ _IDLE_BLOCK = 5  # consecutive util-0 samples averaged before they can lower the
 _BUSY_SECONDS = 50.0  # time constant of the busy level's average
 _SETTLED_SECONDS = 600.0  # ... and of the slower one it never falls below
 _DECISIONS = 3  # times a chunk's unsure samples are decided again on the levels worked out from them
+_GAP_SAMPLES = 5  # samples at work with gaps in utilization before low power can set a first busy level
 _CHUNK = 256  # rows per step of the busy average's recurrence (its weights' product stays well in range)
 UNIT = 1 << 30  # utilization summed in these fixed-point steps: exact, in any order
 LEARNT = ("idle", "busy", "host_first", "host_seen", "moved")  # learnt when first asked for (Frames.catch_up)
@@ -35,6 +40,7 @@ class LevelsConfig:
     idle_power_max_multiple: float
     default_idle_power_ratio: float
     fell_max_ratio: float
+    pinned_min_ratio: float  # utilization at or above this reads as pinned (busy_spin's utilization_min_ratio)
     short_seconds: float
     progress_cpu_min_ratio: float
     progress_io_min_bytes_per_second: float
@@ -73,6 +79,7 @@ class Levels:
         self.busy = np.full(width, np.nan)
         self.settled = np.full(width, np.nan)  # the slow average (_SETTLED_SECONDS) as of the last working sample
         self.busy_at = np.full(width, np.nan)
+        self.gaps = np.zeros(width, np.int64)  # samples at work with gaps in utilization below the work multiple
         self.block = np.zeros((width, _IDLE_BLOCK - 1))  # each GPU's samples at 0% not yet averaged
         self.block_count = np.zeros(width, int)
         self.host = np.full((3, width), np.nan)  # first seen, last seen, last moved
@@ -86,6 +93,7 @@ class Levels:
         nans = np.full(grow, np.nan)
         self.idle, self.busy, self.settled, self.busy_at = (
             np.concatenate([a, nans]) for a in (self.idle, self.busy, self.settled, self.busy_at))
+        self.gaps = np.concatenate([self.gaps, np.zeros(grow, np.int64)])
         self.block = np.concatenate([self.block, np.zeros((grow, _IDLE_BLOCK - 1))])
         self.block_count = np.concatenate([self.block_count, np.zeros(grow, int)])
         self.host = np.hstack([self.host, np.full((3, grow), np.nan)])
@@ -159,35 +167,48 @@ class Levels:
         candidate = (util >= 0.5) & ~np.isnan(power)
         reference = np.where(np.isnan(idle), np.where(limit > 0, cfg.default_idle_power_ratio * limit, np.nan), idle)
         working = candidate & (power > cfg.idle_power_max_multiple * reference)
-        # With no reference (a log without a power limit that never saw this GPU idle), work is learnt from
-        # samples that keep near the busy level learnt so far (not from a spin): each such sample decided on the
-        # level as of the sample before it. Taken a chunk at a time all the same: the chunk's unsure samples are
-        # decided on the level at its start, its levels worked out on that, the samples decided again on those
-        # levels (a few times, while some change), and the chunk kept up to the first sample decided otherwise
-        # than its levels assumed (that one decided as they say).
+        # With no reference (a log without a power limit that never saw this GPU idle), or below the multiple of
+        # it with gaps in utilization (a spin reads 100% every sample), work is learnt from samples that keep
+        # near the busy level learnt so far (not from a spin): each such sample decided on the level as of the
+        # sample before it. The first level comes from any of them where there is no reference, else only after
+        # _GAP_SAMPLES of them. Taken a chunk at a time all the same: the chunk's unsure samples are decided on
+        # the level at its start, its levels worked out on that, the samples decided again on those levels (a few
+        # times, while some change), and the chunk kept up to the first sample decided otherwise than its levels
+        # assumed (that one decided as they say).
         unsure = candidate & np.isnan(reference)
+        low = candidate & ~working & ~unsure & (util < cfg.pinned_min_ratio)  # a pinned one may be a spin
+        gaps = np.cumsum(low, axis=0) + self.gaps
+        if len(gaps):
+            self.gaps = gaps[-1]
+        first = unsure | (low & (gaps >= _GAP_SAMPLES))  # may set a first level
+        doubt = unsure | low
+
+        def decided(span: slice, watts: np.ndarray, level: np.ndarray) -> np.ndarray:
+            near = doubt[span] & (watts > cfg.fell_max_ratio * level)
+            return working[span] | np.where(np.isnan(level), first[span], near)
+
         out = np.empty_like(power)
         row, count = 0, len(times)
         while row < count:
             stop = min(count, row + _CHUNK)
             series = None
-            work = working[row:stop]
-            doubt = unsure[row:stop]
-            if doubt.any():
-                watts = power[row:stop]
-                level = np.fmax(self.busy, self.settled)[None, :]
-                work = work | (doubt & (np.isnan(level) | (watts > cfg.fell_max_ratio * level)))
+            span = slice(row, stop)
+            work = working[span]
+            if doubt[span].any():
+                watts = power[span]
+                work = decided(span, watts, np.fmax(self.busy, self.settled)[None, :])
                 for _ in range(_DECISIONS):
-                    series = self._series(times[row:stop], watts, work)
-                    before = np.concatenate([level, np.fmax(series[0], series[1])[:-1]])
-                    decided = working[row:stop] | (doubt & (np.isnan(before) | (watts > cfg.fell_max_ratio * before)))
-                    wrong = np.flatnonzero((decided != work).any(axis=1))
+                    series = self._series(times[span], watts, work)
+                    before = np.concatenate([np.fmax(self.busy, self.settled)[None, :],
+                                             np.fmax(series[0], series[1])[:-1]])
+                    again = decided(span, watts, before)
+                    wrong = np.flatnonzero((again != work).any(axis=1))
                     if not wrong.size:
                         break
-                    work = decided
+                    work = again
                 else:
                     stop = row + int(wrong[0]) + 1
-                    work, series = decided[:stop - row], None
+                    work, series = again[:stop - row], None
             out[row:stop] = self._kept(series or self._series(times[row:stop], power[row:stop], work))
             row = stop
         return out
