@@ -156,10 +156,15 @@ def test_a_process_on_gpus_at_work_is_read_every_fifth_tick(monkeypatch: pytest.
     working = {0, 2}
     snapshot = NodeSnapshot(0.0, (GpuSample(0, pids=(busy.pid,)), GpuSample(1, pids=(idle.pid, shared.pid)),
                                   GpuSample(2, pids=(shared.pid,))))
+    spent = psutil.Process(busy.pid)
     try:
         rates = []
         for _ in range(12):
-            time.sleep(0.06)  # a few clock ticks of CPU for the busy process, even on a loaded machine
+            # A clock tick of CPU for the busy process between ticks, however loaded the machine (a fixed 60 ms
+            # was sometimes none: its rate read 0): counted from its own CPU time, not waited for by the clock.
+            before = sum(spent.cpu_times()[:2])
+            while sum(spent.cpu_times()[:2]) <= before:
+                time.sleep(0.01)
             gpus = progress.annotate(snapshot, lambda gpu: gpu.index in working).gpus
             rates.append(gpus[0].host_cpu_ratio)
         assert reads.count(idle.pid) == reads.count(shared.pid) == 12  # every tick

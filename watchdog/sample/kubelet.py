@@ -266,9 +266,20 @@ class PodDirectory:
             self._missed.clear()
             self.refresh()
             asked = time.monotonic()
-            self._missed.wait(self.refresh_seconds)
-            # A miss asks again, but not more than once a second.
-            self._stop.wait(max(0.0, 1.0 - (time.monotonic() - asked)))
+            due = asked + self.refresh_seconds
+            # A miss asks again, but not more than once a second, and not when the answer since named what was
+            # missed (looked up while that answer was on its way).
+            while not self._stop.is_set():
+                self._missed.wait(max(0.0, due - time.monotonic()))
+                self._stop.wait(max(0.0, 1.0 - (time.monotonic() - asked)))
+                self._missed.clear()
+                if time.monotonic() >= due or self._pending():
+                    break
+
+    def _pending(self) -> bool:
+        """Devices looked up since the last answer that it does not name."""
+        known = self._devices
+        return any(d not in known for d in self._asked.copy())
 
     def close(self) -> None:
         self._stop.set()
