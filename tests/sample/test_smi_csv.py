@@ -411,6 +411,29 @@ def test_block_reader_reads_a_day_in_blocks() -> None:
     assert snaps[-1].gpus[1].power_watts == 101.5 and snaps[-1].gpus[1].utilization_ratio == 0.02
 
 
+def test_a_dropped_row_costs_the_samples_around_it_not_its_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log by index whose samples lack a row now and then (a GPU that did not answer in time: 1 sample in 100) is
+    cut a sample at a time only around each such sample: the regular samples between them are taken at once."""
+    from watchdog.sample import smi_samples
+
+    rows = ["timestamp, index, utilization.gpu [%], power.draw [W]"]
+    for sample in range(3000):
+        for gpu in range(8):
+            if sample % 100 == 50 and gpu == sample // 100 % 8:
+                continue
+            rows.append(f"2024/01/02 {sample // 3600:02d}:{sample // 60 % 60:02d}:{sample % 60:02d}.000, {gpu}, "
+                        f"{(sample + gpu) % 90 + 5} %, {100 + gpu}.50 W")
+    closed = []
+    close = smi_samples._Cut.close
+    monkeypatch.setattr(smi_samples._Cut, "close", lambda cut, k: closed.append(k) or close(cut, k))
+    snaps = read("\n".join(rows) + "\n")
+    assert len(snaps) == 3000 and len(closed) <= 30 * 3 + 4, len(closed)
+    lacking = [n for n, s in enumerate(snaps) if len(s.gpus) < 8]
+    assert lacking == [n for n in range(3000) if n % 100 == 50]
+    assert all(g.power_watts == 100.5 + g.index for s in snaps for g in s.gpus)
+    assert [g.index for g in snaps[150].gpus] == [0, 2, 3, 4, 5, 6, 7]
+
+
 def test_columns_that_are_not_what_the_fields_say_are_an_error() -> None:
     """A log written with `--query-gpu=timestamp,power.draw,utilization.gpu` replayed with the fields in another
     order: its cells carry their units (watts, percent), which contradict the fields named; the log is refused

@@ -127,7 +127,7 @@ def _block_parser(layout: Layout) -> Callable[[list[str]], tuple[list[float], li
         try:
             times = column_times(cells[t_pos::width], stamps)
             for position, slot, converted in converters:
-                fields[slot] = list(map(converted.__getitem__, cells[position::width]))
+                fields[slot] = _converted(cells[position::width], converted)
             if reason_cells:
                 fields[slots["clock_event_reasons"]] = _combine_reasons(
                     [list(map(converted.__getitem__, cells[position::width])) for position, converted in reason_cells])
@@ -136,6 +136,15 @@ def _block_parser(layout: Layout) -> Callable[[list[str]], tuple[list[float], li
         return times, fields
 
     return parse
+
+
+def _converted(texts: list[str], converted: Cells) -> list[Any]:
+    """A column's cells through its converter; a column that reads the same in every row of the block (a GPU's name,
+    its power limit, a field it never reports) converted once."""
+    first = texts[0]
+    if texts[-1] == first and texts[len(texts) // 2] == first and texts.count(first) == len(texts):
+        return [converted[first]] * len(texts)
+    return list(map(converted.__getitem__, texts))
 
 
 def _combine_reasons(columns: list[list[int | None]]) -> list[int | None]:
@@ -254,10 +263,7 @@ def smi_csv_stretches(
 
         def named() -> Iterator[RowBlock]:
             for block in row_blocks():
-                indexes: list[int] = block.indexes  # type: ignore[assignment]  # an index column: every row's
-                if None in indexes:  # a log naming its GPUs by uuid: numbered in the order first seen
-                    indexes = [gpu_ordinal(ordinals, uuid or "") if index is None else index
-                               for index, uuid in zip(block.indexes, block.uuids)]
+                indexes = _numbered(block.indexes, block.uuids, ordinals)
                 yield RowBlock(store.add(block.lines, block.columns()), block.lines, block.times, indexes)
 
         samples = by_identity(named(), store, path, skips)
@@ -275,6 +281,18 @@ class _Header:
 
     line: int
     fields: list[str]
+
+
+def _numbered(indexes: list[int | None], uuids: list[str | None], ordinals: dict[str, int]) -> list[int]:
+    """Each row's GPU: its index, or where it has none (a log naming its GPUs by uuid) its uuid's number in the order
+    first seen. A block of uuids seen before is looked up at once."""
+    if None not in indexes:
+        return indexes  # type: ignore[return-value]  # an index column: every row's
+    if indexes.count(None) == len(indexes):
+        known = list(map(ordinals.get, uuids))  # type: ignore[arg-type]  # a uuid column: a str in every row
+        if None not in known:
+            return known  # type: ignore[return-value]
+    return [gpu_ordinal(ordinals, uuid or "") if index is None else index for index, uuid in zip(indexes, uuids)]
 
 
 def _rows_of(rows: list[_Row]) -> _Rows:

@@ -25,6 +25,7 @@ from watchdog.vocabulary.model import SAMPLE_DEFAULTS, GpuSample, NodeSnapshot, 
 _INDEX = GpuSample._fields.index("index")
 _RUN_ROWS = 4096  # rows a block handed on holds at most: about what one read of the log parses (lines.py)
 _FIRST_SPLIT = 0.5
+_SPAN_SAMPLES = 16  # the samples the block cutter looks at first, after an irregular one (by_identity)
 _GAPS = 8  # the gaps between samples the sampling interval is learnt from, again every _GAPS samples
 
 
@@ -116,28 +117,57 @@ def by_identity(blocks: Iterator[RowBlock], store: RowStore, path: str, skips: S
     row that would make the trace's GPUs more than it may name, are malformed rows."""
     gpus = TraceGpus()
     cut = _Cut()
+    span = _SPAN_SAMPLES
     for block in blocks:
         try:
             gpus.admit(set(block.indexes))
         except ValueError:
             block = _admitted(block, gpus, store, path, skips)
-        regular = cut.regular(block)
-        if regular is not None:
-            yield regular
-            continue
-        seen, rows, layout, stamps = cut.seen, cut.rows, cut.layout, cut.stamps
-        for row, t, index in zip(block.rows or itertools.count(block.first), block.times, block.indexes):
-            if index in seen or (stamps and t - stamps[-1] > cut.split):
-                kept = cut.kept(index, t)
-                if kept < 0:
-                    skips.malformed(f"{path}:{store.line(row)}: GPU {index} twice at the same time")
+        count, start, failures = len(block.times), 0, 0
+        numbers = block.rows or range(block.first, block.first + count)
+        while start < count:
+            # Whole regular samples from `start` at once, a part of the block at a time (twice as long each time the
+            # part was regular throughout: a block with an irregular sample every few is not read whole for each);
+            # then row by row from the first row they leave, until a sample begun after it closes (more of them
+            # each time the block cutter takes nothing: a stretch of irregular samples costs it a bounded number
+            # of tries), and again at once from there.
+            if block.rows is None:
+                end = min(count, start + span * max(len(cut.order), 1))
+                part = block if not start and end == count else RowBlock(
+                    block.first + start, block.lines[start:end], block.times[start:end], block.indexes[start:end])
+                run, taken = cut.regular(part)
+                if run is not None:
+                    yield run
+                    failures = 0
+                else:
+                    failures += 1
+                start += taken
+                if taken and start == end:
+                    span = min(2 * span, _RUN_ROWS)
                     continue
-                yield cut.close(kept)
-                seen, rows, layout, stamps = cut.seen, cut.rows, cut.layout, cut.stamps
-            seen.add(index)
-            layout.append(index)
-            rows.append(row)
-            stamps.append(t)
+                span = _SPAN_SAMPLES
+            wanted = 1 << max(0, failures - 1) if block.rows is None else count + 1
+            closed = 0
+            seen, rows, layout, stamps = cut.seen, cut.rows, cut.layout, cut.stamps
+            for n in range(start, count):
+                row, t, index = numbers[n], block.times[n], block.indexes[n]
+                if index in seen or (stamps and t - stamps[-1] > cut.split):
+                    kept = cut.kept(index, t)
+                    if kept < 0:
+                        skips.malformed(f"{path}:{store.line(row)}: GPU {index} twice at the same time")
+                        continue
+                    yield cut.close(kept)
+                    seen, rows, layout, stamps = cut.seen, cut.rows, cut.layout, cut.stamps
+                    closed += n > start
+                seen.add(index)
+                layout.append(index)
+                rows.append(row)
+                stamps.append(t)
+                if closed >= wanted:
+                    start = n + 1
+                    break
+            else:
+                start = count
     if cut.rows:
         yield cut.close(len(cut.rows))
 
@@ -206,51 +236,77 @@ class _Cut:
             gaps = sorted(b - a for a, b in itertools.pairwise(self.starts))
             self.split = max(gaps[len(gaps) // 2] / 2, _FIRST_SPLIT)
 
-    def regular(self, block: RowBlock) -> Run | None:
-        """The whole samples of a block that goes through the last whole sample's GPUs in turn, no row of a sample
-        more than half the interval after the row before it and no GPU twice at the same time; the rows after them
-        stay open. In nvidia-smi's own order the samples are slices; where each sample lists the same GPUs in an
-        order of its own (rows interleaved), each is put in index order. None for any other block: it is cut a row
-        at a time."""
+    def regular(self, block: RowBlock) -> tuple[Run | None, int]:
+        """The whole samples at the start of a block that go through the last whole sample's GPUs in turn, no row of
+        a sample more than half the interval after the row before it and no GPU twice at the same time, as one run,
+        and how many of the block's rows it took: all of them where the whole block is so (the last sample begun
+        stays open), else up to the first sample that is not (the one before it stays open: what that sample's first
+        row means is the row cutter's to say). In nvidia-smi's own order the samples are slices; where each sample
+        lists the same GPUs in an order of its own (rows interleaved), each is put in index order. (None, 0) where
+        fewer than two samples are so: the rows are cut one at a time."""
         order, pending, indexes, times = self.order, len(self.rows), block.indexes, block.times
         width, count = len(order), len(times)
         if not width or block.rows is not None or pending + count <= width:
-            return None
+            return None, 0
         ordered = sorted(order)
         if any(a >= b for a, b in itertools.pairwise(ordered)):
-            return None
-        in_order = order == ordered and self.layout == order[:pending] and indexes == list(
-            itertools.islice(itertools.cycle(order), pending, pending + count))
-        stamps = [*self.stamps, *times]
+            return None, 0
         begins = range(0, pending + count, width)  # in stamps: the rows that begin a sample
-        tail = begins[-1]  # the last sample begun: it stays open
-        if not in_order:
+        # The samples from the first that are regular, the last begun counted: first as slices in nvidia-smi's order,
+        # then, where that falls short, as samples each in an order of its own.
+        good, in_order = 0, order == ordered and self.layout == order[:pending]
+        if in_order:
+            expected = list(itertools.islice(itertools.cycle(order), pending, pending + count))
+            good = len(begins) if indexes == expected else (pending + _first_difference(indexes, expected)) // width
+        every: list[int] = []
+        if good < len(begins):
             every = [*self.layout, *indexes]
-            if any(sorted(every[i:i + width]) != ordered for i in begins[:-1]) or (
-                    len(set(every[tail:])) != len(every) - tail or not set(every[tail:]) <= set(ordered)):
-                return None
-        if any(stamps[i] == stamps[i - 1] for i in begins[1:]) or (not pending and stamps[0] == self.last):
-            return None
-        split = self.split
-        if width > 1 and any(stamps[i + width - 1] - stamps[i] > split for i in begins if i + width <= len(stamps)):
-            # some sample spans more than that: the gaps between its rows (those between samples set aside)
-            gaps = list(map(operator.sub, stamps[1:], stamps[:-1]))
-            for i in begins[1:]:
-                gaps[i - 1] = 0.0
-            if max(gaps) > split:
-                return None
-        every_row = [*self.rows, *range(block.first, block.first + count)]
+            mixed = next((k for k, i in enumerate(begins[:-1]) if sorted(every[i:i + width]) != ordered),
+                         len(begins) - 1)
+            begun = every[begins[-1]:]
+            if mixed == len(begins) - 1 and len(set(begun)) == len(begun) and set(begun) <= set(ordered):
+                mixed += 1
+            if mixed > good:
+                in_order, good = False, mixed
+        stamps = [*self.stamps, *times]
+        if not pending and stamps[0] == self.last:
+            return None, 0
+        good = next((k for k, i in enumerate(begins[1:good], start=1) if stamps[i] == stamps[i - 1]), good)
+        if width > 1:  # a sample (the open one too, as far as it goes) spanning more than the split: its rows' gaps
+            split, rows_in = self.split, len(stamps)
+            good = next((k for k, i in enumerate(begins[:good])
+                         if stamps[min(i + width, rows_in) - 1] - stamps[i] > split
+                         and max(map(operator.sub, stamps[i + 1:i + width], stamps[i:i + width - 1])) > split), good)
+        if good < 2:
+            return None, 0
+        tail = begins[good - 1] if good < len(begins) else begins[-1]  # the sample that stays open
+        end = begins[good] if good < len(begins) else len(stamps)  # and the row after it
+        every_row = [*self.rows, *range(block.first, block.first + end - pending)]
         if in_order:
             rows = every_row[:tail]
-            self.layout = order[:len(stamps) - tail]
+            self.layout = order[:end - tail]
         else:
-            rows = [row for i in begins[:-1] for row in _by_gpu(every[i:i + width], every_row[i:i + width])]
-            self.layout = every[tail:]
+            rows = [row for i in begins[:good - 1 if good < len(begins) else -1]
+                    for row in _by_gpu(every[i:i + width], every_row[i:i + width])]
+            self.layout = every[tail:end]
         starts = stamps[0:tail:width]
-        self.stamps, self.rows = stamps[tail:], every_row[tail:]
-        self.seen, self.last = set(self.layout), stamps[-1]
+        self.stamps, self.rows = stamps[tail:end], every_row[tail:]
+        self.seen, self.last = set(self.layout), stamps[end - 1]
         self._started(starts)
-        return Run(starts, tuple(ordered), rows)
+        return Run(starts, tuple(ordered), rows), end - pending
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first place two lists of the same length differ (they do somewhere), found by halving: list comparisons
+    at C speed rather than a Python loop over every row."""
+    low, high = 0, len(a)  # a[:low] == b[:low]; they differ before high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _by_gpu(gpus: Sequence[int], rows: Sequence[int]) -> list[int]:
