@@ -362,18 +362,22 @@ class _Views:
         self.where: dict[int, list[int]] = {}
         for k, cell in enumerate(chosen.tolist()):
             self.where.setdefault(int(tick[cell]), []).append(k)
+        # What at() quotes of each chosen cell, as plain values: a tick asks for a handful of them, one by one.
+        self.rows, self.cols = rows.tolist(), cols.tolist()
+        self.gpus = [some.stretch.gpus[col] for col in self.cols]
+        self.times = some.stretch.times[rows].tolist()
+        self.health = [HEALTH_CODES[code] for code in some.stretch.health[rows, cols].tolist()]
+        self.flags = list(zip(self.active.tolist(), self.pinned.tolist()))
 
     def at(self, n: int) -> tuple[dict[int, GpuView], set[int]]:
-        cells, stretch = self.cells, self.cells.stretch
+        stretch = self.cells.stretch
         views, pinned = {}, set()
         for k in self.where.get(n, []):
-            cell = int(self.chosen[k])
-            row, col = int(cells.end[cell]), int(cells.cols[cell])
             first, seen, moved = self.host[k]
-            gpu = stretch.gpus[col]
-            views[gpu] = GpuView(partial(stretch.sample, row, col), HEALTH_CODES[stretch.health[row, col]],
-                                 bool(self.active[k]), float(stretch.times[row]), first, seen, moved, self.still)
-            if self.pinned[k]:
+            gpu, (is_active, is_pinned) = self.gpus[k], self.flags[k]
+            views[gpu] = GpuView(partial(stretch.sample, self.rows[k], self.cols[k]), self.health[k], is_active,
+                                 self.times[k], first, seen, moved, self.still)
+            if is_pinned:
                 pinned.add(gpu)
         return views, pinned
 
