@@ -228,12 +228,16 @@ class DetectorEngine:
         findings: list[Finding] = []
         health_on = self.config.detectors.gpu_health.enabled
         waits_on = self.config.detectors.straggler.enabled
-        for n, row in enumerate(rows):
+        def placed(item: tuple[str, DetectorSpec, Evidence]) -> tuple[int, int]:
+            return item[2].gpu, order[item[0]]
+
+        for n, (row, t) in enumerate(zip(rows, stretch.times[rows].tolist())):
             while pending and pending[0][0] <= row:
                 events += pending.pop(0)[1]()
-            self._feed(stretch, base, health, waits, row + 1)
-            findings = self._findings(sorted(per_tick[n], key=lambda item: (item[2].gpu, order[item[0]])), views, n)
-            t = float(stretch.times[row])
+            if health or waits:
+                self._feed(stretch, base, health, waits, row + 1)
+            items = per_tick[n]
+            findings = self._findings(sorted(items, key=placed), views, n) if items else []
             if waits_on and (self.waits.reported or self.nccl_waits.reported):
                 _join_waits(findings, [*self.waits.judge(t), *self.nccl_waits.judge(t)])
             if self.health.reported:
