@@ -1,9 +1,9 @@
 """Which rows of an nvidia-smi log make one sample, and runs of samples handed on as column blocks.
 
 A log names each row's GPU (an index or uuid column: `by_identity`) or leaves it to the rows' order in time
-(smi_gpu_count.py). Either way the samples are found touching only each row's GPU and time (a block whose
-samples each list the same GPUs, in nvidia-smi's order or each in one of its own, cut a sample at a time; any
-other a row at a time), and runs of them leave as SnapshotBlocks
+(smi_gpu_count.py). Either way the samples are found touching only each row's GPU and time (samples that each
+list the same GPUs as the one before, in nvidia-smi's order or each in one of its own, cut a run of them at a time;
+a sample that does not, and the ones beside it, a row at a time), and runs of them leave as SnapshotBlocks
 gathered from the block parser's columns (`assemble`): nothing builds a GpuSample per row, whatever the log's
 shape. A sample's rows go in the order of their GPUs' indexes (rows written interleaved read like nvidia-smi's
 own order); a sample that lacks a GPU of its run marks that GPU's row absent (a dropped row, a GPU out for a
