@@ -17,7 +17,7 @@ from functools import partial
 import numpy as np
 
 from watchdog.config import Config
-from watchdog.detect import DETECTORS, DetectorSpec, busy_spin, leave_claimed
+from watchdog.detect import DETECTORS, DetectorSpec, leave_claimed
 from watchdog.detect.episodes import Episode, EpisodeTracker
 from watchdog.detect.evidence import Evidence
 from watchdog.detect.frames import Frames, Ticks
@@ -28,7 +28,8 @@ from watchdog.detect.rank_waits import Uneven, WaitLedger
 from watchdog.detect.recovery import recovered
 from watchdog.detect.severity import STACK_SIGNATURES
 from watchdog.detect.stream_clock import StreamClock
-from watchdog.detect.stretch import HEALTH_CODES, Cells, Context, Stretch, active
+from watchdog.detect.stretch import Cells, Context, Stretch
+from watchdog.detect.views import JobViews
 from watchdog.vocabulary.model import (
     HEALTH_COUNTERS,
     EpisodeEvent,
@@ -220,7 +221,8 @@ class DetectorEngine:
         judged = {cell for name in found if self.detectors[name].scope == "job"
                   for cell, evidence in found[name].items() if not evidence.early}
         wanted = [any(spec.scope == "job" for _, spec, _ in items) for items in per_tick]
-        views = _Views(self, cells, tick, wanted, judged) if any(wanted) else None
+        views = JobViews(cells, tick, wanted, judged, self.context, self.config.detectors.busy_spin,
+                         self.config.job.progress_still_seconds) if any(wanted) else None
         recovery = _Recovery(self, cells, tick)
         events: list[EpisodeEvent] = []
         pending = list(restarts)
@@ -254,7 +256,7 @@ class DetectorEngine:
         self.last_findings = findings
         return events
 
-    def _findings(self, items: list[tuple[str, DetectorSpec, Evidence]], views: _Views | None, n: int
+    def _findings(self, items: list[tuple[str, DetectorSpec, Evidence]], views: JobViews | None, n: int
                   ) -> list[Finding]:
         if not items:
             return []
@@ -343,47 +345,6 @@ class _Later:
 
     def __call__(self) -> list[EpisodeEvent]:
         return self.tracker.restarted(self.gpus, self.now)
-
-
-class _Views:
-    """The GPUs of the due ticks that need the node's verdict, as it looks at them, built together."""
-
-    def __init__(self, engine: DetectorEngine, cells: Cells, tick: np.ndarray, wanted: list[bool], judged: set[int]):
-        self.cells, self.tick = cells, tick
-        chosen = np.flatnonzero(np.asarray(wanted, bool)[tick]) if len(tick) else np.empty(0, int)
-        self.chosen = chosen
-        some = cells.subset(chosen)
-        self.active = active(some, engine.context) if len(chosen) else np.empty(0, bool)
-        # Pinned along: asked only of the GPUs with no evidence of their own.
-        self.pinned = np.zeros(len(chosen), bool)
-        rest = np.flatnonzero([cell not in judged for cell in chosen.tolist()])
-        if len(rest):
-            self.pinned[rest] = busy_spin.pinned(some.subset(rest), engine.config.detectors.busy_spin, engine.context)
-        self.still = engine.config.job.progress_still_seconds
-        rows, cols = some.end, some.cols
-        host = [some.stretch.level(name)[rows, cols].tolist() for name in ("host_first", "host_seen", "moved")]
-        self.host = [tuple(None if v != v else v for v in values) for values in zip(*host)]
-        self.where: dict[int, list[int]] = {}
-        for k, cell in enumerate(chosen.tolist()):
-            self.where.setdefault(int(tick[cell]), []).append(k)
-        # What at() quotes of each chosen cell, as plain values: a tick asks for a handful of them, one by one.
-        self.rows, self.cols = rows.tolist(), cols.tolist()
-        self.gpus = [some.stretch.gpus[col] for col in self.cols]
-        self.times = some.stretch.times[rows].tolist()
-        self.health = [HEALTH_CODES[code] for code in some.stretch.health[rows, cols].tolist()]
-        self.flags = list(zip(self.active.tolist(), self.pinned.tolist()))
-
-    def at(self, n: int) -> tuple[dict[int, GpuView], set[int]]:
-        stretch = self.cells.stretch
-        views, pinned = {}, set()
-        for k in self.where.get(n, []):
-            first, seen, moved = self.host[k]
-            gpu, (is_active, is_pinned) = self.gpus[k], self.flags[k]
-            views[gpu] = GpuView(partial(stretch.sample, self.rows[k], self.cols[k]), self.health[k], is_active,
-                                 self.times[k], first, seen, moved, self.still)
-            if is_pinned:
-                pinned.add(gpu)
-        return views, pinned
 
 
 class _Recovery:
