@@ -30,25 +30,24 @@ class JobViews:
             pinned[rest] = busy_spin.pinned(some.subset(rest), spin, context)
         rows, cols = some.end, some.cols
         host = [some.stretch.level(name)[rows, cols].tolist() for name in ("host_first", "host_seen", "moved")]
-        self.host = [tuple(None if v != v else v for v in values) for values in zip(*host)]
         self.where: dict[int, list[int]] = {}
         for k, cell in enumerate(chosen.tolist()):
             self.where.setdefault(int(tick[cell]), []).append(k)
         # What at() quotes of each chosen cell, as plain values: a tick asks for a handful of them, one by one.
-        self.rows, self.cols = rows.tolist(), cols.tolist()
-        self.gpus = [some.stretch.gpus[col] for col in self.cols]
-        self.times = some.stretch.times[rows].tolist()
-        self.health = [HEALTH_CODES[code] for code in some.stretch.health[rows, cols].tolist()]
-        self.flags = list(zip(working.tolist(), pinned.tolist()))
+        stretch = some.stretch
+        gpus = [stretch.gpus[col] for col in cols.tolist()]
+        health = [HEALTH_CODES[code] for code in stretch.health[rows, cols].tolist()]
+        last_host = [tuple(None if v != v else v for v in values) for values in zip(*host)]
+        self.quoted = list(zip(gpus, rows.tolist(), cols.tolist(), stretch.times[rows].tolist(), health,
+                               working.tolist(), pinned.tolist(), last_host))
 
     def at(self, n: int) -> tuple[dict[int, GpuView], set[int]]:
         """Due tick n's GPUs as the verdict sees them, and those of them pinned along."""
         views, pinned = {}, set()
         for k in self.where.get(n, []):
-            first, seen, moved = self.host[k]
-            gpu, (is_active, is_pinned) = self.gpus[k], self.flags[k]
-            views[gpu] = GpuView(partial(self.stretch.sample, self.rows[k], self.cols[k]), self.health[k], is_active,
-                                 self.times[k], first, seen, moved, self.still)
+            gpu, row, col, t, health, is_active, is_pinned, (first, seen, moved) = self.quoted[k]
+            views[gpu] = GpuView(partial(self.stretch.sample, row, col), health, is_active, t, first, seen, moved,
+                                 self.still)
             if is_pinned:
                 pinned.add(gpu)
         return views, pinned

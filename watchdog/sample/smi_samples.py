@@ -143,7 +143,7 @@ def by_identity(blocks: Iterator[RowBlock], store: RowStore, path: str, skips: S
                     failures += 1
                 start += taken
                 if taken and start == end:
-                    span = min(2 * span, _RUN_ROWS)
+                    span = min(2 * span, count)  # samples, never more than the block holds rows
                     continue
                 span = _SPAN_SAMPLES
             wanted = 1 << max(0, failures - 1) if block.rows is None else count + 1
