@@ -26,12 +26,10 @@ and the worst of 20 random 8-GPU shapes; JSON Lines >= 400k GPU-samples/s.
 from __future__ import annotations
 
 import argparse
-import atexit
 import csv
 import gc
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +40,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import as_installed  # noqa: E402
 from tests.traces.messy_day import DAY, DAY_SHAPES, random_shape, write_messy_day, write_random_day  # noqa: E402
 from watchdog.config import Config  # noqa: E402
 from watchdog.detect.engine import DetectorEngine  # noqa: E402
@@ -80,29 +79,11 @@ def json_floor(path: Path) -> float:
     return time.perf_counter() - started
 
 
-# The replays run as an installed package runs: with its modules' bytecode cached (pip compiles it on install; a
-# checkout writes it on its first run). A shell with PYTHONDONTWRITEBYTECODE set (as some containers are) would
-# compile every module from source on every start, 0.2 s of a replay here: the cache is kept in a folder of the
-# benchmark's own, written by a first replay that is not measured.
-_CACHED = tempfile.mkdtemp(prefix="replay-bench-bytecode-")
-atexit.register(shutil.rmtree, _CACHED, True)
-_ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPYCACHEPREFIX": _CACHED}
-
-
 def end_to_end(*args: str) -> tuple[float, str]:
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "watchdog", "replay", *args], capture_output=True, text=True,
-                            check=True, env=_ENV)
+                            check=True, env=as_installed.ENV)
     return time.perf_counter() - started, result.stdout
-
-
-def _cache_bytecode() -> None:
-    """One replay of a one-sample log, not measured: the modules' bytecode written to the benchmark's cache."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tiny = Path(tmp) / "one.csv"
-        tiny.write_text("timestamp, index, utilization.gpu [%], power.draw [W]\n"
-                        "2026/01/01 00:00:00.000, 0, 5 %, 60 W\n")
-        end_to_end(str(tiny))
 
 
 def in_process(path: Path) -> tuple[float, float, float, float, float]:
@@ -151,7 +132,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1129, help="of the random shapes (default 1129)")
     parser.add_argument("--only-shapes", action="store_true", help="skip the two fixed days")
     args = parser.parse_args()
-    _cache_bytecode()
+    as_installed.warm()
     if not args.only_shapes:
         for shape, described in DAY_SHAPES.items():
             print(f"day shape {shape!r}: {described}")
