@@ -109,6 +109,19 @@ def test_malformed_trace_line_is_named_and_lenient_goes_on(tmp_path: Path) -> No
     assert "2 samples of 1 GPU," in lenient.stdout
 
 
+def test_the_summary_counts_every_gpu_seen_not_the_most_one_sample_held(tmp_path: Path) -> None:
+    """Four GPUs, each sample missing one of them in turn (a row dropped every sample): four GPUs were seen,
+    though no sample holds more than three."""
+    log = tmp_path / "gpus.csv"
+    lines = ["timestamp, index, utilization.gpu [%], power.draw [W]"]
+    for second in range(40):
+        lines += [f"2025/01/01 00:00:{second:02d}.000, {gpu}, 95 %, 300 W" for gpu in range(4) if gpu != second % 4]
+    log.write_text("\n".join(lines) + "\n")
+    result = cli("replay", str(log))
+    assert result.returncode == 0, result.stderr
+    assert "40 samples of 4 GPUs," in result.stdout
+
+
 def test_check_config_exit_codes(tmp_path: Path) -> None:
     good = cli("check-config", str(REPO / "config.example.yaml"))
     assert good.returncode == 0 and good.stdout.strip().endswith(": ok")

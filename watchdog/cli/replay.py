@@ -150,15 +150,18 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
     with opened(spec, lenient=options.lenient, csv_fields=options.csv_fields) as trace:
         timeline = None if options.json else TextTimeline(out, spec, trace.naive_time)
         first = last = None
-        samples = gpus = 0
+        samples = 0
+        gpus: set[int] = set()  # every GPU seen, in any sample (not the most one sample held)
         for batch in _batches(trace.stretches):
             times = snapshot_times(batch, 0, len(batch))
-            width = len(batch.layout) if isinstance(batch, SnapshotBlock) else max(len(s.gpus) for s in batch)
+            if isinstance(batch, SnapshotBlock):
+                gpus.update(batch.layout)
+            else:
+                gpus.update(g.index for s in batch for g in s.gpus)
             if first is None:
                 first = times[0]
             last = times[-1]
             samples += len(batch)
-            gpus = max(gpus, width)
             if options.report:
                 for offset, number in enumerate(range(samples - len(batch) + 1, samples + 1)):
                     if number % stride == 0:
@@ -194,7 +197,7 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
         assert first is not None and last is not None
         still_open = [f"{ep.finding.signature.value} ({ep.fired_severity.value}) on {gpu_list(ep.finding.gpus)}"
                       for ep in engine.open_episodes() if ep.fired_severity is not None]
-        timeline.footer(first, last, samples, gpus, still_open,
+        timeline.footer(first, last, samples, len(gpus), still_open,
                         None if engine.clock.now is None else engine.clock.now - first)
     if options.report:
         episodes = report_html.episodes_from_events(fired)
