@@ -156,6 +156,14 @@ def report_groups(results: dict[tuple[str, str], list[Outcome]]) -> None:
             if rows:
                 print(f"{label:<24}{mode:<10}" + row(group, rows, group not in ("healthy", "real_logs"))
                       .replace(f"{group:<22}", f"{group:<12}", 1))
+    for (label, mode), outcomes in results.items():  # what a row's figures hide: which traces, and what instead
+        for o in outcomes:
+            if o.cls in HANGS and not o.found:
+                print(f"  {label} {mode}: missed {o.name}: {o.wrong}")
+            elif o.cls in HANGS and o.critical_latency is None:
+                print(f"  {label} {mode}: never critical {o.name}")
+            if o.false_criticals:
+                print(f"  {label} {mode}: false critical in {o.name}")
 
 
 SPIN_POWER = {"as the corpus": lambda m: {}, "spin -15%": lambda m: {"spin": 0.85 * m.spin},

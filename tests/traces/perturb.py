@@ -12,6 +12,11 @@ alone and combined; tests/traces/corpus.py applies a mild mix by default.
     power_noise  +- a few watts on every power reading
     wander       training utilization wandering between 80% and 99% (a sample of real work, not pinned)
     slow         sampled every 5 s or 10 s instead (nvidia-smi -l 5, -l 10)
+    levels       each GPU draws 8-25% more or less power than its model does, the whole trace through (units of
+                 one model differ by silicon, cooling and firmware): its idle, work and spin all move together
+    cap          a power cap below what the work draws (nvidia-smi -pl at 70-90% of the trace's highest reading):
+                 readings above it sit just under it, the limit reads the cap and the software power cap is
+                 set; a spin's draw becomes a larger share of the work's and of the limit
     dst          the wall clock jumps an hour forward at a random sample (spring DST on a local-time log)
     ntp          the wall clock steps forward 2-15 minutes at one or more random samples (NTP, a resumed VM)
     day_off      a few single samples stamped a day ahead or behind
@@ -112,6 +117,40 @@ def slow(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> I
             yield snap
 
 
+def levels(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    spread = (0.08, 0.15, 0.25)[strength]
+    factors: dict[int, float] = {}
+
+    def change(g: GpuSample) -> GpuSample:
+        if g.power_watts is None:
+            return g
+        factor = factors.setdefault(g.index, 1.0 + rng.uniform(-spread, spread))
+        return g._replace(power_watts=round(g.power_watts * factor, 2))
+    return _per_gpu(stream, change)
+
+
+_SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
+
+
+def cap(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -> Iterator[NodeSnapshot]:
+    snaps = list(stream)
+    top = max((g.power_watts for s in snaps for g in s.gpus if g.power_watts is not None), default=None)
+    if top is None:
+        return iter(snaps)
+    limit = round((0.9, 0.8, 0.7)[strength] * top, 2)
+
+    def change(g: GpuSample) -> GpuSample:
+        if g.power_watts is None:
+            return g
+        if g.power_limit_watts is not None:
+            g = g._replace(power_limit_watts=limit)
+        if g.power_watts <= limit:
+            return g
+        reasons = None if g.clock_event_reasons is None else int(g.clock_event_reasons) | _SW_POWER_CAP
+        return g._replace(power_watts=round(limit * rng.uniform(0.985, 1.0), 2), clock_event_reasons=reasons)
+    return _per_gpu(snaps, change)
+
+
 def _shifted_after(stream: Iterable[NodeSnapshot], shifts: dict[int, float]) -> Iterator[NodeSnapshot]:
     """The stream with every sample from index `n` on moved by `shifts[n]` (added up)."""
     moved = 0.0
@@ -146,7 +185,7 @@ def writers(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -
 
 PERTURBATIONS: dict[str, Perturbation] = {
     "blips": blips, "drops": drops, "rows": rows, "na": na, "jitter": jitter, "power_noise": power_noise,
-    "wander": wander, "slow": slow, "dst": dst, "ntp": ntp, "day_off": day_off, "writers": writers,
+    "wander": wander, "slow": slow, "levels": levels, "cap": cap, "dst": dst, "ntp": ntp, "day_off": day_off, "writers": writers,
 }
 COMBINED = ("blips", "drops", "rows", "na", "jitter", "power_noise", "wander")
 
