@@ -85,7 +85,7 @@ class _Xid:
 @dataclass
 class _Gpu:
     xids: dict[int, _Xid] = field(default_factory=dict)
-    last_xid: float = -math.inf  # when the newest Xid came
+    last_xid: float = -math.inf  # when the newest Xid came (the latest time any was seen)
     counters: tuple[Any, ...] = (None,) * len(HEALTH_COUNTERS)
     # each climbing counter's rise since it was first read, at each reading kept: (time, rise so far)
     history: list[deque[tuple[float, int]]] = field(
@@ -120,7 +120,7 @@ class HealthLedger:
                 state.xids[xid] = _Xid(t, t)
             else:
                 seen.last, seen.count = t, seen.count + 1
-            state.last_xid = t
+            state.last_xid = max(state.last_xid, t)
         if counters != state.counters:
             spacing = self.cfg.window_seconds / 128
             for n, (history, slot) in enumerate(zip(state.history, _SLOTS)):
@@ -218,9 +218,10 @@ class HealthLedger:
             state = self._gpus.get(gpu)
             if state is None:
                 continue
-            xids = self._xids(state, t - lookback, t, hardware_only=False)
-            if xids:
-                parts.append(f"GPU {gpu} reported {_xid_text(xids, t, 'earlier')}")
+            if state.last_xid >= t - lookback:  # the newest Xid is recent enough (the usual tick: none at all)
+                xids = self._xids(state, t - lookback, t, hardware_only=False)
+                if xids:
+                    parts.append(f"GPU {gpu} reported {_xid_text(xids, t, 'earlier')}")
             if self._showing(state, t):
                 parts += [f"GPU {gpu}: {what}" for signal, what, _ in self.problems(t, gpu) if signal != "xid"]
         return "; ".join(parts)
