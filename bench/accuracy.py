@@ -65,11 +65,15 @@ def realdata_root() -> Path:
     return Path(os.environ.get("STALL_WATCHDOG_REALDATA", Path(__file__).resolve().parents[2] / "shared" / "realdata"))
 
 
+def real_logs_folder() -> Path:
+    return realdata_root() / "telemetry" / "grantwilkins-training_profile"
+
+
 def real_logs(names: tuple[str, ...] = (), strength: int = 0) -> list[Outcome]:
     """The real logs are healthy runs (checkpoints, DDP training): criticals there are false."""
     from watchdog.sample.replay import open_trace
 
-    folder = realdata_root() / "telemetry" / "grantwilkins-training_profile"
+    folder = real_logs_folder()
     outcomes = []
     for path in sorted(folder.glob("*/*.csv")):
         with open_trace(str(path)) as trace:
@@ -239,6 +243,10 @@ def main() -> None:
             spin_matrix(pool, args.per_class or 3)
         return
     modes = MODES if args.mode == "both" else (args.mode,)
+    has_real = any(real_logs_folder().glob("*/*.csv"))
+    if not has_real:
+        print(f"note: no real logs at {real_logs_folder()} (../shared/realdata beside the checkout, or "
+              "STALL_WATCHDOG_REALDATA): every figure below is of the generated corpus alone")
     traces = corpus(args.per_class or (3 if args.perturb else 12))
     with ProcessPoolExecutor(args.jobs) as pool:
         if not args.perturb:
@@ -246,7 +254,7 @@ def main() -> None:
                 outcomes = list(pool.map(run_job, [Job(t, mode == "live") for t in traces], chunksize=2))
                 if mode == "telemetry":  # the real logs carry no host progress: telemetry alone
                     outcomes += real_logs()
-                report(outcomes, f"{mode}: the corpus" + (" and the real logs" if mode == "telemetry" else ""))
+                report(outcomes, f"{mode}: the corpus" + (" and the real logs" if mode == "telemetry" and has_real else ""))
             return
         results: dict[tuple[str, str], list[Outcome]] = {}
         chosen = args.only or [*perturb.PERTURBATIONS, "combined"]
