@@ -254,7 +254,8 @@ def main() -> None:
                 outcomes = list(pool.map(run_job, [Job(t, mode == "live") for t in traces], chunksize=2))
                 if mode == "telemetry":  # the real logs carry no host progress: telemetry alone
                     outcomes += real_logs()
-                report(outcomes, f"{mode}: the corpus" + (" and the real logs" if mode == "telemetry" and has_real else ""))
+                named = " and the real logs" if mode == "telemetry" and has_real else ""
+                report(outcomes, f"{mode}: the corpus{named}")
             return
         results: dict[tuple[str, str], list[Outcome]] = {}
         chosen = args.only or [*perturb.PERTURBATIONS, "combined"]

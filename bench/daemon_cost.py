@@ -98,7 +98,8 @@ def measure(gpus: int, seconds: float, folder: Path) -> tuple[float, float]:
     # The scrapes themselves cost CPU in the daemon too: they are included, as in production.
     share = used / elapsed * 100
     print(f"{gpus:>3} GPUs over {elapsed:.0f} s at 1 Hz: CPU {share:.3f}% of one core, "
-          f"RSS {largest[0] / 2**20:.0f} MiB (max; {largest[1] / 2**20:.0f} anonymous, {largest[2] / 2**20:.0f} of files), scrape {statistics.median(scrapes) * 1000:.1f} ms median / "
+          f"RSS {largest[0] / 2**20:.0f} MiB (max; {largest[1] / 2**20:.0f} anonymous, "
+          f"{largest[2] / 2**20:.0f} of files), scrape {statistics.median(scrapes) * 1000:.1f} ms median / "
           f"{max(scrapes) * 1000:.1f} ms max, {len(body) / 1024:.0f} KiB per scrape")
     # The same run by phase: healthy training before the spin (onset at 40 s of the daemon's time), and
     # the spin once it is critical and its incident written (from 90 s on).

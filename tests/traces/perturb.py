@@ -185,7 +185,8 @@ def writers(stream: Iterable[NodeSnapshot], rng: random.Random, strength: int) -
 
 PERTURBATIONS: dict[str, Perturbation] = {
     "blips": blips, "drops": drops, "rows": rows, "na": na, "jitter": jitter, "power_noise": power_noise,
-    "wander": wander, "slow": slow, "levels": levels, "cap": cap, "dst": dst, "ntp": ntp, "day_off": day_off, "writers": writers,
+    "wander": wander, "slow": slow, "levels": levels, "cap": cap, "dst": dst, "ntp": ntp, "day_off": day_off,
+    "writers": writers,
 }
 COMBINED = ("blips", "drops", "rows", "na", "jitter", "power_noise", "wander")
 
