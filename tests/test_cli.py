@@ -122,6 +122,28 @@ def test_the_summary_counts_every_gpu_seen_not_the_most_one_sample_held(tmp_path
     assert "40 samples of 4 GPUs," in result.stdout
 
 
+@pytest.mark.parametrize("column, said", [
+    ("power.draw [W]", "no power reading in the whole trace"),
+    ("utilization.gpu [%]", "no utilization reading in the whole trace"),
+])
+def test_a_reading_the_detectors_need_never_read_is_said(tmp_path: Path, column: str, said: str) -> None:
+    """Two GPUs at 100% for three minutes, with one of the readings [N/A] on every row: "0 episodes" alone would
+    read as a healthy run, where the log could not show the hang."""
+    header = ["utilization.gpu [%]", "power.draw [W]", "memory.used [MiB]"]
+    values = {"utilization.gpu [%]": "100 %", "power.draw [W]": "90 W", "memory.used [MiB]": "40000 MiB",
+              column: "[N/A]"}
+    log = tmp_path / "gpus.csv"
+    log.write_text("timestamp, index, " + ", ".join(header) + "\n" + "".join(
+        f"2025/01/01 00:{second // 60:02d}:{second % 60:02d}.000, {gpu}, " + ", ".join(values[h] for h in header) + "\n"
+        for second in range(180) for gpu in range(2)))
+    result = cli("replay", str(log))
+    assert result.returncode == 0, result.stderr
+    assert said in result.stderr and "180 samples of 2 GPUs" in result.stdout
+    clean = tmp_path / "clean.csv"
+    clean.write_text(log.read_text().replace("[N/A]", "95 %" if "util" in column else "90 W"))
+    assert "warning" not in cli("replay", str(clean)).stderr
+
+
 def test_check_config_exit_codes(tmp_path: Path) -> None:
     good = cli("check-config", str(REPO / "config.example.yaml"))
     assert good.returncode == 0 and good.stdout.strip().endswith(": ok")

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
+
 from watchdog.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, error
 from watchdog.config import Config, load_config
 from watchdog.detect.engine import DetectorEngine
@@ -28,6 +30,7 @@ from watchdog.sample.replay import SIM_PREFIX, TRACE_SUFFIXES, open_trace
 from watchdog.vocabulary.model import (
     EpisodeEvent,
     EventKind,
+    GpuSample,
     NodeSnapshot,
     SnapshotBlock,
     snapshot_range,
@@ -36,6 +39,39 @@ from watchdog.vocabulary.model import (
 from watchdog.vocabulary.words import gpu_list
 
 _BATCH = 2048  # snapshots handed to the engine at once
+# What the detectors need read at least once: without utilization no hang can be seen; without power, memory-
+# controller utilization and SM activity all three, no busy spin (its legs are those readings).
+_NEEDED = {"utilization_ratio": "utilization", "power_watts": "power",
+           "memory_utilization_ratio": "memory-controller utilization", "sm_activity_ratio": "SM activity"}
+_SLOTS = {name: GpuSample._fields.index(name) for name in _NEEDED}
+_SPIN = ("power_watts", "memory_utilization_ratio", "sm_activity_ratio")
+
+
+class _Readings:
+    """Which of the readings the detectors need a trace has held at least once (looked for until found)."""
+
+    def __init__(self) -> None:
+        self.unseen = set(_NEEDED)
+
+    def note(self, batch: SnapshotBlock | list[NodeSnapshot]) -> None:
+        for name in list(self.unseen):
+            if isinstance(batch, SnapshotBlock):
+                values = batch.columns[_SLOTS[name]]
+                found = values is not None and (bool(np.isfinite(values).any()) if hasattr(values, "dtype") else
+                                                any(v is not None and v == v for v in values))
+            else:
+                found = any(getattr(g, name) is not None for s in batch for g in s.gpus)
+            if found:
+                self.unseen -= {name} if name == "utilization_ratio" else set(_SPIN)  # one of the spin's is enough
+
+    def warnings(self) -> list[str]:
+        if "utilization_ratio" in self.unseen:
+            return ["no utilization reading in the whole trace (the column is absent or [N/A] throughout): no hang "
+                    "can be seen in it"]
+        if all(name in self.unseen for name in _SPIN):
+            return ["no power reading in the whole trace (absent or [N/A] throughout), nor memory-controller "
+                    "utilization or SM activity: a busy spin cannot be told from work in it"]
+        return []
 
 
 @dataclass(frozen=True)
@@ -152,12 +188,15 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
         first = last = None
         samples = 0
         gpus: set[int] = set()  # every GPU seen, in any sample (not the most one sample held)
+        readings = _Readings()
         for batch in _batches(trace.stretches):
             times = snapshot_times(batch, 0, len(batch))
             if isinstance(batch, SnapshotBlock):
                 gpus.update(batch.layout)
             else:
                 gpus.update(g.index for s in batch for g in s.gpus)
+            if readings.unseen:
+                readings.note(batch)
             if first is None:
                 first = times[0]
             last = times[-1]
@@ -187,6 +226,9 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
             say(f"warning: {where}the trace's clock jumped forward {clock.jumps} time(s) (the last by "
                 f"{clock.last_jump_seconds:.0f} s: DST, an NTP step, or samples missing); the time across a jump "
                 "was not observed and counts as one sample interval, so event times after it are shifted")
+        if samples:
+            for said in readings.warnings():
+                say(f"warning: {where}{said}")
         if trace.skips.count:
             say(f"warning: {trace.skips.count} line(s) or sample(s) skipped; first: "
                 + "; ".join(trace.skips.first[:3]))
