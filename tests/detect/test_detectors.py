@@ -161,6 +161,22 @@ def test_node_verdicts(spin: list[int], zero: list[int], other: list[int], expec
     assert finding.severity is (Severity.WARNING if expected is Signature.WAITING else Severity.CRITICAL)
 
 
+def test_the_power_quoted_for_a_spin_names_the_gpus_it_is_the_mean_of() -> None:
+    """Four GPUs spin; GPU 3 reads no power ([N/A] throughout): the 150 W quoted is GPUs 0-2's, and says so. With
+    every GPU's power read, the figure is all of theirs and names none."""
+    from watchdog.detect.summary import summarize
+
+    views = {i: GpuView(lambda: GpuSample(index=0), GpuHealth.OK, True, 2.0, None, None, None, 30.0) for i in range(4)}
+    spin = {i: ev(i, Signature.BUSY_SPIN) for i in range(4)}
+    spin[3] = Evidence(3, Signature.BUSY_SPIN, since=0.0, legs=("memory_idle",), facts={})
+    (finding,) = job_findings(views, spin, {})
+    _, text = summarize(finding, 30.0, Severity.CRITICAL)
+    assert "only 150 W on GPUs 0-2" in text
+    (every,) = job_findings(views, {i: ev(i, Signature.BUSY_SPIN) for i in range(4)}, {})
+    _, text = summarize(every, 30.0, Severity.CRITICAL)
+    assert "only 150 W" in text and "150 W on" not in text
+
+
 def test_a_failing_detector_costs_only_itself() -> None:
     from watchdog.detect import DETECTORS, DetectorSpec
     from watchdog.detect.engine import DetectorEngine

@@ -65,6 +65,13 @@ def _spin_facts(spinning: list[Evidence]) -> dict[str, float | str]:
     return facts
 
 
+def _power_of(spin_ev: list[Evidence], gpus: list[int]) -> dict[str, float | str]:
+    """The GPUs a quoted power is the mean of, where they are fewer than the GPUs it is quoted for (others
+    read no power, or spin along without evidence of their own)."""
+    powered = sorted(e.gpu for e in spin_ev if "power_watts" in e.facts)
+    return {"power_of": ", ".join(map(str, powered))} if powered and len(powered) < len(gpus) else {}
+
+
 def _culprit_facts(views: Mapping[int, GpuView], culprits: list[int]) -> dict[str, float | str]:
     """The state of the GPUs the others wait on, as quoted in the summary."""
     parts = []
@@ -121,7 +128,7 @@ def job_findings(
     # evidence alone (power fell, flat) counts when every GPU is pinned.
     evidenced = len(strong) + len(weak)
     if s and not z and not rest and 2 * evidenced >= len(job) and (strong or len(s) == len(job)):
-        spun = _spin_facts(spin_ev)
+        spun = _spin_facts(spin_ev) | _power_of(spin_ev, s)
         if lost:
             spun["lost"] = ", ".join(map(str, lost))
         return [Finding(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(s), since=max(e.since for e in spin_ev),
@@ -139,7 +146,7 @@ def job_findings(
                         still_seconds=still)]
     if (strong or 2 * len(weak) >= len(job)) and (z or rest) and evidenced >= len(z) + len(rest):
         culprits = z + rest
-        facts = _spin_facts(spin_ev)
+        facts = _spin_facts(spin_ev) | _power_of(spin_ev, s)
         facts.update(_culprit_facts(views, culprits))
         # The culprits busy on the host (a checkpoint writer) is a pause; still, it is a hang only for culprits
         # idle on the GPU: one still at work on its GPU may use no CPU.

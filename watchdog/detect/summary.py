@@ -21,6 +21,12 @@ def _power(facts: dict[str, float | str]) -> str:
     return text
 
 
+def _quoted_power(facts: dict[str, float | str]) -> str:
+    """The power quoted for spinning GPUs, naming the GPUs it is the mean of where not all of them."""
+    of = _gpus_of(facts.get("power_of"))
+    return _power(facts) + (f" on {gpu_list(of)}" if of else "")
+
+
 def _lasting(seconds: float) -> str:
     """' for 45 s'; nothing for a stretch too short to count (a GPU lost on this very sample has not been
     lost 'for 0 s')."""
@@ -82,14 +88,14 @@ def evidence(finding: Finding, elapsed_seconds: float, unbroken_seconds: float |
     legs = f" [{', '.join(finding.legs)}]" if finding.legs else ""
     sig = finding.signature
     if sig is Signature.BUSY_SPIN:
-        power = f"only {_power(f)}" if "power_watts" in f else "no real work"
+        power = f"only {_quoted_power(f)}" if "power_watts" in f else "no real work"
         lost = _gpus_of(f.get("lost"))
         gone = (f"; {gpu_list(lost)} stopped answering NVML (gpu_lost), and a collective that needs "
                 f"{plural(len(lost), 'it', 'them')} cannot finish") if lost else ""
         return f"Busy spin on {gpus}{lasting}: 100% util but {power}{gone}{legs}"
     if sig is Signature.WAITING:
         spinners = [g for g in finding.gpus if g not in finding.culprit_gpus]
-        power = f", {_power(f)}" if "power_watts" in f else ""
+        power = f", {_quoted_power(f)}" if "power_watts" in f else ""
         state = f" ({f['culprit_state']})" if f.get("culprit_state") else ""
         text = (f"{gpu_list(spinners)} {plural(len(spinners), 'spins', 'spin')} at 100% util{power}, waiting on "
                 f"{gpu_list(finding.culprit_gpus)}{state}{lasting}")
