@@ -53,18 +53,6 @@ GOALS = {8: 0.1, 64: 0.5}  # % of one core (issue 58)
 RSS_GOALS = {64: 60}  # MiB (issue 58)
 
 
-def _resident(pid: int) -> tuple[int, int, int]:
-    """The process's resident bytes: all, anonymous (its heap, numpy's buffers), and of files (the
-    interpreter's and the libraries' pages)."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                fields[name] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["RssAnon"], fields["RssFile"] + fields.get("RssShmem", 0)
-
-
 def measure(gpus: int, seconds: float, folder: Path) -> tuple[float, float]:
     """One run: its CPU share (% of one core) and its largest RSS (MiB), printed with its phases."""
     folder.mkdir(exist_ok=True)
@@ -84,7 +72,8 @@ def measure(gpus: int, seconds: float, folder: Path) -> tuple[float, float]:
             t0 = time.perf_counter()
             body = urllib.request.urlopen(url, timeout=5).read()
             scrapes.append(time.perf_counter() - t0)
-            rss.append(_resident(child.pid))
+            memory = process.memory_info()  # on Linux `shared` is the resident pages of files (and shared memory)
+            rss.append((memory.rss, memory.rss - memory.shared, memory.shared))
             now = process.cpu_times()
             marks.append((time.monotonic() - began, (now.user + now.system) - (warm.user + warm.system)))
             time.sleep(5)

@@ -41,17 +41,15 @@ from watchdog.vocabulary.words import gpu_list
 _BATCH = 2048  # snapshots handed to the engine at once
 # What the detectors need read at least once: without utilization no hang can be seen; without power, memory-
 # controller utilization and SM activity all three, no busy spin (its legs are those readings).
-_NEEDED = {"utilization_ratio": "utilization", "power_watts": "power",
-           "memory_utilization_ratio": "memory-controller utilization", "sm_activity_ratio": "SM activity"}
-_SLOTS = {name: GpuSample._fields.index(name) for name in _NEEDED}
 _SPIN = ("power_watts", "memory_utilization_ratio", "sm_activity_ratio")
+_SLOTS = {name: GpuSample._fields.index(name) for name in ("utilization_ratio", *_SPIN)}
 
 
 class _Readings:
     """Which of the readings the detectors need a trace has held at least once (looked for until found)."""
 
     def __init__(self) -> None:
-        self.unseen = set(_NEEDED)
+        self.unseen = set(_SLOTS)
 
     def note(self, batch: SnapshotBlock | list[NodeSnapshot]) -> None:
         for name in list(self.unseen):

@@ -56,20 +56,18 @@ def _mean_fact(evidence: list[Evidence], name: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _spin_facts(spinning: list[Evidence]) -> dict[str, float | str]:
+def _spin_facts(spinning: list[Evidence], gpus: list[int]) -> dict[str, float | str]:
+    """The means of the spinning GPUs' facts, and which GPUs the power is the mean of where they are fewer than
+    the `gpus` it is quoted for (others read no power, or spin along without evidence of their own)."""
     facts: dict[str, float | str] = {}
     for name in ("power_watts", "power_limit_watts", "idle_watts", "busy_watts", "utilization"):
         value = _mean_fact(spinning, name)
         if value is not None:
             facts[name] = value
+    powered = sorted(e.gpu for e in spinning if "power_watts" in e.facts)
+    if powered and len(powered) < len(gpus):
+        facts["power_of"] = ", ".join(map(str, powered))
     return facts
-
-
-def _power_of(spin_ev: list[Evidence], gpus: list[int]) -> dict[str, float | str]:
-    """The GPUs a quoted power is the mean of, where they are fewer than the GPUs it is quoted for (others
-    read no power, or spin along without evidence of their own)."""
-    powered = sorted(e.gpu for e in spin_ev if "power_watts" in e.facts)
-    return {"power_of": ", ".join(map(str, powered))} if powered and len(powered) < len(gpus) else {}
 
 
 def _culprit_facts(views: Mapping[int, GpuView], culprits: list[int]) -> dict[str, float | str]:
@@ -128,7 +126,7 @@ def job_findings(
     # evidence alone (power fell, flat) counts when every GPU is pinned.
     evidenced = len(strong) + len(weak)
     if s and not z and not rest and 2 * evidenced >= len(job) and (strong or len(s) == len(job)):
-        spun = _spin_facts(spin_ev) | _power_of(spin_ev, s)
+        spun = _spin_facts(spin_ev, s)
         if lost:
             spun["lost"] = ", ".join(map(str, lost))
         return [Finding(Signature.BUSY_SPIN, Severity.CRITICAL, tuple(s), since=max(e.since for e in spin_ev),
@@ -146,7 +144,7 @@ def job_findings(
                         still_seconds=still)]
     if (strong or 2 * len(weak) >= len(job)) and (z or rest) and evidenced >= len(z) + len(rest):
         culprits = z + rest
-        facts = _spin_facts(spin_ev) | _power_of(spin_ev, s)
+        facts = _spin_facts(spin_ev, s)
         facts.update(_culprit_facts(views, culprits))
         # The culprits busy on the host (a checkpoint writer) is a pause; still, it is a hang only for culprits
         # idle on the GPU: one still at work on its GPU may use no CPU.
