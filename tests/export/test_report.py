@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import subprocess
 import sys
+import tracemalloc
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO, need_tool
@@ -19,9 +22,17 @@ from watchdog.act.bundles import BundleStore, Incident
 from watchdog.config import BundlesConfig
 from watchdog.export import report
 from watchdog.export.metrics import new_counters
-from watchdog.sample import sim
+from watchdog.sample import recording, sim
 from watchdog.service import build
-from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
+from watchdog.vocabulary.model import (
+    EpisodeEvent,
+    EventKind,
+    GpuSample,
+    NodeSnapshot,
+    Severity,
+    Signature,
+    SnapshotBlock,
+)
 
 ARTIFACTS = REPO / "test-output"
 
@@ -117,7 +128,7 @@ def test_report_data_from_events() -> None:
         ("busy_spin", 1e9 + 90, "spin"), ("zero_util", None, "z")]
     snapshots = [NodeSnapshot(1e9 + t, (GpuSample(index=0, utilization_ratio=1.0, power_watts=150.0),))
                  for t in range(0, 200, 10)]
-    page = report.render(report.ReportData("t", snapshots, episodes, verdict="v",
+    page = report.render(report.ReportData("t", report.Drawn(snapshots), episodes, verdict="v",
                                            severity=report.overall_severity(episodes)))
     assert 'class="verdict critical"' in page and Incident(fired, []).name.endswith("busy_spin-gpu0")
     # no SM clock in this recording (as in every real nvidia-smi log here): said, not drawn empty
@@ -127,11 +138,78 @@ def test_report_data_from_events() -> None:
     assert "<td>90 s</td>" in page and "<td>still open</td><td>45 s so far</td>" in page
 
 
+def _drawn_rows(drawn: report.Drawn) -> list[tuple[float, dict[str, dict[int, float | None]]]]:
+    """Each snapshot's time and the readings drawn of it (a GPU without one left out), to compare."""
+    return [(t, {name: {gpu: series[n] for gpu, series in by_gpu.items() if not math.isnan(series[n])}
+                 for name, by_gpu in drawn.readings.items()})
+            for n, t in enumerate(drawn.times)]
+
+
+def _expected_rows(snapshots: list[NodeSnapshot]) -> list[tuple[float, dict[str, dict[int, float | None]]]]:
+    return [(s.time_seconds, {name: {g.index: getattr(g, name) for g in s.gpus if getattr(g, name) is not None}
+                              for name, *_ in report.PANELS}) for s in snapshots]
+
+
+def test_a_bundles_timeline_holds_every_reading_of_its_recording(tmp_path: Path) -> None:
+    snapshots = []  # GPUs that come and go, readings some GPUs lack: many short stretches read back
+    for n in range(60):
+        gpus = [GpuSample(index=i, utilization_ratio=(n * i % 7) / 7,
+                          power_watts=None if (n + i) % 5 == 0 else 100.0 + n, sm_clock_hertz=1.4e9 if i != 2 else None)
+                for i in range(4) if not (i == 3 and 20 <= n < 33) and not (i == 1 and n < 9)]
+        snapshots.append(NodeSnapshot(1.9e9 + 2 * n, tuple(gpus)))
+    (tmp_path / "summary.json").write_text("{}")
+    with (tmp_path / "telemetry.jsonl").open("w") as f:
+        recording.write(f, recording.header("bundle", "2030-03-17T17:46:40Z"), snapshots)
+    timeline = report.from_bundle(tmp_path).timeline
+    assert _drawn_rows(timeline) == _expected_rows(snapshots) and timeline.gpus == {0, 1, 2, 3}
+    assert _drawn_rows(report.Drawn(snapshots)) == _expected_rows(snapshots)
+
+
+def test_a_timeline_drawn_from_a_readers_block_skips_its_dropped_rows() -> None:
+    nan = float("nan")
+    fields = GpuSample._fields
+    columns: list[object] = [None] * len(fields)
+    columns[fields.index("index")] = [0, 1, 0, 1, 0, 1]
+    columns[fields.index("utilization_ratio")] = np.array([1.0, 0.5, nan, 0.25, 0.75, 0.0])
+    columns[fields.index("power_watts")] = np.array([300.0, 90.0, 310.0, 0.0, 320.0, 95.0])
+    block = SnapshotBlock((10.0, 11.0, 12.0), (0, 1), tuple(columns),  # type: ignore[arg-type]
+                          present=[True, True, True, False, True, True])  # GPU 1 dropped from the 2nd snapshot
+    expected = _expected_rows(block.snapshots())
+    assert _drawn_rows(report.Drawn([block])) == expected
+    assert expected[1][1]["power_watts"] == {0: 310.0} and expected[1][1]["utilization_ratio"] == {}
+    assert _drawn_rows(report.Drawn([block.snapshots()[0], block])) == [expected[0], *expected]
+
+
+def test_a_large_bundles_page_is_drawn_without_holding_its_telemetry(tmp_path: Path) -> None:
+    """64 GPUs' 2 minutes of ten readings (0.7 MB of text; a 5-minute bundle's is 6 MB) drawn a stretch at a time:
+    the page costs about what it draws (1.1 MiB at the most, traced), not a sample object per reading of the file
+    read whole (5.8 MiB before; 33 MiB for a 5-minute bundle)."""
+    gpus = list(range(64))
+    with (tmp_path / "telemetry.jsonl").open("w") as f:
+        f.write(json.dumps(recording.header("bundle", "2030-03-17T17:46:40Z")) + "\n")
+        for n in range(120):
+            columns = {"index": gpus, "utilization_ratio": [((n + g) % 10) / 10 for g in gpus],
+                       "power_watts": [100.0 + n + g for g in gpus], "sm_clock_hertz": [1.98e9] * 64,
+                       "memory_used_bytes": [70 << 30] * 64, "memory_total_bytes": [80 << 30] * 64,
+                       "temperature_celsius": [60.0] * 64, "energy_joules": [1e6 + n] * 64,
+                       "sm_activity_ratio": [0.5] * 64, "pids": [[1000 + g] for g in gpus]}
+            f.write(json.dumps({"t": 1.9e9 + n, "gpus": columns}) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"event": {"culprit_gpus": [3]}}))
+    tracemalloc.start()
+    try:
+        page = report.render(report.from_bundle(tmp_path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert page.count('class="series"') == 3 * 64 and 'data-gpu="3" data-culprit="true"' in page
+    assert peak < 3 << 20, f"{peak / 2**20:.1f} MiB at the most to draw the page"
+
+
 def test_the_colour_says_the_severity_and_a_healthy_trace_is_not_amber() -> None:
     assert report.overall_severity([]) == "ok"
     assert report.overall_severity([{"severity": "warning"}]) == "warning"
     assert report.overall_severity([{"severity": "warning"}, {"severity": "critical"}]) == "critical"
-    healthy = report.render(report.ReportData("t", [], [], headline="no episode", severity="ok"))
+    healthy = report.render(report.ReportData("t", report.Drawn(), [], headline="no episode", severity="ok"))
     assert 'class="verdict ok"' in healthy and ".verdict.ok{background:#ecfdf3" in healthy
 
 

@@ -336,7 +336,7 @@ def axis_labels(page: str, field_name: str) -> list[float]:
 
 @pytest.mark.parametrize(("utilization", "watts"), [(1.0, 700.0), (0.37, 143.0), (1.0, 61.0)])
 def test_the_reports_axes_are_labelled_with_round_numbers(utilization: float, watts: float) -> None:
-    page = report.render(report.ReportData("t", snapshots(utilization, watts)))
+    page = report.render(report.ReportData("t", report.Drawn(snapshots(utilization, watts))))
     percent = axis_labels(page, "utilization_ratio")
     assert percent[-1] <= 100 and percent[-1] >= utilization * 100, percent
     for field_name, peak in (("utilization_ratio", utilization * 100), ("power_watts", watts)):
@@ -355,8 +355,9 @@ def test_the_reports_heading_and_table_agree_on_how_long(tmp_path: Path) -> None
     episode = {"signature": "busy_spin", "severity": "critical", "onset": onset, "at": onset + 45,
                "end": onset + 370, "headline": "HANG (critical): GPUs 0-7 spin at 100% util doing no work for 45 s",
                "summary": "", "culprit_gpus": []}
-    page = report.render(report.ReportData("t", snapshots(1.0, 700.0), [episode], verdict=episode["headline"],
-                                           severity="critical", headline=episode["headline"]))
+    page = report.render(report.ReportData("t", report.Drawn(snapshots(1.0, 700.0)), [episode],
+                                           verdict=episode["headline"], severity="critical",
+                                           headline=episode["headline"]))
     text = re.sub(r"<[^>]+>", " ", page.split("<h2>Timeline", 1)[0] + page.split("<h2>Episodes", 1)[1])
     said = set(re.findall(r"\d+ min \d+ s|\d+ s\b", text))
     assert {"45 s", "6 min 10 s"} <= said, text

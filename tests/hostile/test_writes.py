@@ -113,3 +113,26 @@ def test_alert_text_carries_no_markup_a_rank_chose() -> None:
     text = alert.text()
     assert "<" not in text and ">" not in text and "\x1b" not in text and "&lt;!channel&gt;" in text
     assert "&lt;!here&gt;" in text and "&lt;@U123&gt;" in text
+
+
+def test_a_file_written_a_piece_at_a_time_stops_at_its_budget_and_leaves_nothing(tmp_path: Path) -> None:
+    budget = private_files.Budget(100)
+    private_files.write_text(tmp_path / "first", "x" * 40, budget)
+    with pytest.raises(private_files.OverBudget), private_files.text_file(tmp_path / "piecewise", budget) as f:
+        for _ in range(10):
+            f.write("y" * 20)  # the fourth piece would pass the 100 bytes
+    assert not (tmp_path / "piecewise").exists()
+    assert budget.spent == 40  # what the removed file took is given back
+    with private_files.text_file(tmp_path / "again", budget) as f:
+        f.write("é" * 30)  # 60 bytes of UTF-8: the budget counts bytes, not characters
+    assert (tmp_path / "again").read_text() == "é" * 30 and budget.spent == 100
+    assert (tmp_path / "again").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_file_written_a_piece_at_a_time_never_opens_a_planted_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "telemetry.jsonl").symlink_to(victim)
+    with pytest.raises(FileExistsError), private_files.text_file(tmp_path / "telemetry.jsonl") as f:
+        f.write("planted")
+    assert victim.read_text() == "keep me" and (tmp_path / "telemetry.jsonl").is_symlink()

@@ -5,7 +5,8 @@ It may run as root in folders other users can write, with contents a training ra
   under a fresh hidden name and renamed over the old one (a planted symlink is replaced, never followed);
 - private: mode 0600 (folders 0700);
 - within a budget: a `Budget` is the bytes one bundle may take; a write that would pass it is refused
-  before a byte reaches the disk (`OverBudget`), so no input grows the disk past what the operator set.
+  before a byte reaches the disk (`OverBudget`), so no input grows the disk past what the operator set. A file
+  written a piece at a time (`text_file`) takes each piece from the budget before it is written.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _serial = itertools.count()
@@ -41,6 +45,11 @@ class Budget:
                                  f"({self.spent} spent)")
             self.spent += size
 
+    def give_back(self, size: int) -> None:
+        """Bytes taken for a file that was removed again."""
+        with self._lock:
+            self.spent -= size
+
 
 def write_bytes(path: str | Path, data: bytes, budget: Budget | None = None, replace: bool = False) -> Path:
     """Write `data` to a new file at `path` (an existing file, or a link, there is an error), or with
@@ -60,6 +69,42 @@ def write_bytes(path: str | Path, data: bytes, budget: Budget | None = None, rep
             target.unlink(missing_ok=True)
         raise
     return path
+
+
+class TextFile:
+    """A new private file written a piece of text at a time (`text_file`): what is written is never held whole in
+    memory, and each piece is taken from the budget before it reaches the disk."""
+
+    def __init__(self, raw: BinaryIO, path: Path, budget: Budget | None):
+        self._raw, self._path, self._budget = raw, path, budget
+        self.taken = 0  # bytes taken from the budget
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8")
+        if self._budget is not None:
+            self._budget.take(len(data), self._path)
+            self.taken += len(data)
+        self._raw.write(data)
+        return len(text)
+
+
+@contextmanager
+def text_file(path: str | Path, budget: Budget | None = None) -> Iterator[TextFile]:
+    """A new file at `path` (an existing file, or a link, there is an error), written a piece at a time; it is
+    removed again, and what it took given back to the budget, when the writing fails (a budget passed, a disk
+    full)."""
+    path = Path(path)
+    fd = os.open(path, _FLAGS, 0o600)
+    file = None
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            file = TextFile(raw, path, budget)
+            yield file
+    except BaseException:
+        path.unlink(missing_ok=True)
+        if budget is not None and file is not None:
+            budget.give_back(file.taken)
+        raise
 
 
 def write_text(path: str | Path, text: str, budget: Budget | None = None, replace: bool = False) -> Path:

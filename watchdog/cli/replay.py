@@ -244,7 +244,7 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
         worst = max(episodes, key=lambda e: (e["severity"] == "critical", e["severity"] == "warning"), default=None)
         culprits = tuple(sorted({int(g) for e in episodes for g in e["culprit_gpus"]}))  # type: ignore[attr-defined]
         page = report_html.render(report_html.ReportData(
-            f"replay of {spec}", kept, episodes, naive_time=trace.naive_time,
+            f"replay of {spec}", report_html.Drawn(kept), episodes, naive_time=trace.naive_time,
             severity=report_html.overall_severity(episodes), culprit_gpus=culprits,
             headline=str(worst["headline"]) if worst else "no episode: nothing stalled in this trace",
             verdict=(f"{len(episodes)} episodes; the worst: " if len(episodes) > 1 else "")

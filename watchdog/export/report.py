@@ -14,15 +14,16 @@ from pathlib import Path
 
 from watchdog.boundary import private_files
 from watchdog.detect.summary import duration_text
+from watchdog.export.report_readings import PANELS, Drawn
 from watchdog.sample import recording
-from watchdog.vocabulary.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, NodeSnapshot, Workload
+from watchdog.sample.errors import SkipLog
+from watchdog.sample.lines import TextLines
+from watchdog.vocabulary.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, Workload
 from watchdog.vocabulary.stack_model import member_id
 from watchdog.vocabulary.words import iso_time
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
-PANELS = (("utilization_ratio", "Utilization", 100.0, "%"), ("power_watts", "Power", 1.0, "W"),
-          ("sm_clock_hertz", "SM clock", 1e-6, "MHz"))
 MAX_POINTS = 1200
 _ROUND = (1, 1.2, 2, 3, 4, 5, 6, 8, 10)  # an axis tops at one of these x a power of ten: its half is round too
 
@@ -30,7 +31,7 @@ _ROUND = (1, 1.2, 2, 3, 4, 5, 6, 8, 10)  # an axis tops at one of these x a powe
 @dataclass
 class ReportData:
     title: str
-    snapshots: Sequence[NodeSnapshot]
+    timeline: Drawn
     episodes: list[dict[str, object]] = field(default_factory=list)  # onset/at as epoch seconds, signature
     verdict: str = ""
     severity: str = ""
@@ -69,9 +70,9 @@ def overall_severity(episodes: Sequence[dict[str, object]]) -> str:
     return "critical" if "critical" in found else "warning" if found else "ok"
 
 
-def thin(snapshots: Sequence[NodeSnapshot], limit: int = MAX_POINTS) -> list[NodeSnapshot]:
-    step = max(1, len(snapshots) // limit)
-    return list(snapshots[::step])
+def thin(count: int, limit: int = MAX_POINTS) -> range:
+    """The snapshots drawn of `count`: every one, or an even stride of them down to about `limit`."""
+    return range(0, count, max(1, count // limit))
 
 
 def axis_top(peak: float) -> float:
@@ -85,16 +86,17 @@ def axis_top(peak: float) -> float:
 
 def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit: str, width: int = 960,
                height: int = 170) -> str:
-    snaps = thin(data.snapshots)
-    if not snaps:
+    drawn = data.timeline
+    kept = thin(len(drawn))
+    if not kept:
         return ""
-    t0, t1 = snaps[0].time_seconds, max(snaps[-1].time_seconds, snaps[0].time_seconds + 1)
-    gpus = sorted({g.index for s in snaps for g in s.gpus})
-    values = [getattr(g, field_name) * scale for s in snaps for g in s.gpus if getattr(g, field_name) is not None]
-    if not values:  # nvidia-smi logs often leave a column out, or say [N/A]: say so, draw no empty chart
+    t0, t1 = drawn.times[kept[0]], max(drawn.times[kept[-1]], drawn.times[kept[0]] + 1)
+    readings = sorted(drawn.readings[field_name].items())
+    peak = max((v for _, series in readings for n in kept if (v := series[n]) == v), default=None)  # NaN: none
+    if peak is None:  # nvidia-smi logs often leave a column out, or say [N/A]: say so, draw no empty chart
         return (f'<p class="absent muted" data-field="{field_name}">{html.escape(label)}: not in this '
                 'recording.</p>')
-    top = axis_top(max(values, default=1.0))
+    top = axis_top(peak * scale)
     left, right, pad = 56, 12, 18
 
     def x(t: float) -> float:
@@ -122,27 +124,22 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
     parts.append(f'<text class="axis" x="{left}" y="{height - 3}">{html.escape(iso_time(t0, data.naive_time))}'
                  f'</text><text class="axis" x="{width - right}" y="{height - 3}" text-anchor="end">'
                  f'{html.escape(iso_time(t1, data.naive_time))}</text>')
-    series: dict[int, list[str]] = {gpu: [] for gpu in gpus}  # one pass over the samples, not one per GPU
-    for s in snaps:
-        at = f"{x(s.time_seconds):.1f},"
-        for g in s.gpus:
-            value = getattr(g, field_name)
-            if value is not None:
-                series[g.index].append(f"{at}{y(value * scale):.1f}")
-    for gpu in gpus:
-        points = " ".join(series[gpu])
-        if points:
+    at = [f"{x(drawn.times[n]):.1f}," for n in kept]  # one x per snapshot drawn, shared by every GPU's line
+    for gpu, series in readings:
+        line = " ".join(at[i] + f"{y(v * scale):.1f}" for i, n in enumerate(kept) if (v := series[n]) == v)
+        if line:
             odd = gpu in data.culprit_gpus
             marked = ' data-culprit="true"' if odd else ""
             parts.append(f'<polyline class="series" data-gpu="{gpu}"{marked} '
                          f'fill="none" stroke-width="{3.2 if odd else 1.4}" stroke="{PALETTE[gpu % len(PALETTE)]}" '
-                         f'points="{points}"><title>GPU {gpu}{" (culprit)" if odd else ""}</title></polyline>')
+                         f'points="{line}"><title>GPU {gpu}{" (culprit)" if odd else ""}</title></polyline>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _legend(data: ReportData) -> str:
-    gpus = sorted({g.index for s in data.snapshots for g in s.gpus})
+    gpus = sorted(data.timeline.gpus)
+
     def entry(g: int) -> str:
         odd = g in data.culprit_gpus
         return (f'<span{" class=culprit" if odd else ""}><i style="background:{PALETTE[g % len(PALETTE)]}"></i>'
@@ -267,10 +264,12 @@ def from_bundle(folder: Path) -> ReportData:
     summary = _load_json(folder / "summary.json") or {}
     assert isinstance(summary, dict)
     event = summary.get("event") or {}
-    snapshots = []
+    timeline = Drawn()
     if (folder / "telemetry.jsonl").exists():  # a dump bundle (POST /v1/dump) has no telemetry
-        with (folder / "telemetry.jsonl").open() as f:
-            snapshots = list(recording.read(f, str(folder / "telemetry.jsonl")))
+        path = folder / "telemetry.jsonl"
+        with path.open("rb") as f:  # 96 KiB at a time (sample/lines.py): a 64-GPU line is 14 KiB
+            for stretch in recording.stretches(TextLines(f, str(path), SkipLog()), str(path), most=8):
+                timeline.add(stretch)
     jobs = summary.get("jobs")
     if "verdict" not in summary and isinstance(jobs, list) and jobs and isinstance(jobs[0], dict):
         found = jobs[0]["verdict"] if isinstance(jobs[0].get("verdict"), dict) else {}
@@ -301,7 +300,7 @@ def from_bundle(folder: Path) -> ReportData:
     if isinstance(resolved, str):
         title += f", resolved {resolved}"
     culprit_gpus = tuple(int(g) for g in event.get("culprit_gpus") or [] if isinstance(g, int))
-    return ReportData(title, snapshots, episodes,
+    return ReportData(title, timeline, episodes,
                       str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
                       report.get("groups", []), report.get("outliers", []),
                       _load_json(folder / "doctor.json") or [],  # type: ignore[arg-type]

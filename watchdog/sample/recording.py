@@ -21,7 +21,7 @@ import itertools
 import json
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from typing import Annotated, Any, Literal, TextIO
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
@@ -73,7 +73,13 @@ def encode(snapshot: NodeSnapshot) -> str:
     return json.dumps({"t": snapshot.time_seconds, "gpus": columns}, separators=(",", ":"))
 
 
-def write(stream: TextIO, head: dict[str, object], snapshots: Iterable[NodeSnapshot]) -> int:
+class Writes(Protocol):
+    """Where a recording is written: an open text file, or a bundle's private file (boundary/private_files.py)."""
+
+    def write(self, text: str, /) -> object: ...
+
+
+def write(stream: Writes, head: dict[str, object], snapshots: Iterable[NodeSnapshot]) -> int:
     stream.write(json.dumps(head) + "\n")
     count = 0
     for snapshot in snapshots:
@@ -224,9 +230,11 @@ def _shape(columns: list[Any]) -> list[bool]:
 _RUN_LINES = 128
 
 
-def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = None
+def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | None = None, most: int = _RUN_LINES
               ) -> Iterator[NodeSnapshot | SnapshotBlock]:
-    """The recording's snapshots; consecutive ones with the same GPUs and columns as column blocks."""
+    """The recording's snapshots; consecutive ones with the same GPUs and columns as column blocks of at most
+    `most` lines (a reader that keeps little of each, as the incident report does, asks for short ones: a block
+    of 64 GPUs' 128 lines holds 6 MiB of readings)."""
     skips = skips if skips is not None else SkipLog()
     blocks: Iterator[tuple[int, list[str]] | tuple[int, list[bytes]]] = (
         stream.byte_blocks() if isinstance(stream, TextLines) else line_blocks(stream))
@@ -260,7 +268,7 @@ def stretches(stream: Iterable[str] | TextLines, path: str, skips: SkipLog | Non
                     run = None
                 skips.malformed(f"{path}:{number + offset}: {_utf8_problem(line) or exc}")
                 continue
-            if run is not None and run.takes(columns) and len(run.times) < _RUN_LINES:
+            if run is not None and run.takes(columns) and len(run.times) < most:
                 run.add(t, columns)
                 continue
             if run is not None:
