@@ -7,10 +7,10 @@ host-progress reading (psutil /proc reads per process, every tick) is part of th
 
 Each size runs N times (default 3), each SECONDS long (default 480), and the median is judged. The spin starts
 at 320 s, when the daemon holds the 300 s of telemetry a bundle keeps before an onset (bundles.
-telemetry_window_seconds): its bundle is as large as a node that has run a while writes (64 GPUs: 6 MiB of
-telemetry, read back for the bundle's page), not the fraction an early spin leaves. Under 380 s a run ends
+telemetry_window_seconds): its bundle is as large as a node that has run a while writes (64 GPUs: 332 snapshots,
+4 MiB of telemetry, read back for the bundle's page), not the fraction an early spin leaves. Under 380 s a run ends
 before the spin's page and bundle. Each run also prints its phases: healthy (its first 316 s) and spinning,
-critical (from 370 s, the page and the bundle behind it).
+critical (from 370 s), and between them the onset, its page and its bundle.
 
 Goals (issue 58): at most 0.1% of one core at 8 GPUs and 0.5% at 64, scrapes every 5 s included (the interval
 the shipped ServiceMonitor asks for); at most 60 MiB resident at 64 GPUs. The daemon
@@ -97,11 +97,12 @@ def measure(gpus: int, seconds: float, folder: Path) -> tuple[float, float]:
     written = sorted((folder / f"b{gpus}").glob("*/telemetry.jsonl"))
     print("      bundles: " + (", ".join(f"{p.parent.name} ({p.stat().st_size / 2**20:.1f} MiB of telemetry, "
                                         f"{sum(1 for _ in p.open()) - 1} snapshots)" for p in written) or "none"))
-    # The same run by phase: healthy training before the spin, and the spin once it is critical and its
-    # incident written.
+    # The same run by phase: healthy training before the spin, the onset until it is critical and its incident
+    # written (the bundle and its page once), and the spin after.
     healthy = [m for m in marks if m[0] <= ONSET - 4]
     spinning = [m for m in marks if m[0] >= PAGED_BY]
-    for label, part in (("healthy", healthy), ("spinning, critical", spinning)):
+    onset = [m for m in marks if healthy and spinning and healthy[-1][0] <= m[0] <= spinning[0][0]]
+    for label, part in (("healthy", healthy), ("onset, page and bundle", onset), ("spinning, critical", spinning)):
         if len(part) >= 2 and part[-1][0] > part[0][0]:
             print(f"      {label}: {(part[-1][1] - part[0][1]) / (part[-1][0] - part[0][0]) * 100:.3f}% of one core "
                   f"over {part[-1][0] - part[0][0]:.0f} s")

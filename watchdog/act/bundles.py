@@ -229,7 +229,7 @@ class BundleStore:
                 self.render_report(folder)
 
     def _telemetry(self, path: Path, incident: Incident, budget: private_files.Budget) -> None:
-        """The kept telemetry, a line at a time (64 GPUs' 7 minutes are 5 MiB of text: never held whole)."""
+        """The kept telemetry, a line at a time (64 GPUs' 5 minutes are 4-6 MiB of text: never held whole)."""
         head = recording.header("bundle", iso_time(incident.event.onset_seconds), onset=incident.event.onset_seconds)
         with private_files.text_file(path, budget) as f:
             recording.write(f, head, incident.telemetry)
