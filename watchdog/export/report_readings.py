@@ -18,7 +18,7 @@ _NONE = float("nan")
 class Drawn:
     """What the timeline draws, and no more: each snapshot's time, the GPUs seen, and each panel's reading of every
     GPU in every snapshot (NaN: none), eight bytes a reading. Built a stretch at a time (a bundle's telemetry read
-    back), so that 64 GPUs' seven minutes cost a megabyte, not the tens a sample object per reading would."""
+    back), so that 64 GPUs' five minutes cost half a megabyte, not the tens a sample object per reading would."""
 
     def __init__(self, items: Iterable[NodeSnapshot | SnapshotBlock] = ()):
         self.times = array("d")
