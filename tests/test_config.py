@@ -47,6 +47,8 @@ def test_every_leaf_key_is_documented_in_the_example() -> None:
      "detectors.busy_spn: unknown key; valid keys here: busy_spin, zero_util, waiting, underuse, throttle, gpu_lost"),
     ({"sample": {"interval_seconds": 1, "bogus": 2}}, "sample.bogus: unknown key; valid keys here:"),
     ({"job": 3}, "job: expected a mapping of keys, got int"),
+    ({"bundles": {"max_bundle_bytes": 100}},  # a whole-number limit as written: it said 1.04858e+06
+     "bundles.max_bundle_bytes: expected a number >= 1048576, got 100"),
     ({"detectors": {"gpu_lost": {"enabled": "maybe"}}}, "detectors.gpu_lost.enabled: expected true or false"),
 ])
 def test_problems_name_the_key_path(data: dict[str, object], expected: str) -> None:

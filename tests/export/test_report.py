@@ -20,7 +20,7 @@ from tests.conftest import REPO, need_tool
 from tests.fakes.daemon import daemon_config, stepping_clock
 from watchdog.act.bundles import BundleStore, Incident
 from watchdog.config import BundlesConfig
-from watchdog.export import report
+from watchdog.export import bundle_files, report
 from watchdog.export.metrics import new_counters
 from watchdog.sample import recording, sim
 from watchdog.service import build
@@ -180,6 +180,26 @@ def test_a_timeline_drawn_from_a_readers_block_skips_its_dropped_rows() -> None:
     assert _drawn_rows(report.Drawn([block.snapshots()[0], block])) == [expected[0], *expected]
 
 
+def test_a_timeline_with_a_most_keeps_an_even_stride_of_any_length() -> None:
+    """A hand-made telemetry of any length is drawn in bounded memory: past `most` snapshots the timeline keeps
+    every other one, evenly, whether they come one at a time or in a reader's blocks (report read them all)."""
+    snapshots = [NodeSnapshot(100.0 + n, tuple(GpuSample(index=i, utilization_ratio=(n % 9) / 9, power_watts=n + i)
+                                               for i in range(3))) for n in range(1000)]
+    one_at_a_time = report.Drawn(snapshots, most=100)
+    assert len(one_at_a_time) == 63 and list(one_at_a_time.times)[:3] == [100.0, 116.0, 132.0]  # 1,000 / 16
+    assert _drawn_rows(one_at_a_time) == _expected_rows(snapshots[::16])
+    fields = GpuSample._fields
+    blocks = []
+    for start in range(0, 1000, 37):  # blocks that straddle the stride's multiples
+        part = snapshots[start:start + 37]
+        columns: list[object] = [None] * len(fields)
+        for name in ("index", "utilization_ratio", "power_watts"):
+            columns[fields.index(name)] = [getattr(g, name) for s in part for g in s.gpus]
+        blocks.append(SnapshotBlock(tuple(s.time_seconds for s in part), (0, 1, 2), tuple(columns)))  # type: ignore[arg-type]
+    assert _drawn_rows(report.Drawn(blocks, most=100)) == _expected_rows(snapshots[::16])
+    assert _drawn_rows(report.Drawn(snapshots[:100], most=100)) == _expected_rows(snapshots[:100])  # under it: all
+
+
 def test_a_large_bundles_page_is_drawn_without_holding_its_telemetry(tmp_path: Path) -> None:
     """64 GPUs' 2 minutes of ten readings (0.7 MB of text; a 5-minute bundle's is 6 MB) drawn a stretch at a time:
     the page costs about what it draws (1.1 MiB at the most, traced), not a sample object per reading of the file
@@ -230,3 +250,20 @@ def test_a_bundle_page_says_the_headline_once_and_when_it_ended(tmp_path: Path) 
     store.record_end(str(bundle), resolved)
     page = (bundle / "report.html").read_text()
     assert "<td>9 min 20 s</td>" in page and "resolved " in page and "still open" not in page
+
+
+def test_a_clock_that_stepped_back_is_drawn_inside_the_chart_and_said() -> None:
+    """A recording whose clock stepped back 30 s drew its later lines left of the chart, with no word."""
+    snapshots = [NodeSnapshot(t, (GpuSample(index=0, utilization_ratio=1.0, power_watts=100.0),))
+                 for t in (*range(1000, 1100, 10), *range(1060, 1200, 10))]
+    page = report.render(report.ReportData("t", report.Drawn(snapshots)))
+    xs = [float(point.split(",")[0]) for point in page.split('points="')[1].split('"')[0].split()]
+    assert min(xs) >= 56 and max(xs) <= 960 - 12 and "clock stepped back 30 s" in page
+
+
+def test_reports_help_says_the_limits_its_reader_keeps() -> None:
+    result = subprocess.run([sys.executable, "-m", "watchdog", "report", "--help"], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    said = " ".join(result.stdout.split())
+    assert f"at most {bundle_files.MAX_JSON_BYTES >> 20} MiB" in said
+    assert f"at most {bundle_files.KEPT_SNAPSHOTS:,} of its snapshots" in said

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, python_target
 from watchdog.act.bundles import MARKER, BundleStore, Incident
+from watchdog.boundary import private_files
 from watchdog.config import parse_config
 from watchdog.export.metrics import new_counters
 from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuSample, NodeSnapshot, Severity, Signature
@@ -43,6 +44,18 @@ def test_rotation_removes_only_what_the_daemon_wrote(tmp_path: Path) -> None:
     left = sorted(p.name for p in shared.iterdir())
     assert {"home-backup", "aaa-important-data", "20200101T000000Z-busy_spin-gpu0"} <= set(left)
     assert len(bundles.bundles()) == 1 and all((shared / f / "data").exists() for f in ("home-backup",))
+
+
+def test_no_disk_budget_keeps_every_bundle_and_a_refusal_names_its_setting(tmp_path: Path) -> None:
+    """max_total_bytes 0 is no disk budget, for the rotation as for each bundle's writes (rotation removed every
+    bundle but the newest); a write past a bundle's budget names the setting that set it."""
+    bundles = store(tmp_path / "none", max_total_bytes=0)
+    for n in range(3):
+        assert bundles.write(Incident(event(1.9e9 + 100 * n), [])) is not None
+    assert len(bundles.bundles()) == 3
+    budget = private_files.Budget(10, "bundles.max_bundle_bytes")
+    with pytest.raises(private_files.OverBudget, match=r"budget of 10 bytes \(bundles.max_bundle_bytes, 0 spent\)"):
+        budget.take(11, tmp_path / "telemetry.jsonl")
 
 
 def test_a_half_written_bundle_from_a_killed_daemon_is_counted_and_cleaned(tmp_path: Path) -> None:
@@ -246,3 +259,61 @@ def test_damaged_inputs_of_other_verbs_are_clear_errors(tmp_path: Path) -> None:
                                 timeout=60)
         assert result.returncode in (1, 2) and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
         assert result.stderr.startswith(("stall-watchdog: ", "usage: ")), result.stderr
+
+
+def _bundle(tmp_path: Path, **files: str | bytes) -> Path:
+    """A hand-made bundle: a summary and the files given (by name, `_` for `.`)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    for name, content in {"summary_json": "{}", **files}.items():
+        path = bundle / name.replace("_", ".")
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return bundle
+
+
+def _report(bundle: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "watchdog", "report", str(bundle)], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+
+
+def test_a_bundles_telemetry_that_is_a_pipe_or_a_link_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`report` on a FIFO at telemetry.jsonl waited for a writer for ever; through a link it read the file linked."""
+    bundle = _bundle(tmp_path)
+    os.mkfifo(bundle / "telemetry.jsonl")
+    result = _report(bundle)
+    assert result.returncode == 1 and "telemetry.jsonl: not a regular file (a named pipe)" in result.stderr, \
+        result.stderr
+    (bundle / "telemetry.jsonl").unlink()
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("")
+    (bundle / "telemetry.jsonl").symlink_to(elsewhere)
+    (bundle / "stacks.json").symlink_to(elsewhere)
+    result = _report(bundle)
+    assert result.returncode == 1 and "a symbolic link; not followed" in result.stderr, result.stderr
+    assert not (bundle / "report.html").exists()
+
+
+@pytest.mark.parametrize(("files", "said"), [
+    ({"summary_json": "[1, 2]"}, "summary.json: holds a list where the daemon writes an object"),
+    ({"summary_json": "[" * 100_000 + "]" * 100_000}, "summary.json: nested too deeply to read"),
+    ({"stacks_json": '"groups"'}, "stacks.json: holds a string where the daemon writes a list"),
+    ({"stacks_json": '[{"groups": ["a", "b"]}]'}, "summary.json or stacks.json holds a value of the wrong kind"),
+    ({"summary_json": '{"ranks": [7]}'}, "summary.json or stacks.json holds a value of the wrong kind"),
+    ({"doctor_json": b"\xff\xfe"}, "doctor.json: not JSON"),
+    ({"telemetry_jsonl": '{"t": "x"}\n'}, "telemetry.jsonl:1"),
+])
+def test_a_damaged_bundle_is_a_message_naming_its_file(tmp_path: Path, files: dict[str, str], said: str) -> None:
+    """Before: AssertionError, RecursionError and AttributeError tracebacks, or an error cut at 120 characters that
+    offered --lenient, an option `report` does not have."""
+    result = _report(_bundle(tmp_path, **files))
+    assert result.returncode == 1 and result.stderr.startswith("stall-watchdog: "), result.stderr[-2000:]
+    assert said in result.stderr and "Traceback" not in result.stderr and "--lenient" not in result.stderr, \
+        result.stderr[-2000:]
+
+
+def test_a_dump_bundle_without_telemetry_gets_its_page_saying_so(tmp_path: Path) -> None:
+    """A dump's bundle has no telemetry.jsonl: it was refused as 'no summary.json and telemetry.jsonl'."""
+    bundle = _bundle(tmp_path, summary_json=json.dumps({"event": {"signature": "busy_spin", "gpus": [0]}}))
+    result = _report(bundle)
+    assert result.returncode == 0, result.stderr
+    assert "No snapshot to draw" in (bundle / "report.html").read_text()

@@ -161,7 +161,9 @@ class BundleStore:
         (a reader never sees half a bundle); rotate."""
         final = self.root / name
         temporary = self.root / private_files.unique_name(f".partial-{name}")
-        budget = private_files.Budget(min(self.cfg.max_bundle_bytes, self.cfg.max_total_bytes or 1 << 62))
+        total = self.cfg.max_total_bytes or 1 << 62  # 0: no disk budget
+        budget = private_files.Budget(min(self.cfg.max_bundle_bytes, total), "bundles.max_bundle_bytes"
+                                      if self.cfg.max_bundle_bytes <= total else "bundles.max_total_bytes")
         try:
             private_files.make_dir(self.root, parents=True)
             private_files.make_dir(temporary)
@@ -283,7 +285,8 @@ class BundleStore:
         sizes = {p: _size(p) for p in bundles}
         total = sum(sizes.values())
         for old in bundles:
-            if old == keep or (len(bundles) <= self.cfg.max_count and total <= self.cfg.max_total_bytes):
+            within = not self.cfg.max_total_bytes or total <= self.cfg.max_total_bytes  # 0: no disk budget
+            if old == keep or (len(bundles) <= self.cfg.max_count and within):
                 continue
             shutil.rmtree(old, ignore_errors=True)
             bundles = [b for b in bundles if b != old]

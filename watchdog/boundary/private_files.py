@@ -33,8 +33,8 @@ class OverBudget(OSError):
 class Budget:
     """Bytes that one set of files (a bundle) may still take; shared by the threads that fill it."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, limit: int, setting: str = ""):
+        self.limit, self.setting = limit, setting  # setting: what sets the limit, named in a refusal
         self.spent = 0
         self._lock = threading.Lock()
 
@@ -42,7 +42,7 @@ class Budget:
         with self._lock:
             if self.spent + size > self.limit:
                 raise OverBudget(f"{path.name}: {size} bytes would pass the budget of {self.limit} bytes "
-                                 f"({self.spent} spent)")
+                                 f"({self.setting + ', ' if self.setting else ''}{self.spent} spent)")
             self.spent += size
 
     def give_back(self, size: int) -> None:

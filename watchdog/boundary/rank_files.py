@@ -221,24 +221,39 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
-def read_given(path: str | Path, max_bytes: int, timeout_seconds: float = 30.0) -> bytes:
+def read_given(path: str | Path, max_bytes: int, timeout_seconds: float = 30.0, follow: bool = True) -> bytes:
     """A file a person or the configuration names (`analyze`, a secret file): a regular file of at most
     `max_bytes`, opened non-blocking so that a FIFO or a device (`/dev/zero`) is an error, never a wait or
-    an endless read. Links are followed: the path is the caller's own, not a rank's."""
+    an endless read. Links are followed unless `follow` is false (a file inside a folder given: a bundle's)."""
+    fd = open_given(path, follow)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}",
-                            missing=exc.errno == errno.ENOENT) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise RankFileError(f"{path}: not a regular file ({_kind(mode)})")
         return _read_capped(fd, str(path), max_bytes, timeout_seconds)
     except OSError as exc:
         raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def open_given(path: str | Path, follow: bool = True) -> int:
+    """The descriptor of a regular file a person names, open to read: non-blocking, so that a FIFO or a device is
+    RankFileError (missing=True where nothing is there), never a wait; a link is refused unless `follow`."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise RankFileError(f"{path}: a symbolic link; not followed") from None
+        raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}",
+                            missing=exc.errno == errno.ENOENT) from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise RankFileError(f"{path}: not a regular file ({_kind(mode)})")
+    return fd
 
 
 def _read_capped(fd: int, path: str, max_bytes: int, timeout_seconds: float) -> bytes:

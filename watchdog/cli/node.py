@@ -19,6 +19,7 @@ from watchdog.doctor.facts import gather
 from watchdog.doctor.finding import ERROR, WARNING
 from watchdog.doctor.text import render as render_doctor
 from watchdog.export import report as report_html
+from watchdog.export.bundle_files import BundleDamaged
 from watchdog.export.server import EndpointError, endpoint_problems
 from watchdog.sample.errors import TraceError
 from watchdog.sample.nvml import NvmlSource
@@ -35,14 +36,20 @@ def cmd_report(args: argparse.Namespace) -> int:
         error(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder (give the bundle's "
               "folder, the one that holds summary.json)")
         return EXIT_FAILURE
-    if not (folder / "summary.json").exists() or not (folder / "telemetry.jsonl").exists():
-        error(f"{folder}: not an incident bundle (no summary.json and telemetry.jsonl)")
+    if not (folder / "summary.json").exists():  # telemetry.jsonl may be absent: a dump's bundle has none
+        error(f"{folder}: not an incident bundle (no summary.json in it)")
         return EXIT_FAILURE
     try:
         print(report_html.write_for_bundle(folder))
-    except (OSError, ValueError, TypeError, AttributeError, KeyError, TraceError) as exc:
-        error(f"{folder}: cannot build the report: the bundle's files are damaged ({type(exc).__name__}: "
-              f"{str(exc)[:120]})")
+    except (BundleDamaged, TraceError) as exc:  # each names the file, and the line where it is one
+        error(f"{folder}: cannot build the report: {exc}")
+        return EXIT_FAILURE
+    except OSError as exc:  # writing report.html
+        error(f"{folder}: cannot write report.html: {exc.strerror or exc}")
+        return EXIT_FAILURE
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # a value the page cannot draw
+        error(f"{folder}: cannot build the report: the bundle's files hold values of a kind the daemon never writes "
+              f"({type(exc).__name__}: {exc})")
         return EXIT_FAILURE
     return EXIT_OK
 

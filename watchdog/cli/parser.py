@@ -152,10 +152,14 @@ def _add_report(verbs: Verbs) -> None:
     rep = _verb(verbs, "report", help="(re)build an incident bundle's report.html",
         description="Write BUNDLE/report.html: the per-GPU timeline around the onset with the episode shaded, "
                     "the verdict, the ranks, the grouped stacks with the outliers highlighted, and the doctor's "
-                    "findings. Self-contained: open it from disk, no network needed.",
+                    "findings. Self-contained: open it from disk, no network needed. The bundle's files are read "
+                    "as untrusted: regular files only, never through a link, each JSON file at most 16 MiB; a "
+                    "telemetry of any length is drawn from an even stride of at most 9,600 of its snapshots. A "
+                    "damaged file is an error naming it (exit 1).",
         epilog="Example:\n"
                "  stall-watchdog report /var/lib/stall-watchdog/incidents/20260101T000500Z-waiting-gpu0-1-2\n")
-    rep.add_argument("bundle", metavar="BUNDLE")
+    rep.add_argument("bundle", metavar="BUNDLE", help="the bundle's folder: summary.json, and telemetry.jsonl, "
+                     "stacks.json and doctor.json where it holds them (a dump's bundle has no telemetry)")
     rep.set_defaults(func=_command("node", "cmd_report"))
 
 

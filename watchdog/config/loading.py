@@ -92,7 +92,8 @@ def _describe(error: ErrorDetails) -> str:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         limit = next(iter(error.get("ctx", {}).values()))
-        return f"{path}: expected a number {op} {limit:g}, got {_excerpt(given)}"
+        limit = str(limit) if isinstance(limit, int) else f"{limit:g}"  # 1048576, not 1.04858e+06
+        return f"{path}: expected a number {op} {limit}, got {_excerpt(given)}"
     if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
         whole = "a whole number" if kind.startswith("int") else "a number"
         unit = " of seconds" if path.endswith("_seconds") else ""

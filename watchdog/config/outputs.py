@@ -68,11 +68,12 @@ class BundlesConfig(_Section):
 
     directory: str = Field("/var/lib/stall-watchdog/incidents", description="Where bundles are written (mode 0700).")
     max_total_bytes: Annotated[int, Field(ge=0)] = Field(
-        1 << 30, description="Disk budget: the oldest bundles are removed to stay under it.")
+        1 << 30, description="Disk budget: the oldest bundles are removed to stay under it (0: none).")
     max_count: Annotated[int, Field(ge=1)] = Field(200, description="Keep at most this many bundles.")
     max_bundle_bytes: Annotated[int, Field(ge=1 << 20)] = Field(
         64 << 20, description="One bundle's budget: a write that would pass it is refused before it reaches the "
-        "disk and the bundle is not kept (nothing a rank makes the daemon write can grow past it).")
+        "disk and the bundle is not kept (nothing a rank makes the daemon write can grow past it). At least "
+        "1048576 (1 MiB).")
     telemetry_window_seconds: Seconds = Field(300.0, description="Telemetry kept before the onset, in the bundle.")
     capture_stacks: bool = Field(True, description="Capture the affected job's stacks with py-spy when an episode "
                                  "fires.")

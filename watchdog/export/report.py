@@ -6,18 +6,16 @@ and the doctor's findings. Rendered from a bundle's own files, so `report BUNDLE
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from watchdog.boundary import private_files
+from watchdog.boundary import private_files, untrusted_data
 from watchdog.detect.summary import duration_text
+from watchdog.export import bundle_files
 from watchdog.export.report_readings import PANELS, Drawn
-from watchdog.sample import recording
-from watchdog.sample.errors import SkipLog
-from watchdog.sample.lines import TextLines
 from watchdog.vocabulary.model import WORKLOAD_LABELS, EpisodeEvent, EventKind, Workload
 from watchdog.vocabulary.stack_model import member_id
 from watchdog.vocabulary.words import iso_time
@@ -75,6 +73,11 @@ def thin(count: int, limit: int = MAX_POINTS) -> range:
     return range(0, count, max(1, count // limit))
 
 
+def _stepped_back(times: Sequence[float]) -> float:
+    """The largest step back of the snapshots' times, in seconds (0: none)."""
+    return max((a - b for a, b in zip(times, times[1:]) if b < a), default=0.0)
+
+
 def axis_top(peak: float) -> float:
     """The top of a panel's axis: the first round number at or above the peak (100 for a utilization that
     reaches 100%, 800 for 700 W, 40 for 37%), so its three labels (top, half, 0) are round numbers too."""
@@ -90,7 +93,8 @@ def _svg_panel(data: ReportData, field_name: str, label: str, scale: float, unit
     kept = thin(len(drawn))
     if not kept:
         return ""
-    t0, t1 = drawn.times[kept[0]], max(drawn.times[kept[-1]], drawn.times[kept[0]] + 1)
+    t0 = min(drawn.times[n] for n in kept)  # a clock stepped back: its lines double back inside the chart
+    t1 = max(max(drawn.times[n] for n in kept), t0 + 1)
     readings = sorted(drawn.readings[field_name].items())
     peak = max((v for _, series in readings for n in kept if (v := series[n]) == v), default=None)  # NaN: none
     if peak is None:  # nvidia-smi logs often leave a column out, or say [N/A]: say so, draw no empty chart
@@ -189,6 +193,13 @@ def render(data: ReportData) -> str:
     if rest or data.severity:
         parts.append(f'<p class="verdict {html.escape(data.severity)}">{html.escape(rest or data.severity)}</p>')
     parts.append("<h2>Timeline</h2>" + _legend(data))
+    back = _stepped_back(data.timeline.times)
+    if back:
+        parts.append(f'<p class="muted">The recording\'s clock stepped back {duration_text(back)} at the most: '
+                     'its lines double back where it did.</p>')
+    if not len(data.timeline):
+        parts.append('<p class="absent muted">No snapshot to draw: the telemetry holds none (a dump\'s bundle has '
+                     'no telemetry.jsonl).</p>')
     parts += [_svg_panel(data, *panel) for panel in PANELS]
     if data.episodes:
         one = len(data.episodes) == 1 and data.episodes[0].get("headline") == data.headline
@@ -256,26 +267,26 @@ def _action_row(record: dict[str, object], naive: bool) -> dict[str, object]:
             "evidence": record.get("evidence", "")}
 
 
-def _load_json(path: Path) -> object:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def from_bundle(folder: Path) -> ReportData:
-    summary = _load_json(folder / "summary.json") or {}
-    assert isinstance(summary, dict)
+    """A bundle's page, from its files: BundleDamaged (naming the file) for one that cannot be read or holds what
+    the daemon never writes, TraceError for a telemetry line that is not a snapshot."""
+    summary = bundle_files.load_json(folder / "summary.json", dict) or {}
+    try:
+        return _from_files(folder, summary)  # type: ignore[arg-type]  # a dict, checked
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # a value of another kind than written there
+        raise bundle_files.BundleDamaged(f"{folder}: summary.json or stacks.json holds a value of the wrong kind "
+                            f"({type(exc).__name__}: {untrusted_data.one_line(str(exc))[:80]})") from None
+
+
+def _from_files(folder: Path, summary: dict[str, Any]) -> ReportData:
     event = summary.get("event") or {}
-    timeline = Drawn()
-    if (folder / "telemetry.jsonl").exists():  # a dump bundle (POST /v1/dump) has no telemetry
-        path = folder / "telemetry.jsonl"
-        with path.open("rb") as f:  # 96 KiB at a time (sample/lines.py): a 64-GPU line is 14 KiB
-            for stretch in recording.stretches(TextLines(f, str(path), SkipLog()), str(path), most=8):
-                timeline.add(stretch)
+    timeline = bundle_files.telemetry(folder / "telemetry.jsonl")
     jobs = summary.get("jobs")
     if "verdict" not in summary and isinstance(jobs, list) and jobs and isinstance(jobs[0], dict):
         found = jobs[0]["verdict"] if isinstance(jobs[0].get("verdict"), dict) else {}
         summary = {**summary, "verdict": found.get("sentence", ""), "headline": found.get("headline", ""),
                    "severity": found.get("severity") or ""}
-    stacks = _load_json(folder / "stacks.json") or []
+    stacks = bundle_files.load_json(folder / "stacks.json", list) or []
     report = stacks[0] if isinstance(stacks, list) and stacks else {}
     activity = {m: g.get("activity") for g in report.get("groups", []) for m in g.get("members", [])}
     where = {m: g.get("where") for g in report.get("groups", []) for m in g.get("members", [])}
@@ -303,7 +314,7 @@ def from_bundle(folder: Path) -> ReportData:
     return ReportData(title, timeline, episodes,
                       str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
                       report.get("groups", []), report.get("outliers", []),
-                      _load_json(folder / "doctor.json") or [],  # type: ignore[arg-type]
+                      bundle_files.load_json(folder / "doctor.json", list) or [],  # type: ignore[arg-type]
                       headline=str(summary.get("headline") or ""), culprit_gpus=culprit_gpus,
                       actions=[a for a in summary.get("actions") or [] if isinstance(a, dict)])
 

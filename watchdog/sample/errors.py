@@ -12,9 +12,11 @@ class TraceError(Exception):
 @dataclass
 class SkipLog:
     """What a reader left out: counted, the first few kept for the warning. `lenient` decides whether a
-    malformed line stops the replay (the default) or is skipped too."""
+    malformed line stops the replay (the default) or is skipped too; `hint` follows the error's message (a reader
+    without --lenient, `report`, says none)."""
 
     lenient: bool = False
+    hint: str = " (--lenient skips such lines, counts them and goes on)"
     count: int = 0
     first: list[str] = field(default_factory=list)
 
@@ -26,5 +28,5 @@ class SkipLog:
     def malformed(self, message: str) -> None:
         """A line that cannot be read: an error naming it, or under --lenient a counted skip."""
         if not self.lenient:
-            raise TraceError(f"{message} (--lenient skips such lines, counts them and goes on)")
+            raise TraceError(message + self.hint)
         self.skip(message)
