@@ -44,7 +44,6 @@ from typing import Any
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,6 +51,7 @@ from tests.fakes.fleet import fleet_relabels, serving_nodes  # noqa: E402
 from tests.fakes.loopback import Quiet, free_port, serving, started  # noqa: E402
 from watchdog.config import parse_config  # noqa: E402
 from watchdog.daemon import Daemon  # noqa: E402
+from watchdog.export.metrics import go_float  # noqa: E402
 from watchdog.plumbing import logfmt  # noqa: E402
 from watchdog.sample import sim  # noqa: E402
 from watchdog.service import build  # noqa: E402
@@ -181,7 +181,7 @@ def node_bodies(nodes: list[Node], templates: dict[str, list[str]]) -> dict[str,
         def body() -> bytes:
             now = time.time()
             share = 0.3 + random.uniform(-0.01, 0.01)
-            return next(turn).format(now=floatToGoString(now), share=f"{share:.4f}", **node.fields).encode()
+            return next(turn).format(now=go_float(now), share=f"{share:.4f}", **node.fields).encode()
 
         return body
 

@@ -49,6 +49,14 @@ def test_every_leaf_key_is_documented_in_the_example() -> None:
     ({"job": 3}, "job: expected a mapping of keys, got int"),
     ({"bundles": {"max_bundle_bytes": 100}},  # a whole-number limit as written: it said 1.04858e+06
      "bundles.max_bundle_bytes: expected a number >= 1048576, got 100"),
+    ({"bundles": {"max_total_bytes": 1000}},  # accepted, and then no bundle was ever kept
+     "bundles.max_total_bytes: expected 0 (no disk budget) or at least 1048576"),
+    ({"bundles": {"telemetry_window_seconds": 7 * 86400}},  # accepted: 3.4 GB of memory at 64 GPUs
+     "bundles.telemetry_window_seconds: expected a number <= 3600, got 604800"),
+    ({"bundles": None}, "bundles: empty; give its keys under it, or leave it out for its defaults"),  # 'NoneType'
+    ({"bundles": {"directory": ""}}, "bundles.directory: string should have at least 1 character"),
+    ({"sample": {"interval_seconds": "1e9"}},  # YAML 1.1 reads 1e9 as text
+     "sample.interval_seconds: expected a number of seconds, got '1e9' (text to YAML: write it as 1000000000"),
     ({"detectors": {"gpu_lost": {"enabled": "maybe"}}}, "detectors.gpu_lost.enabled: expected true or false"),
 ])
 def test_problems_name_the_key_path(data: dict[str, object], expected: str) -> None:
@@ -125,3 +133,41 @@ def test_the_readme_says_each_telemetry_only_wait_as_the_config_sets_it() -> Non
     assert f"({idle:g} min; `critical_after_busy_seconds`, {busy:g} min," in page
     for doc in (readme, *(p.read_text() for p in (REPO / "docs").glob("*.md"))):
         assert "within 10 minutes" not in doc
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"source": {"kind": "gpu"}}, ["source.kind: input should be 'nvml' or 'sim', got 'gpu'"]),
+    ({"alerts": {"receivers": [{"name": "x"}]}}, ["alerts.receivers.0.type: field required"]),
+    ({"coordinator": {"allow_nodes": ["a"] * 1025}}, ["coordinator.allow_nodes: list should have at most 1024 items"]),
+    ({"coordinator": {"kubernetes": {"job_labels": []}}},
+     ["coordinator.kubernetes.job_labels: list should have at least 1 item"]),
+    ({"actions": {"slurm": {"drain_reason_prefix": "x" * 41}}},
+     [f"actions.slurm.drain_reason_prefix: string should have at most 40 characters, got '{'x' * 41}'"]),
+    ({"source": {"pids": {"a": 1}}},  # the key and the value, each said
+     ["source.pids.a.[key]: expected a whole number, got 'a'", "source.pids.a: input should be a valid list, got 1"]),
+    ({"sample": {"interval_seconds": float("inf")}},
+     ["sample.interval_seconds: input should be a finite number, got inf"]),
+    ({"stacks": {"native": 1}}, ["stacks.native: expected true or false, got 1"]),
+    ({"stacks": {"max_parallel": True}}, ["stacks.max_parallel: expected a whole number, got True"]),
+])
+def test_each_problem_of_a_kind_is_said_once_with_its_path(data: dict[str, object], expected: list[str]) -> None:
+    """The configuration's own schema (config/schema.py) against the problems its kinds and limits can have."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "config.yaml")
+    assert info.value.problems == expected
+
+
+def test_a_section_is_frozen_compared_by_value_and_copied_with_changes() -> None:
+    from watchdog.config import StacksConfig
+
+    config = parse_config({"source": {"pids": {"0": [10], 1: [11]}}, "sample": {"interval_seconds": 2}})
+    assert config.source.pids == {0: [10], 1: [11]}  # a GPU's index as JSON writes a key, or as YAML does
+    assert config.sample.interval_seconds == 2.0 and isinstance(config.sample.interval_seconds, float)
+    with pytest.raises(AttributeError, match="frozen"):
+        config.sample.interval_seconds = 3.0  # type: ignore[misc]
+    assert config == parse_config(config.model_dump()) and hash(parse_config({}).sample) == hash(Config().sample)
+    copied = config.stacks.model_copy(update={"native": True})
+    assert copied.native and not config.stacks.native and copied.timeout_seconds == config.stacks.timeout_seconds
+    assert StacksConfig(native=True) == copied and StacksConfig() != copied
+    assert StacksConfig.model_fields["max_parallel"].default == 16 and not StacksConfig.model_fields[
+        "max_parallel"].is_required()

@@ -109,8 +109,7 @@ def with_capabilities(argv: Sequence[str], caps: Sequence[str], uid: int | None)
             *argv]
 
 
-_PACKAGES = ("psutil", "pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection",
-             "msgspec", "yaml", "_yaml", "prometheus_client", "numpy")
+_PACKAGES = ("psutil", "msgspec", "yaml", "_yaml", "numpy")
 
 
 def portable_install(folder: Path) -> dict[str, str]:

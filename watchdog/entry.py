@@ -1,4 +1,4 @@
-"""The `stall-watchdog` command's entry point: `--version` answered before the command's modules (pydantic,
+"""The `stall-watchdog` command's entry point: `--version` answered before the command's modules (the configuration,
 numpy) are imported, everything else handed to watchdog.cli."""
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from prometheus_client.registry import CollectorRegistry
-
 from watchdog.act import membership
 from watchdog.act.actions import Actions
 from watchdog.act.alerts import AlertDispatcher, Receiver
@@ -111,11 +109,9 @@ def build(config: Config, source: Source | None = None, config_path: str | None 
                     counters=counters, verdicts=verdicts, notifier=notifier or SystemdNotifier(), monotonic=monotonic,
                     wall=wall, config_path=config_path)
     collector = WatchdogCollector(lambda: board.published, counters, config.export.series)
-    registry = CollectorRegistry()
-    registry.register(collector)
     endpoint = Endpoint(config.export, collector.exposition, daemon.healthy,
                         _dump_handler(dumps) if config.dump.enabled else None, config.dump)
-    return Service(daemon, endpoint, collector.exposition, registry, discovery)
+    return Service(daemon, endpoint, collector, discovery)
 
 
 def _dump_handler(dumps: DumpService) -> DumpHandler:
@@ -128,10 +124,10 @@ def _dump_handler(dumps: DumpService) -> DumpHandler:
 class Service:
     """The daemon, its endpoint and what they hold open, started and stopped in one order."""
 
-    def __init__(self, daemon: Daemon, endpoint: Endpoint, exposition: Callable[[], bytes],
-                 registry: CollectorRegistry, discovery: RankDiscovery):
+    def __init__(self, daemon: Daemon, endpoint: Endpoint, collector: WatchdogCollector, discovery: RankDiscovery):
         self.daemon, self.endpoint, self.discovery = daemon, endpoint, discovery
-        self.exposition, self.registry = exposition, registry  # what GET /metrics serves; prometheus_client's view
+        self.collector = collector  # what GET /metrics serves (exposition); a prometheus_client collector too
+        self.exposition = collector.exposition
 
     def start(self) -> None:
         """Listen (EndpointError if it cannot), say what is short, and start sampling the ranks' stacks."""

@@ -53,6 +53,21 @@ def test_exposition_matches_the_golden_file(tmp_path: Path) -> None:
     assert 'stall_watchdog_episodes_total{severity="warning",signature="waiting"} 1.0' in text
 
 
+def test_a_value_is_written_as_prometheus_client_writes_it() -> None:
+    """go_float against prometheus_client's floatToGoString: the exponents Go turns to sooner than Python."""
+    import random
+
+    from prometheus_client.utils import floatToGoString
+
+    from watchdog.export.metrics import go_float
+
+    rng = random.Random(58)
+    values = [0.0, -0.0, 1.0, -1.0, 1e6, 999999.0, 1234567.0, 1e21, 1e-7, 2**53, float("inf"), -float("inf"),
+              float("nan"), 0.1 + 0.2, 80 << 30, 1.9e9, -1e9]
+    values += [rng.uniform(-1, 1) * 10 ** rng.randint(-12, 24) for _ in range(5000)]
+    assert [go_float(v) for v in values] == [floatToGoString(v) for v in values]
+
+
 @pytest.mark.parametrize("mode", SERIES_MODES)
 def test_our_exposition_is_prometheus_clients_byte_for_byte(mode: str) -> None:
     """The server's own renderer against generate_latest on a busy 64-GPU state: every series, label

@@ -232,7 +232,7 @@ def test_the_recorded_host_readings_are_checked_like_the_rest(tmp_path: Path) ->
     bad.write_text('{"stall_watchdog_recording": 1}\n' + line.replace("0.5", "-1") + "\n")
     result = replay(str(bad))
     assert result.returncode == 1
-    assert "bad.jsonl:2: Expected `float` >= 0.0 - at `$.gpus.host_cpu_ratio[0]`" in result.stderr
+    assert "bad.jsonl:2: not a snapshot: expected a number >= 0.0, at gpus.host_cpu_ratio[0]" in result.stderr
 
 
 def test_the_same_gpu_twice_at_one_time_is_a_malformed_row(tmp_path: Path) -> None:
@@ -297,10 +297,18 @@ def test_a_bundles_telemetry_that_is_a_pipe_or_a_link_is_refused_not_waited_on(t
     ({"summary_json": "[1, 2]"}, "summary.json: holds a list where the daemon writes an object"),
     ({"summary_json": "[" * 100_000 + "]" * 100_000}, "summary.json: nested too deeply to read"),
     ({"stacks_json": '"groups"'}, "stacks.json: holds a string where the daemon writes a list"),
-    ({"stacks_json": '[{"groups": ["a", "b"]}]'}, "summary.json or stacks.json holds a value of the wrong kind"),
-    ({"summary_json": '{"ranks": [7]}'}, "summary.json or stacks.json holds a value of the wrong kind"),
+    ({"stacks_json": '[{"groups": ["a", "b"]}]'}, "stacks.json: groups[0]: holds a string where the daemon writes an"),
+    ({"stacks_json": '[{"groups": [{"frames": ["f"]}]}]'}, "stacks.json: groups[0].frames[0]: holds a string"),
+    ({"summary_json": '{"ranks": [7]}'}, "summary.json: ranks[0]: holds a number where the daemon writes an object"),
     ({"doctor_json": b"\xff\xfe"}, "doctor.json: not JSON"),
+    ({"doctor_json": "[1]"}, "doctor.json: [0]: holds a number where the daemon writes an object"),
     ({"telemetry_jsonl": '{"t": "x"}\n'}, "telemetry.jsonl:1"),
+    ({"telemetry_jsonl": '{"stall_watchdog_recording": 1}\n[1]\n'}, "telemetry.jsonl:2"),
+    ({"summary_json": '{"actions": [{"at": 1e308}]}'}, "summary.json: actions[0].at: not a time between 1970 and"),
+    ({"summary_json": '{"actions": [{"at": ' + "9" * 400 + '}]}'}, "summary.json: actions[0].at: not a time"),
+    ({"summary_json": '{"event": {"onset": "not a date"}}'}, "summary.json: event.onset: not a time ('not a date')"),
+    ({"summary_json": '{"event": {"onset": "9999-12-31T23:00:00-12:00"}}'}, "summary.json: event.onset: not a time"),
+    ({"summary_json": '{"resolved": "yesterday"}'}, "summary.json: resolved: not a time ('yesterday')"),
 ])
 def test_a_damaged_bundle_is_a_message_naming_its_file(tmp_path: Path, files: dict[str, str], said: str) -> None:
     """Before: AssertionError, RecursionError and AttributeError tracebacks, or an error cut at 120 characters that
@@ -309,6 +317,68 @@ def test_a_damaged_bundle_is_a_message_naming_its_file(tmp_path: Path, files: di
     assert result.returncode == 1 and result.stderr.startswith("stall-watchdog: "), result.stderr[-2000:]
     assert said in result.stderr and "Traceback" not in result.stderr and "--lenient" not in result.stderr, \
         result.stderr[-2000:]
+
+
+def test_a_bundles_file_that_is_a_socket_or_a_dangling_link_is_said_as_what_it_is(tmp_path: Path) -> None:
+    """A socket at telemetry.jsonl was 'No such device or address'; a dangling link at summary.json 'no
+    summary.json in it'; an empty folder name '.: not an incident bundle'."""
+    import socket
+
+    bundle = _bundle(tmp_path)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(bundle / "telemetry.jsonl"))
+        result = _report(bundle)
+    assert result.returncode == 1 and "telemetry.jsonl: not a regular file (a socket)" in result.stderr, \
+        result.stderr
+    (bundle / "telemetry.jsonl").unlink()
+    (bundle / "summary.json").unlink()
+    (bundle / "summary.json").symlink_to(tmp_path / "nowhere")
+    result = _report(bundle)
+    assert result.returncode == 1 and "summary.json: a symbolic link; not followed" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, "-m", "watchdog", "report", ""], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 1 and "give the bundle's folder" in result.stderr, result.stderr
+
+
+def test_a_bundles_values_are_shown_as_text_not_as_python_writes_them(tmp_path: Path) -> None:
+    """A list or an object where the daemon writes text was shown as ['x'] or {'a': 1}, a missing GPU list as
+    None, an event with no GPUs titled 'incident on GPUs '; a culprit GPU of true was GPU 1."""
+    summary = {"event": {"culprit_gpus": [True]}, "verdict": ["stalled", "twice"],
+               "ranks": [{"pid": 7, "rank": 0, "gpus": None}],
+               "actions": [{"at": 1.9e9, "decision": ["x", "y"], "reason": {"a": 1}, "steps": [{"action": None}]}]}
+    bundle = _bundle(tmp_path, summary_json=json.dumps(summary))
+    result = _report(bundle)
+    assert result.returncode == 0, result.stderr
+    page = (bundle / "report.html").read_text()
+    for leak in ("[&#x27;", "{&#x27;", "None", "GPUs <", "data-culprit"):
+        assert leak not in page, leak
+    assert "<title>stall-watchdog: incident</title>" in page and "stalled, twice" in page and "x, y" in page
+
+
+def test_a_bundles_telemetry_still_being_written_is_read_to_its_size_when_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer appending to telemetry.jsonl as fast as it is read kept the page reading for ever (3 GB): here
+    each stretch read appends as many lines again, up to 20,000 stretches."""
+    from watchdog.export import bundle_files
+    from watchdog.sample import recording
+
+    path = tmp_path / "telemetry.jsonl"
+    line = (json.dumps({"t": 1.9e9, "gpus": {"index": list(range(8)), "utilization_ratio": [0.5] * 8}}) + "\n")
+    path.write_text(json.dumps({"stall_watchdog_recording": 1}) + "\n" + line * 100)
+    read = recording.stretches
+    appended = [0]
+
+    def growing(*args: object, **kwargs: object) -> object:
+        with path.open("a") as f:
+            for stretch in read(*args, **kwargs):  # type: ignore[arg-type]
+                if appended[0] < 20_000:
+                    f.write(line * 8)
+                    f.flush()
+                    appended[0] += 1
+                yield stretch
+
+    monkeypatch.setattr(recording, "stretches", growing)
+    assert len(bundle_files.telemetry(path)) == 100 and appended[0] < 20_000, appended
 
 
 def test_a_dump_bundle_without_telemetry_gets_its_page_saying_so(tmp_path: Path) -> None:

@@ -243,6 +243,12 @@ def open_given(path: str | Path, follow: bool = True) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
             raise RankFileError(f"{path}: a symbolic link; not followed") from None
+        try:  # a socket cannot be opened at all (ENXIO): say what it is, as for a FIFO or a device
+            mode = os.stat(path, follow_symlinks=follow).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode) and exc.errno != errno.ENOENT:
+            raise RankFileError(f"{path}: not a regular file ({_kind(mode)})") from None
         raise RankFileError(f"{path}: cannot read: {exc.strerror or exc}",
                             missing=exc.errno == errno.ENOENT) from None
     try:

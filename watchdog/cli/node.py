@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,12 +32,15 @@ EXIT_DOCTOR_WARNING, EXIT_DOCTOR_ERROR = 3, 4
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if not args.bundle:
+        error("report: give the bundle's folder, the one that holds summary.json")
+        return EXIT_FAILURE
     folder = Path(args.bundle)
     if not folder.is_dir():
         error(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder (give the bundle's "
               "folder, the one that holds summary.json)")
         return EXIT_FAILURE
-    if not (folder / "summary.json").exists():  # telemetry.jsonl may be absent: a dump's bundle has none
+    if not os.path.lexists(folder / "summary.json"):  # telemetry.jsonl may be absent: a dump's bundle has none
         error(f"{folder}: not an incident bundle (no summary.json in it)")
         return EXIT_FAILURE
     try:
@@ -47,7 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:  # writing report.html
         error(f"{folder}: cannot write report.html: {exc.strerror or exc}")
         return EXIT_FAILURE
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # a value the page cannot draw
+    except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError) as exc:  # a value the page cannot draw
         error(f"{folder}: cannot build the report: the bundle's files hold values of a kind the daemon never writes "
               f"({type(exc).__name__}: {exc})")
         return EXIT_FAILURE

@@ -248,7 +248,7 @@ def replay_trace(spec: str, options: ReplayOptions, out: TextIO, say: Callable[[
             severity=report_html.overall_severity(episodes), culprit_gpus=culprits,
             headline=str(worst["headline"]) if worst else "no episode: nothing stalled in this trace",
             verdict=(f"{len(episodes)} episodes; the worst: " if len(episodes) > 1 else "")
-            + (str(worst["summary"]) if worst else "")))
+            + (str(worst["summary"]) if worst else ""), open_until="at the recording's end"))
         try:
             Path(options.report).write_text(page, encoding="utf-8")
         except OSError as exc:

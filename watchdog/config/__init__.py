@@ -1,5 +1,6 @@
 """Typed configuration: the one home of every default, threshold and unit, split by what each part configures.
 
+    schema.py       what a section is: annotated fields with defaults, limits and descriptions, validated strictly
     base.py         the units (seconds, ratios), the URL rule, the base section
     detectors.py    each rule's thresholds and how long its evidence must last
     sampling.py     the source, the sample loop, the job, the stacks, the kubelet

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
-
 from watchdog.config.base import Ratio, Seconds, SecondsOrZero, _prometheus_url, _Section
+from watchdog.config.schema import Field, field_validator, model_validator
 
 ACTION_NAMES = ("terminate_ranks", "slurm", "kubernetes", "command")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from watchdog.config.schema import Field, Section
 
 # Every duration is finite and at most a week: `.inf` or `1e10` would be accepted and then overflow a timer.
 Seconds = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
@@ -57,5 +57,5 @@ def _listen_address(value: str) -> str:
     return value
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # 30 is a number; "30", true are not
+class _Section(Section):
+    """Every section: frozen, strict (30 is a number; "30", true are not), no key it does not name."""

@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
-
 from watchdog.boundary.http_client import valid_instance
 from watchdog.config.base import _listen_address, _prometheus_url, _Section
+from watchdog.config.schema import Field, field_validator, model_validator
 from watchdog.vocabulary.model import K8S_NAME
 
 # The labels that name a pod's job: a Job's, a JobSet's, a Kubeflow PyTorchJob's, a LeaderWorkerSet's.

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
-
 from watchdog.config.base import Ratio, Seconds, SecondsOrZero, _Section
+from watchdog.config.schema import Field
 
 
 class EpisodeTiming(_Section):

@@ -7,10 +7,9 @@ from __future__ import annotations
 import typing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError, model_validator
-from pydantic_core import ErrorDetails
 
 from watchdog.boundary.rank_files import RankFileError, read_given
 from watchdog.config.actions import ActionsConfig
@@ -19,6 +18,7 @@ from watchdog.config.coordinator import CoordinatorConfig
 from watchdog.config.detectors import DetectorsConfig
 from watchdog.config.outputs import AlertsConfig, BundlesConfig, DumpConfig, ExportConfig
 from watchdog.config.sampling import JobConfig, KubernetesConfig, SampleConfig, SourceConfig, StacksConfig
+from watchdog.config.schema import Section, ValidationError, model_validator
 
 
 class Config(_Section):
@@ -55,7 +55,7 @@ class ConfigError(Exception):
 def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
     """The keys of the section at `loc`, through lists and optional sections (alerts.receivers.0 is a
     receiver)."""
-    model: type[BaseModel] = Config
+    model: type[Section] = Config
     for part in loc:
         if isinstance(part, int):
             continue  # an item of the list the previous part named: `model` is already its type
@@ -67,9 +67,9 @@ def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def _section_type(annotation: object) -> type[BaseModel] | None:
+def _section_type(annotation: object) -> type[Section] | None:
     """The configuration section an annotation holds: itself, or the model inside list[...] or X | None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, Section):
         return annotation
     for inner in typing.get_args(annotation):
         found = _section_type(inner)
@@ -83,7 +83,20 @@ def _excerpt(value: object) -> str:
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + f"... ({len(text)} characters)"
 
 
-def _describe(error: ErrorDetails) -> str:
+def _yaml_text_hint(given: object) -> str:
+    """Where YAML read a number as text (1e9: YAML 1.1 wants a dot and a sign, 1.0e+9), how to write it."""
+    if not isinstance(given, str):
+        return ""
+    try:
+        float(given)
+    except ValueError:
+        return ""
+    if "e" in given.lower():
+        return " (text to YAML: write it as 1000000000 or 1.0e+9)"
+    return " (quoted: leave the quotes out)"
+
+
+def _describe(error: dict[str, Any]) -> str:
     path = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
     given = error.get("input")
@@ -97,10 +110,12 @@ def _describe(error: ErrorDetails) -> str:
     if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
         whole = "a whole number" if kind.startswith("int") else "a number"
         unit = " of seconds" if path.endswith("_seconds") else ""
-        return f"{path}: expected {whole}{unit}, got {_excerpt(given)}"
+        return f"{path}: expected {whole}{unit}, got {_excerpt(given)}{_yaml_text_hint(given)}"
     if kind in ("bool_parsing", "bool_type"):
         return f"{path}: expected true or false, got {_excerpt(given)}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
+        if given is None:  # `bundles:` with nothing under it
+            return f"{path}: empty; give its keys under it, or leave it out for its defaults"
         return f"{path}: expected a mapping of keys, got {type(given).__name__}"
     message = error["msg"].removeprefix("Value error, ")
     # A whole section, or a value that may carry a secret (a URL with a key in it): the message names the
@@ -174,13 +189,13 @@ def _check_size(data: object, source: str) -> None:
             stack.extend((v, depth + 1) for v in value)
 
 
-def _keys(model: BaseModel, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], BaseModel | None,
+def _keys(model: Section, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Section | None,
                                                                         str, str]]:
     """Every key of the configuration in order, depth first: (path, section or None for a leaf,
     the section's first doc line or the leaf's description, the leaf's default as flow YAML)."""
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
-        if isinstance(value, BaseModel):
+        if isinstance(value, Section):
             doc = (type(value).__doc__ or "").strip().splitlines()
             yield (*path, name), value, doc[0] if doc else "", ""
             yield from _keys(value, (*path, name))

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
-
 from watchdog.config.base import Seconds, _http_url, _listen_address, _Section
+from watchdog.config.schema import Field, field_validator, model_validator
 from watchdog.plumbing import logfmt
 from watchdog.vocabulary.alert_identity import RUNBOOK_URL
 
@@ -66,17 +65,29 @@ class DumpConfig(_Section):
 class BundlesConfig(_Section):
     """Incident bundles: one folder per fired episode, with everything an on-call engineer needs."""
 
-    directory: str = Field("/var/lib/stall-watchdog/incidents", description="Where bundles are written (mode 0700).")
+    directory: str = Field("/var/lib/stall-watchdog/incidents", min_length=1,
+                           description="Where bundles are written (mode 0700).")
     max_total_bytes: Annotated[int, Field(ge=0)] = Field(
-        1 << 30, description="Disk budget: the oldest bundles are removed to stay under it (0: none).")
+        1 << 30, description="Disk budget: the oldest bundles are removed to stay under it (0: none; otherwise at "
+        "least 1048576, 1 MiB, since no bundle larger than it is kept).")
     max_count: Annotated[int, Field(ge=1)] = Field(200, description="Keep at most this many bundles.")
     max_bundle_bytes: Annotated[int, Field(ge=1 << 20)] = Field(
         64 << 20, description="One bundle's budget: a write that would pass it is refused before it reaches the "
         "disk and the bundle is not kept (nothing a rank makes the daemon write can grow past it). At least "
         "1048576 (1 MiB).")
-    telemetry_window_seconds: Seconds = Field(300.0, description="Telemetry kept before the onset, in the bundle.")
+    telemetry_window_seconds: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = Field(
+        300.0, description="Telemetry kept before the onset, in the bundle: at most 3600 (an hour of 64 GPUs: tens "
+        "of MiB of the daemon's memory, about 48 MiB of the bundle's budget).")
     capture_stacks: bool = Field(True, description="Capture the affected job's stacks with py-spy when an episode "
                                  "fires.")
+
+    @field_validator("max_total_bytes")
+    @classmethod
+    def _budget(cls, value: int) -> int:
+        if 0 < value < 1 << 20:
+            raise ValueError("expected 0 (no disk budget) or at least 1048576 (1 MiB): no bundle larger than the "
+                             "budget is kept")
+        return value
 
 
 class ReceiverConfig(_Section):

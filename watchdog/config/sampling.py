@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, Strict
-
 from watchdog.config.base import SCENARIO_NAMES, Interval, Ratio, Seconds, SecondsOrZero, _Section
+from watchdog.config.schema import Field, LaxKeys
 
 
 class JobConfig(_Section):
@@ -108,7 +107,7 @@ class SourceConfig(_Section):
         "spin_hang", description="With kind sim: the scenario (see `stall-watchdog replay --help`).")
     start_offset_seconds: Annotated[float, Field(ge=0)] = Field(
         0.0, description="With kind sim: start this far into the scenario.")
-    pids: dict[Annotated[int, Strict(False)], list[int]] = Field(  # a GPU's index as YAML or JSON writes a key
+    pids: dict[Annotated[int, LaxKeys], list[int]] = Field(  # a GPU's index as YAML or JSON writes a key
         default_factory=dict, description="With kind sim: real processes to treat as running on each simulated GPU "
         "(GPU index -> pids), so stacks can be captured.")
 

@@ -5,7 +5,11 @@ telemetry read 96 KiB at a time and drawn from an even stride of at most KEPT_SN
 
 from __future__ import annotations
 
+import math
+import os
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO, Any
 
 from watchdog.boundary import rank_files, untrusted_data
 from watchdog.export.report_readings import Drawn
@@ -15,6 +19,7 @@ from watchdog.sample.lines import TextLines
 
 KEPT_SNAPSHOTS = 9_600  # of a bundle's telemetry, evenly, to draw (8 times the points a panel draws): bounded memory
 MAX_JSON_BYTES = 16 << 20  # a bundle's summary.json, stacks.json or doctor.json (the daemon's are KiBs)
+_LATEST = datetime(9999, 12, 30, tzinfo=timezone.utc).timestamp()  # the last day a page can write, in any zone
 
 
 class BundleDamaged(ValueError):
@@ -57,7 +62,102 @@ def telemetry(path: Path) -> Drawn:
         if exc.missing:
             return drawn
         raise BundleDamaged(str(exc)) from None
+    skips = SkipLog(hint="")  # report has no --lenient to offer
     with open(fd, "rb") as f:
-        for stretch in recording.stretches(TextLines(f, str(path), SkipLog(hint="")), str(path), most=8):
+        lines = TextLines(_UpTo(f, os.fstat(fd).st_size), str(path), skips)
+        for stretch in recording.stretches(lines, str(path), skips, most=8):
             drawn.add(stretch)
     return drawn
+
+
+class _UpTo:
+    """A file read no further than its size when it was opened: one a writer still appends to ends."""
+
+    def __init__(self, stream: IO[bytes], size: int):
+        self._stream, self._left = stream, size
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(self._left if size < 0 else min(size, self._left)) if self._left > 0 else b""
+        self._left -= len(data)
+        return data
+
+
+def seconds_at(value: object, where: str) -> float:
+    """A time a bundle's file gives (an ISO-8601 text, or epoch seconds as an action's `at`) as epoch seconds,
+    between 1970 and the year 9999 a page can write; BundleDamaged naming `where` otherwise."""
+    if isinstance(value, str):
+        try:
+            stamp = datetime.fromisoformat(value)
+        except ValueError:
+            raise BundleDamaged(f"{where}: not a time ({untrusted_data.one_line(value)[:40]!r})") from None
+        seconds = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+    else:
+        raise BundleDamaged(f"{where}: holds {_json_kind(value)} where the daemon writes a time")
+    if not 0 <= seconds <= _LATEST:  # NaN too
+        raise BundleDamaged(f"{where}: not a time between 1970 and 9999 ({seconds:.6g})")
+    return seconds
+
+
+def listed(value: object, where: str) -> list[Any]:
+    """A list a bundle's file holds (none: empty); BundleDamaged naming `where` for another kind."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BundleDamaged(f"{where}: holds {_json_kind(value)} where the daemon writes a list")
+    return value
+
+
+def mapping(value: object, where: str) -> dict[str, Any]:
+    """An object a bundle's file holds (none: empty); BundleDamaged naming `where` for another kind."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BundleDamaged(f"{where}: holds {_json_kind(value)} where the daemon writes an object")
+    return value
+
+
+def text(value: object) -> str:
+    """A value of a bundle's file as a page's cell shows it: lists joined, never Python's own notation."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ", ".join(text(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {text(v)}" for k, v in value.items())
+    return str(value)
+
+
+def stacks(path: Path) -> dict[str, Any]:
+    """The first job's stacks of a bundle's stacks.json: its groups (members, where, activity, frames), outliers
+    and host activity, each of the kind the daemon writes; BundleDamaged naming the file and the field."""
+    where = str(path)
+    jobs = listed(load_json(path, list), where)
+    first = mapping(jobs[0], f"{where}: [0]") if jobs else {}
+    groups = []
+    for n, raw in enumerate(listed(first.get("groups"), f"{where}: groups")):
+        group = mapping(raw, f"{where}: groups[{n}]")
+        frames = [mapping(f, f"{where}: groups[{n}].frames[{i}]")
+                  for i, f in enumerate(listed(group.get("frames"), f"{where}: groups[{n}].frames"))]
+        groups.append({"members": [text(m) for m in listed(group.get("members"), f"{where}: groups[{n}].members")],
+                       "where": text(group.get("where")), "activity": text(group.get("activity")),
+                       "frames": [{k: text(f.get(k)) for k in ("function", "file", "line")} for f in frames]})
+    host = {text(m): mapping(h, f"{where}: host_activity.{m}")
+            for m, h in mapping(first.get("host_activity"), f"{where}: host_activity").items()}
+    return {"groups": groups, "outliers": [text(m) for m in listed(first.get("outliers"), f"{where}: outliers")],
+            "host": host}
+
+
+def findings(path: Path) -> list[dict[str, str]]:
+    """A bundle's doctor.json: each finding's severity, check, evidence and fix as text."""
+    out = []
+    for n, raw in enumerate(listed(load_json(path, list), str(path))):
+        found = mapping(raw, f"{path}: [{n}]")
+        out.append({k: text(found.get(k)) for k in ("severity", "check", "evidence", "fix")})
+    return out

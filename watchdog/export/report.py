@@ -10,9 +10,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from watchdog.boundary import private_files, untrusted_data
+from watchdog.boundary import private_files
 from watchdog.detect.summary import duration_text
 from watchdog.export import bundle_files
 from watchdog.export.report_readings import PANELS, Drawn
@@ -41,6 +40,7 @@ class ReportData:
     headline: str = ""  # the verdict in one line, said once, as the page's heading
     culprit_gpus: tuple[int, ...] = ()  # drawn bold and named in the legend
     actions: list[dict[str, object]] = field(default_factory=list)  # the actions policy's decisions and steps
+    open_until: str = "when this page was written"  # an episode still open: until when it is seen
 
 
 def episodes_from_events(events: Sequence[EpisodeEvent]) -> list[dict[str, object]]:
@@ -157,7 +157,8 @@ def _table(rows: list[dict[str, object]], columns: list[str], culprits: set[str]
     body = []
     for row in rows:
         css = ' class="culprit"' if str(row.get("member")) in culprits else ""
-        body.append(f"<tr{css}>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in columns) + "</tr>")
+        body.append(f"<tr{css}>" + "".join(f"<td>{html.escape(bundle_files.text(row.get(c, '')))}</td>"
+                                           for c in columns) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -189,7 +190,7 @@ def render(data: ReportData) -> str:
         parts.append(f'<p class="muted">{html.escape(data.title)}</p>')
     said = next((e for e in data.episodes if e.get("headline") == data.headline), None) if data.headline else None
     if said is not None:
-        parts.append(f'<p class="muted">{html.escape(_when_said(said, data.naive_time))}</p>')
+        parts.append(f'<p class="muted">{html.escape(_when_said(said, data.naive_time, data.open_until))}</p>')
     if rest or data.severity:
         parts.append(f'<p class="verdict {html.escape(data.severity)}">{html.escape(rest or data.severity)}</p>')
     parts.append("<h2>Timeline</h2>" + _legend(data))
@@ -233,13 +234,13 @@ def render(data: ReportData) -> str:
     return "".join(parts)
 
 
-def _when_said(episode: dict[str, object], naive: bool) -> str:
+def _when_said(episode: dict[str, object], naive: bool, open_until: str) -> str:
     """Under the heading: when in the episode its verdict (and the duration it quotes) was said, beside how long
     the episode lasted, so the two durations on the page read as what they are."""
     onset, at, end = float(episode["onset"]), float(episode["at"]), episode.get("end")  # type: ignore[arg-type]
     text = f"This verdict was said {duration_text(at - onset)} into the episode"
     if end is None:
-        return text + ", which was still open when this page was written."
+        return f"{text}, which was still open {open_until}."
     return (f"{text}; the episode lasted {duration_text(float(end) - onset)}, "  # type: ignore[arg-type]
             f"to {iso_time(float(end), naive)}.")  # type: ignore[arg-type]
 
@@ -260,41 +261,39 @@ def _action_row(record: dict[str, object], naive: bool) -> dict[str, object]:
     listed = record.get("steps")
     steps = [st for st in listed if isinstance(st, dict)] if isinstance(listed, list) else []
     hang = record.get("hang_seconds")
-    return {"at": iso_time(float(at), naive) if isinstance(at, (int, float)) else "",
+    return {"at": iso_time(float(at), naive) if isinstance(at, (int, float)) else "",  # checked by from_bundle
             "decision": record.get("decision", ""), "reason": record.get("reason", ""),
-            "after": duration_text(float(hang)) + " of hang" if isinstance(hang, (int, float)) else "",
-            "steps": "; ".join(f"{st.get('action')} {st.get('result')}: {st.get('detail')}" for st in steps),
+            "after": duration_text(float(hang)) + " of hang" if _finite(hang) else "",  # type: ignore[arg-type]
+            "steps": "; ".join(" ".join(bundle_files.text(st.get(k)) for k in ("action", "result"))
+                               + f": {bundle_files.text(st.get('detail'))}" for st in steps),
             "evidence": record.get("evidence", "")}
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e15
+
+
 def from_bundle(folder: Path) -> ReportData:
-    """A bundle's page, from its files: BundleDamaged (naming the file) for one that cannot be read or holds what
-    the daemon never writes, TraceError for a telemetry line that is not a snapshot."""
-    summary = bundle_files.load_json(folder / "summary.json", dict) or {}
-    try:
-        return _from_files(folder, summary)  # type: ignore[arg-type]  # a dict, checked
-    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # a value of another kind than written there
-        raise bundle_files.BundleDamaged(f"{folder}: summary.json or stacks.json holds a value of the wrong kind "
-                            f"({type(exc).__name__}: {untrusted_data.one_line(str(exc))[:80]})") from None
-
-
-def _from_files(folder: Path, summary: dict[str, Any]) -> ReportData:
-    event = summary.get("event") or {}
+    """A bundle's page, from its files: BundleDamaged (naming the file and the field) for one that cannot be read
+    or holds what the daemon never writes, TraceError for a telemetry line that is not a snapshot."""
+    name = folder / "summary.json"
+    summary = bundle_files.load_json(name, dict) or {}
+    assert isinstance(summary, dict)
+    event = bundle_files.mapping(summary.get("event"), f"{name}: event")
     timeline = bundle_files.telemetry(folder / "telemetry.jsonl")
     jobs = summary.get("jobs")
     if "verdict" not in summary and isinstance(jobs, list) and jobs and isinstance(jobs[0], dict):
         found = jobs[0]["verdict"] if isinstance(jobs[0].get("verdict"), dict) else {}
         summary = {**summary, "verdict": found.get("sentence", ""), "headline": found.get("headline", ""),
                    "severity": found.get("severity") or ""}
-    stacks = bundle_files.load_json(folder / "stacks.json", list) or []
-    report = stacks[0] if isinstance(stacks, list) and stacks else {}
-    activity = {m: g.get("activity") for g in report.get("groups", []) for m in g.get("members", [])}
-    where = {m: g.get("where") for g in report.get("groups", []) for m in g.get("members", [])}
-    host = report.get("host_activity", {})
+    stacks = bundle_files.stacks(folder / "stacks.json")
+    activity = {m: g["activity"] for g in stacks["groups"] for m in g["members"]}
+    where = {m: g["where"] for g in stacks["groups"] for m in g["members"]}
     ranks = []
-    for r in summary.get("ranks", []):
+    for n, raw in enumerate(bundle_files.listed(summary.get("ranks"), f"{name}: ranks")):
+        r = bundle_files.mapping(raw, f"{name}: ranks[{n}]")
         member = member_id(r.get("pid"), r.get("rank"))
-        h = host.get(member, {})
+        h = stacks["host"].get(member, {})
         ranks.append({"member": member, "rank": r.get("rank"), "pid": r.get("pid"), "gpus": r.get("gpus"),
                       "runs_in": _runs_in(r.get("workload")), "activity": activity.get(member, ""),
                       "where": where.get(member, ""),
@@ -302,21 +301,28 @@ def _from_files(folder: Path, summary: dict[str, Any]) -> ReportData:
     onset = event.get("onset")
     episodes = []
     resolved = summary.get("resolved")
+    end = bundle_files.seconds_at(resolved, f"{name}: resolved") if resolved is not None else None
     if onset:
-        episodes.append({"signature": event.get("signature"), "severity": summary.get("severity"),
-                         "onset": _epoch(onset), "at": _epoch(event.get("at", onset)),
-                         "end": _epoch(resolved) if isinstance(resolved, str) else None,
+        start = bundle_files.seconds_at(onset, f"{name}: event.onset")
+        episodes.append({"signature": bundle_files.text(event.get("signature")), "severity": summary.get("severity"),
+                         "onset": start, "end": end,
+                         "at": bundle_files.seconds_at(event["at"], f"{name}: event.at") if "at" in event else start,
                          "summary": event.get("summary"), "headline": summary.get("headline", "")})
-    title = "stall-watchdog: " + (f"{event.get('signature')} from {onset}" if onset else _plain_title(event))
-    if isinstance(resolved, str):
+    title = "stall-watchdog: " + (f"{bundle_files.text(event.get('signature'))} from {onset}" if onset
+                                  else _plain_title(event))
+    if end is not None:
         title += f", resolved {resolved}"
-    culprit_gpus = tuple(int(g) for g in event.get("culprit_gpus") or [] if isinstance(g, int))
-    return ReportData(title, timeline, episodes,
-                      str(summary.get("verdict", "")), str(summary.get("severity", "")), ranks,
-                      report.get("groups", []), report.get("outliers", []),
-                      bundle_files.load_json(folder / "doctor.json", list) or [],  # type: ignore[arg-type]
-                      headline=str(summary.get("headline") or ""), culprit_gpus=culprit_gpus,
-                      actions=[a for a in summary.get("actions") or [] if isinstance(a, dict)])
+    culprit_gpus = _gpu_numbers(bundle_files.listed(event.get("culprit_gpus"), f"{name}: event.culprit_gpus"))
+    actions = [bundle_files.mapping(a, f"{name}: actions[{n}]")
+               for n, a in enumerate(bundle_files.listed(summary.get("actions"), f"{name}: actions"))]
+    for n, a in enumerate(actions):
+        if a.get("at") is not None:
+            bundle_files.seconds_at(a["at"], f"{name}: actions[{n}].at")
+    return ReportData(title, timeline, episodes, bundle_files.text(summary.get("verdict")),
+                      bundle_files.text(summary.get("severity")), ranks, stacks["groups"], stacks["outliers"],
+                      bundle_files.findings(folder / "doctor.json"),
+                      headline=bundle_files.text(summary.get("headline")), culprit_gpus=culprit_gpus,
+                      actions=actions, open_until="when its bundle was written")
 
 
 def _runs_in(saved: object) -> str:
@@ -330,19 +336,17 @@ def _runs_in(saved: object) -> str:
 
 def _plain_title(event: dict[str, object]) -> str:
     """For bundles written before headlines: the signature and the GPUs it names (the culprits first)."""
-    culprits = [str(g) for g in event.get("culprit_gpus") or []]  # type: ignore[attr-defined]
-    gpus = culprits or [str(g) for g in event.get("gpus") or []]  # type: ignore[attr-defined]
-    where = f"waiting on GPUs {', '.join(gpus)}" if culprits else f"on GPUs {', '.join(gpus)}"
-    return f"{event.get('signature', 'incident')} {where}"
+    culprits, gpus = _gpu_numbers(event.get("culprit_gpus")), _gpu_numbers(event.get("gpus"))
+    signature = bundle_files.text(event.get("signature")) or "incident"
+    if not culprits and not gpus:
+        return signature
+    return f"{signature} {'waiting on' if culprits else 'on'} GPUs {', '.join(map(str, culprits or gpus))}"
 
 
-def _epoch(text: str) -> float:
-    from datetime import datetime, timezone
-
-    stamp = datetime.fromisoformat(text)
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp.timestamp()
+def _gpu_numbers(listed: object) -> tuple[int, ...]:
+    """The GPU numbers of a bundle's list: whole numbers only (true is no GPU 1)."""
+    return tuple(g for g in listed if isinstance(g, int) and not isinstance(g, bool)) if isinstance(listed, list) \
+        else ()
 
 
 def write_for_bundle(folder: Path) -> Path:

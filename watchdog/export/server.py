@@ -17,11 +17,10 @@ import ssl
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST
-
 from watchdog.boundary import secrets
 from watchdog.boundary.http_server import Auth, HardenedServer, QuietHandler, is_loopback, parse_address, read_body
 from watchdog.config import DumpConfig, ExportConfig
+from watchdog.export.metrics import EXPOSITION_TYPE
 from watchdog.plumbing import logfmt
 
 
@@ -133,7 +132,7 @@ class Endpoint:
                     return
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self.reply(200, metrics(), CONTENT_TYPE_LATEST)
+                    self.reply(200, metrics(), EXPOSITION_TYPE)
                 elif path == "/healthz":
                     ok, why = healthy()
                     self.reply(200 if ok else 503, (why + "\n").encode())

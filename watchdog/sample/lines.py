@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterable, Iterator
-from typing import BinaryIO
+from typing import Protocol
 
 from watchdog.sample.errors import SkipLog, TraceError
 
@@ -34,11 +34,17 @@ _BLOCK_LINES = 4096
 Block = tuple[int, list[str]]  # (number of the first line, the lines without their newline)
 
 
+class Readable(Protocol):
+    """What TextLines reads from: a binary file, or anything with its read."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class TextLines:
     """The lines of a binary stream, in blocks: decoded (`blocks()`) or as bytes (`byte_blocks()`, for a
     parser that takes bytes and checks UTF-8 itself)."""
 
-    def __init__(self, stream: BinaryIO, path: str, skips: SkipLog):
+    def __init__(self, stream: Readable, path: str, skips: SkipLog):
         self._stream, self._path, self._skips = stream, path, skips
         self.number = 0  # lines handed out so far
 

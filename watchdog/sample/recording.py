@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any, Literal, Protocol
 
@@ -148,12 +149,28 @@ _CONVERT: dict[str, Callable[[list[Any]], list[Any]]] = {
 _CONVERT_AT = [(_FIELDS.index(name), convert) for name, convert in _CONVERT.items()]
 
 
+_KINDS = {"`object`": "an object", "`array`": "a list", "`str`": "text", "`int`": "a whole number",
+          "`float`": "a number", "`bool`": "true or false", "`null`": "null"}
+
+
+def _plain(said: str) -> str:
+    """msgspec's 'Expected `array`, got `str` - at `$.gpus.index`' as a snapshot's reader says it: 'not a
+    snapshot: expected a list, got text, at gpus.index'."""
+    said = re.sub(r" - at `\$\.?([^`]*)`", lambda m: f", at {m.group(1)}" if m.group(1) else "", said)
+    said = said.replace("Object contains unknown field", "unknown GPU field")
+    if not said.startswith("Expected "):
+        return said
+    words = re.sub(r"`([a-z |]+)`", lambda m: " or ".join(_KINDS.get(f"`{k}`", k) for k in m.group(1).split(" | ")),
+                   said)
+    return "not a snapshot: " + words[0].lower() + words[1:]
+
+
 def _decode_columns(line: str | bytes) -> tuple[float, list[Any]]:
     """A snapshot line's time and GpuSample field columns (None for a field the line leaves out), checked."""
     try:
         raw = _DECODE(line)
     except msgspec.ValidationError as exc:
-        raise ValueError(str(exc).replace("Object contains unknown field", "unknown GPU field")) from None
+        raise ValueError(_plain(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise ValueError(f"not valid JSON ({str(exc).removeprefix('JSON is malformed: ')})") from None
     except RecursionError:
