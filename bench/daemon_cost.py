@@ -37,6 +37,8 @@ from tests.fakes.loopback import free_port, started  # noqa: E402
 
 CHILD = """
 import json, sys
+from watchdog.entry import one_math_thread
+one_math_thread()  # as `stall-watchdog run` starts
 from watchdog.config import parse_config
 from watchdog.service import build
 from watchdog.export.server import Endpoint

@@ -363,3 +363,14 @@ def test_version_answers_without_importing_the_command() -> None:
     assert done.returncode == 0 and done.stdout.startswith("stall-watchdog ")
     loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "watchdog" in loaded and not {"numpy", "watchdog.cli", "watchdog.config"} & loaded, loaded
+
+
+def test_the_commands_start_no_math_library_threads() -> None:
+    """numpy's OpenBLAS started a thread per core at import (2 here; up to 64 on a large node) for matrix
+    products the daemon never makes: counted as the process's threads once numpy is imported; the setting is
+    not left for the programs the daemon starts."""
+    code = ("import os\nos.environ.pop('OPENBLAS_NUM_THREADS', None)\nfrom watchdog.entry import one_math_thread\n"
+            "one_math_thread()\nimport numpy\n"
+            "print(len(os.listdir('/proc/self/task')), 'OPENBLAS_NUM_THREADS' in os.environ)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["1", "False"], done.stdout + done.stderr

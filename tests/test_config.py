@@ -144,11 +144,10 @@ def test_the_readme_says_each_telemetry_only_wait_as_the_config_sets_it() -> Non
     ({"actions": {"slurm": {"drain_reason_prefix": "x" * 41}}},
      [f"actions.slurm.drain_reason_prefix: string should have at most 40 characters, got '{'x' * 41}'"]),
     ({"source": {"pids": {"a": 1}}},  # the key and the value, each said
-     ["source.pids.a.[key]: expected a whole number, got 'a'", "source.pids.a: input should be a valid list, got 1"]),
+     ["source.pids (key 'a'): expected a whole number, got 'a'", "source.pids.a: input should be a valid list, got 1"]),
     ({"sample": {"interval_seconds": float("inf")}},
      ["sample.interval_seconds: input should be a finite number, got inf"]),
     ({"stacks": {"native": 1}}, ["stacks.native: expected true or false, got 1"]),
-    ({"stacks": {"max_parallel": True}}, ["stacks.max_parallel: expected a whole number, got True"]),
 ])
 def test_each_problem_of_a_kind_is_said_once_with_its_path(data: dict[str, object], expected: list[str]) -> None:
     """The configuration's own schema (config/schema.py) against the problems its kinds and limits can have."""
@@ -171,3 +170,68 @@ def test_a_section_is_frozen_compared_by_value_and_copied_with_changes() -> None
     assert StacksConfig(native=True) == copied and StacksConfig() != copied
     assert StacksConfig.model_fields["max_parallel"].default == 16 and not StacksConfig.model_fields[
         "max_parallel"].is_required()
+
+
+def test_a_key_given_twice_is_a_problem_not_the_last_one_kept(tmp_path: Path) -> None:
+    """YAML keeps the last of two keys without a word: 'sample:' given twice dropped its first half."""
+    for text, said in (("sample: {interval_seconds: 1}\nsample: {interval_seconds: 2}\n",
+                        "line 2: 'sample' given twice (first on line 1)"),
+                       ("sample: {interval_seconds: 1, interval_seconds: 2}\n",
+                        "line 1: 'interval_seconds' given twice (first on line 1)"),
+                       ("a: \x00\n", "byte 3: not valid YAML (character U+0000 is not allowed)")):
+        path = tmp_path / "twice.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert info.value.problems[0].startswith(said), info.value.problems
+    path.write_text("base: &b {interval_seconds: 2}\n")  # anchors and merges still read
+    with pytest.raises(ConfigError, match="base: unknown key"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"sample": {"interval_seconds": "1e-9"}},  # it said 'write it as 1000000000 or 1.0e+9' for any value
+     "sample.interval_seconds: expected a number of seconds, got '1e-9' (text to YAML: write it as 1.0e-09)"),
+    ({"bundles": {"max_count": "1e3"}}, "bundles.max_count: expected a whole number, got '1e3' (text to YAML: write "
+                                        "it as 1000)"),
+    ({"detectors": {"busy_spin": {"for_seconds": "1e999"}}},
+     "detectors.busy_spin.for_seconds: expected a number of seconds, got '1e999'"),
+    ({"detectors": {"busy_spin": {"enabled": None}}}, "detectors.busy_spin.enabled: expected true or false, got null"),
+    ({"stacks": {"max_parallel": True}}, "stacks.max_parallel: expected a whole number, got true"),
+    ({"source": {"pids": {"x": [1]}}}, "source.pids (key 'x'): expected a whole number, got 'x'"),
+    ({"alerts": {"runbook_url": "javascript:alert(1)"}}, "alerts.runbook_url: expected an http:// or https:// URL"),
+    ({"alerts": {"receivers": [{"type": "webhook", "name": "a", "url": "http://x", "argv": ["ls"]}]}},
+     "alerts.receivers.0: receiver 'a': argv is for a command receiver"),
+    ({"alerts": {"receivers": [{"type": "webhook", "name": "b", "url": "http://x"},
+                               {"type": "webhook", "name": "b", "url": "http://y"}]}},
+     "alerts: receivers named twice: 'b'"),
+    ({"alerts": {"receivers": [{"type": "webhook", "name": "", "url": "http://x"}]}},
+     "alerts.receivers.0.name: string should have at least 1 character"),
+])
+def test_problems_say_what_was_written(data: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "config.yaml")
+    assert info.value.problems[0] == expected or info.value.problems[0].startswith(expected), info.value.problems
+
+
+def test_a_document_of_many_problems_says_twenty() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"sample": {f"k{n}": 1 for n in range(5000)}})
+    assert len(info.value.problems) == 21 and info.value.problems[-1] == "and 4980 more problems"
+
+
+def test_each_configuration_holds_lists_of_its_own_and_hashes() -> None:
+    """The defaults' lists were one object in every configuration: appending to one changed the next loaded."""
+    from watchdog.config import SampleConfig
+    from watchdog.config.schema import ValidationError
+
+    a, b = Config(), parse_config({})
+    assert a.actions.do is not b.actions.do and a.alerts.receivers is not b.alerts.receivers
+    a.alerts.receivers.append("junk")  # type: ignore[arg-type]
+    assert parse_config({}).alerts.receivers == [] and hash(b) == hash(Config())
+    with pytest.raises(ValidationError, match="1 problem: sample.interval_seconds: Input should be a valid number"):
+        Config(sample={"interval_seconds": "x"})
+    with pytest.raises(ValidationError, match="interval_seconds"):
+        SampleConfig().model_copy(update={"interval_seconds": -5})
+    with pytest.raises(ValidationError, match="bogus"):
+        SampleConfig().model_copy(update={"bogus": 1})

@@ -476,6 +476,15 @@ def test_the_ranks_of_a_paged_hang_are_read_on_the_host_every_5_s_not_every_tick
             rank.wait()
 
 
+def test_large_blocks_keep_pages_of_their_own_where_glibc_runs() -> None:
+    """glibc raises its mmap threshold to the largest block freed (an incident's page): the daemon fixes it."""
+    import platform
+
+    from watchdog.plumbing import allocator
+
+    assert allocator.large_blocks_apart() == (platform.libc_ver()[0] == "glibc")
+
+
 def test_the_loop_hands_free_memory_back_once_a_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """glibc keeps what the daemon frees in its heaps: the loop asks it to give the free pages back every
     allocator.TRIM_SECONDS of its own clock, not every tick (a trim walks the heaps)."""

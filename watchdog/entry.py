@@ -21,6 +21,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         from watchdog.plumbing.signals import hold
 
         hold()
+    one_math_thread()
     from watchdog.cli import main as command
 
     return command(args)
+
+
+def one_math_thread() -> None:
+    """numpy loaded with one OpenBLAS thread: its library starts a thread per core when loaded (up to 64 on a
+    large GPU node) for matrix products no command of ours makes. The setting is read then and taken out again,
+    so that no program the daemon starts (an action's command, a receiver's) inherits it; one the environment
+    gives is kept."""
+    import os
+
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401  # its OpenBLAS reads the setting as it loads
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]

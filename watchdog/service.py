@@ -34,7 +34,7 @@ from watchdog.export.metrics import WatchdogCollector, new_counters
 from watchdog.export.report import write_for_bundle
 from watchdog.export.server import DumpHandler, Endpoint
 from watchdog.export.systemd import SystemdNotifier
-from watchdog.plumbing import logfmt
+from watchdog.plumbing import allocator, logfmt
 from watchdog.plumbing.signals import SignalEvents
 from watchdog.sample import sim
 from watchdog.sample.host_progress import HostProgress
@@ -131,6 +131,7 @@ class Service:
 
     def start(self) -> None:
         """Listen (EndpointError if it cannot), say what is short, and start sampling the ranks' stacks."""
+        allocator.large_blocks_apart()  # a long-running process: its large blocks never fragment the heaps
         self.daemon.responder.say_unready()
         for short in privileges.shortfalls(stacks=True, terminate=False):
             logfmt.event("privileges_short", level=logfmt.WARNING, problem=short.text())

@@ -118,6 +118,22 @@ def test_replay_draws_the_trace_with_its_episodes(tmp_path: Path) -> None:
     assert page.count('class="episode" data-signature="waiting"') == 3  # shaded in each panel
 
 
+def test_a_replays_open_episode_lasts_to_the_recordings_end_and_an_unwritable_page_is_said_first(
+        tmp_path: Path) -> None:
+    """sim:spin_hang runs 10 minutes past its onset: its open episode read '30 s so far' (when its verdict was
+    said); --report into a folder that is not there was found only after the whole replay."""
+    out = tmp_path / "spin.html"
+    result = subprocess.run([sys.executable, "-m", "watchdog", "replay", "sim:spin_hang", "--report", str(out)],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "still open</td><td>10 min 0 s so far" in out.read_text()
+    result = subprocess.run([sys.executable, "-m", "watchdog", "replay", "sim:spin_hang", "--report",
+                             str(tmp_path / "absent" / "x.html")], capture_output=True, text=True, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 1 and result.stdout == "", result.stdout[-500:]  # nothing replayed first
+    assert "absent is no folder" in result.stderr, result.stderr
+
+
 def test_report_data_from_events() -> None:
     fired = EpisodeEvent(EventKind.FIRED, Signature.BUSY_SPIN, Severity.CRITICAL, (0,), (), 1e9, 1e9 + 30, "spin")
     resolved = EpisodeEvent(EventKind.RESOLVED, Signature.BUSY_SPIN, Severity.CRITICAL, (0,), (), 1e9, 1e9 + 90,
@@ -134,8 +150,8 @@ def test_report_data_from_events() -> None:
     # no SM clock in this recording (as in every real nvidia-smi log here): said, not drawn empty
     assert page.count('data-signature="busy_spin"') == 2 and page.count('data-signature="zero_util"') == 2
     assert '<p class="absent muted" data-field="sm_clock_hertz">SM clock: not in this recording.</p>' in page
-    # when each episode ended and how long it lasted; one still open says so
-    assert "<td>90 s</td>" in page and "<td>still open</td><td>45 s so far</td>" in page
+    # when each episode ended and how long it lasted; one still open says so, to the last snapshot drawn (190 s)
+    assert "<td>90 s</td>" in page and "<td>still open</td><td>90 s so far</td>" in page
 
 
 def _drawn_rows(drawn: report.Drawn) -> list[tuple[float, dict[str, dict[int, float | None]]]]:

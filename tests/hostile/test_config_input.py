@@ -92,7 +92,7 @@ def test_a_bad_reload_is_rejected_and_the_daemon_keeps_running(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("text", "said"), [
-    ("stacks:\n  sample_rate_hz: true\n", "stacks.sample_rate_hz: expected a whole number, got True"),
+    ("stacks:\n  sample_rate_hz: true\n", "stacks.sample_rate_hz: expected a whole number, got true"),
     ("detectors:\n  busy_spin:\n    for_seconds: false\n", "detectors.busy_spin.for_seconds: expected a number"),
     ("detectors:\n  zero_util:\n    for_seconds: '30'\n", "detectors.zero_util.for_seconds: expected a number"),
     ("detectors:\n  underuse:\n    window_seconds: 604800\n", "detectors.underuse.window_seconds: "),

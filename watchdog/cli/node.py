@@ -40,11 +40,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         error(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder (give the bundle's "
               "folder, the one that holds summary.json)")
         return EXIT_FAILURE
+    if not os.access(folder, os.R_OK | os.X_OK):
+        error(f"{folder}: cannot read the folder: permission denied")
+        return EXIT_FAILURE
     if not os.path.lexists(folder / "summary.json"):  # telemetry.jsonl may be absent: a dump's bundle has none
         error(f"{folder}: not an incident bundle (no summary.json in it)")
         return EXIT_FAILURE
     try:
-        print(report_html.write_for_bundle(folder))
+        print(shown(str(report_html.write_for_bundle(folder)), one_line=True))
     except (BundleDamaged, TraceError) as exc:  # each names the file, and the line where it is one
         error(f"{folder}: cannot build the report: {exc}")
         return EXIT_FAILURE

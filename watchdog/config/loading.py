@@ -4,6 +4,8 @@ file and the reference in docs/configuration.md generated from the model."""
 
 from __future__ import annotations
 
+import datetime
+import math
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from watchdog.config.coordinator import CoordinatorConfig
 from watchdog.config.detectors import DetectorsConfig
 from watchdog.config.outputs import AlertsConfig, BundlesConfig, DumpConfig, ExportConfig
 from watchdog.config.sampling import JobConfig, KubernetesConfig, SampleConfig, SourceConfig, StacksConfig
-from watchdog.config.schema import Section, ValidationError, model_validator
+from watchdog.config.schema import FieldInfo, Section, ValidationError, model_validator
 
 
 class Config(_Section):
@@ -78,26 +80,50 @@ def _section_type(annotation: object) -> type[Section] | None:
     return None
 
 
+MAX_PROBLEMS = 20  # said of one document; a file of 5,000 unknown keys is one mistake
+
+
 def _excerpt(value: object) -> str:
-    text = repr(value)
+    """A value as the document wrote it: true, null, 2024-01-01, 'text' (quoted, so that spaces show)."""
+    if isinstance(value, bool) or value is None:
+        text = {True: "true", False: "false", None: "null"}[value]
+    elif isinstance(value, (datetime.date, datetime.datetime)):
+        text = value.isoformat()
+    else:
+        text = repr(value)
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + f"... ({len(text)} characters)"
 
 
-def _yaml_text_hint(given: object) -> str:
-    """Where YAML read a number as text (1e9: YAML 1.1 wants a dot and a sign, 1.0e+9), how to write it."""
+def _yaml_text_hint(given: object, whole: bool) -> str:
+    """Where YAML read a number as text, how to write the number given: 1e9 is text to YAML 1.1, which wants a
+    dot and a signed exponent (1.0e+9); '30' in quotes is text too."""
     if not isinstance(given, str):
         return ""
     try:
-        float(given)
+        number = float(given)
     except ValueError:
         return ""
-    if "e" in given.lower():
-        return " (text to YAML: write it as 1000000000 or 1.0e+9)"
-    return " (quoted: leave the quotes out)"
+    if not math.isfinite(number) or not any(c.isdigit() for c in given):
+        return ""
+    if "e" not in given.lower():
+        return " (quoted: leave the quotes out)"
+    if whole and number.is_integer():
+        return f" (text to YAML: write it as {int(number)})"
+    mantissa, _, exponent = f"{number:.15g}".partition("e")
+    written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}" if exponent else \
+        (f"{number:.15g}" if "." in f"{number:.15g}" else f"{number:.15g}.0")
+    return f" (text to YAML: write it as {written})"
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    """The key path of a problem: detectors.busy_spin.for_seconds; a mapping's key as source.pids (key 'x')."""
+    if len(loc) >= 2 and loc[-1] == "[key]":
+        return f"{'.'.join(map(str, loc[:-2]))} (key {_excerpt(loc[-2])})"
+    return ".".join(str(part) for part in loc) or "(top level)"
 
 
 def _describe(error: dict[str, Any]) -> str:
-    path = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    path = _where(error["loc"])
     kind = error["type"]
     given = error.get("input")
     if kind == "extra_forbidden":
@@ -110,7 +136,7 @@ def _describe(error: dict[str, Any]) -> str:
     if kind in ("float_parsing", "float_type", "int_parsing", "int_type", "int_from_float"):
         whole = "a whole number" if kind.startswith("int") else "a number"
         unit = " of seconds" if path.endswith("_seconds") else ""
-        return f"{path}: expected {whole}{unit}, got {_excerpt(given)}{_yaml_text_hint(given)}"
+        return f"{path}: expected {whole}{unit}, got {_excerpt(given)}{_yaml_text_hint(given, kind.startswith('int'))}"
     if kind in ("bool_parsing", "bool_type"):
         return f"{path}: expected true or false, got {_excerpt(given)}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
@@ -135,7 +161,10 @@ def parse_config(data: object, source: str = "config") -> Config:
     try:
         return Config.model_validate(data)  # strict (config/base.py): a number is a number, never "30" or true
     except ValidationError as exc:
-        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+        problems = [_describe(e) for e in exc.errors()]
+        more = len(problems) - MAX_PROBLEMS
+        raise ConfigError(source, problems[:MAX_PROBLEMS] + ([f"and {more} more problems"] if more > 0 else [])
+                          ) from None
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -159,15 +188,41 @@ def load_config(path: str | Path | None) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(source, [f"byte {exc.start}: not UTF-8 text"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_OnceEachLoader)  # noqa: S506  # a SafeLoader that refuses a key given twice
+    except _KeyTwice as exc:
+        raise ConfigError(source, [str(exc)]) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, most control characters)
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError(source, [f"byte {exc.position}: not valid YAML (character U+{code:04X} is not allowed)"]
+                          ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = str(getattr(exc, "problem", None) or "unreadable")
-        raise ConfigError(source, [f"{where}not valid YAML ({problem[:_EXCERPT]})"]) from None
+        shown = problem if len(problem) <= 2 * _EXCERPT else problem[:2 * _EXCERPT] + "..."
+        raise ConfigError(source, [f"{where}not valid YAML ({shown})"]) from None
     except RecursionError:
         raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"]) from None
     return parse_config(data, source)  # which checks the size before anything walks the document
+
+
+class _KeyTwice(yaml.YAMLError):
+    """A mapping that names a key twice: YAML keeps the last and drops the first without a word."""
+
+
+class _OnceEachLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a mapping that gives a key twice ('sample:' twice dropped the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                if key in first:
+                    raise _KeyTwice(f"line {key_node.start_mark.line + 1}: {_excerpt(key)} given twice (first on "
+                                    f"line {first[key] + 1}): YAML would keep the last without a word")
+                first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
 
 
 def _check_size(data: object, source: str) -> None:
@@ -232,6 +287,23 @@ def example_yaml() -> str:
 def reference_markdown() -> str:
     """The configuration reference of docs/configuration.md: every key, its default and meaning, from the model."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{'.'.join(path)}` | `{shown}` | {doc.replace('|', '/')} |"
-             for path, section, doc, shown in _keys(Config()) if section is None]
+    for path, section, doc, shown in _keys(Config()):
+        if section is not None:
+            continue
+        rows.append(f"| `{'.'.join(path)}` | `{shown}` | {doc.replace('|', '/')} |")
+        item = _section_type(_field_at(path).annotation)
+        for name, info in (item.model_fields.items() if item is not None else ()):  # each item's keys, as a list's
+            default = "required" if info.is_required() else yaml.safe_dump(
+                info.default, default_flow_style=True, width=4096).strip().removesuffix("...").strip()
+            rows.append(f"| `{'.'.join(path)}[].{name}` | `{default}` | {(info.description or '').replace('|', '/')} |")
     return "\n".join(rows)
+
+
+def _field_at(path: tuple[str, ...]) -> FieldInfo:
+    """The field a key path names, from the top of the configuration."""
+    model: type[Section] = Config
+    for part in path[:-1]:
+        inner = _section_type(model.model_fields[part].annotation)
+        assert inner is not None
+        model = inner
+    return model.model_fields[path[-1]]

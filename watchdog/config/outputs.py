@@ -98,7 +98,7 @@ class ReceiverConfig(_Section):
         "each critical hang of a known training job (with its proven Slurm job or pod), so the job's nodes are dumped "
         "without waiting for a scrape, the rules and Alertmanager; its token_file is the coordinator's "
         "--token-file.")
-    name: str = Field(description="Name used in logs and the alerts_total metric.")
+    name: str = Field(min_length=1, description="Name used in logs and the alerts_total metric, each receiver its own.")
     url: str | None = Field(None, description="webhook / alertmanager / coordinator: the URL (no secrets here: use "
                             "url_file); coordinator: its base URL, http://HOST:9945.")
     url_file: str | None = Field(None, description="File holding the URL (for URLs that carry a key).")
@@ -121,6 +121,8 @@ class ReceiverConfig(_Section):
                 raise ValueError(f"receiver {self.name!r}: a command receiver needs argv (the program first)")
             if sources:
                 raise ValueError(f"receiver {self.name!r}: a command receiver takes argv, not a URL")
+        elif self.argv is not None:
+            raise ValueError(f"receiver {self.name!r}: argv is for a command receiver; a {self.type} one takes a URL")
         elif len(sources) != 1:
             raise ValueError(f"receiver {self.name!r}: give exactly one of url, url_file, url_env")
         if self.token_file is not None and self.token_env is not None:
@@ -157,8 +159,15 @@ class AlertsConfig(_Section):
                                  use=f"alerts.{new}")
         return data
 
+    _runbook = field_validator("runbook_url")(classmethod(lambda cls, value: _http_url(value)))
+
     @model_validator(mode="after")
     def _one_node(self) -> AlertsConfig:
         if self.node is not None and self.node_env is not None:
             raise ValueError("give node or node_env, not both")
+        names = [r.name for r in self.receivers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"receivers named twice: {', '.join(map(repr, twice))} (each name is its own "
+                             "alerts_total series and log lines)")
         return self

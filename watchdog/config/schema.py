@@ -12,6 +12,7 @@ It costs what a configuration needs: a general validation library held 11 MiB of
 
 from __future__ import annotations
 
+import copy
 import math
 import types
 import typing
@@ -82,7 +83,9 @@ class ValidationError(ValueError):
     """Every problem of a document at once; errors() gives them as dicts: loc, type, msg, input, ctx."""
 
     def __init__(self, problems: list[dict[str, Any]]) -> None:
-        super().__init__(f"{len(problems)} problems in the configuration")
+        said = "; ".join(f"{'.'.join(map(str, p['loc'])) or '(top level)'}: {p['msg']}" for p in problems[:5])
+        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        super().__init__(f"{len(problems)} {'problem' if len(problems) == 1 else 'problems'}: {said}{more}")
         self._problems = problems
 
     def errors(self) -> list[dict[str, Any]]:
@@ -175,8 +178,10 @@ class Section:
                 if info.is_required():
                     problems.append({"loc": (*loc, name), "type": "missing", "msg": "Field required",
                                      "input": data, "ctx": {}})
-                else:
-                    values[name] = info.default_factory() if info.default_factory else info.default
+                else:  # a list or a mapping of its own for each section: a caller changing it changes no other
+                    values[name] = info.default_factory() if info.default_factory else (
+                        copy.deepcopy(info.default) if isinstance(info.default, (list, dict, Section))
+                        else info.default)
                 continue
             try:
                 value = _value(info.annotation, data[name], (*loc, name), info)
@@ -204,10 +209,10 @@ class Section:
         return built
 
     def model_copy(self, update: dict[str, Any] | None = None) -> Any:
-        """A copy with some fields replaced, not validated (as a caller who built it knows it is right)."""
-        copy = object.__new__(type(self))
-        object.__setattr__(copy, "__dict__", {**self.__dict__, **(update or {})})
-        return copy
+        """A copy with some fields replaced, validated as the section is (ValidationError)."""
+        if not update:
+            return self
+        return type(self).model_validate({**self.__dict__, **update})
 
     def model_dump(self) -> dict[str, Any]:
         """The section as plain mappings and lists, every field in order."""
@@ -223,13 +228,22 @@ class Section:
         return type(other) is type(self) and other.__dict__ == self.__dict__
 
     def __hash__(self) -> int:
-        return hash((type(self), *self.__dict__.values()))
+        return hash((type(self), *map(_hashable, self.__dict__.values())))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         return iter(self.__dict__.items())
+
+
+def _hashable(value: Any) -> Any:
+    """A field's value as a hash can take it: lists as tuples, mappings as sets of their pairs."""
+    if isinstance(value, list):
+        return tuple(map(_hashable, value))
+    if isinstance(value, dict):
+        return frozenset((k, _hashable(v)) for k, v in value.items())
+    return value
 
 
 def _dumped(value: Any) -> Any:

@@ -39,6 +39,8 @@ def load_json(path: Path, kind: type = object) -> object:
         value = untrusted_data.loads_json(data, str(path))
     except RecursionError:
         raise BundleDamaged(f"{path}: nested too deeply to read") from None
+    except UnicodeDecodeError as exc:
+        raise BundleDamaged(f"{path}: not JSON (byte {exc.start} is not UTF-8 text)") from None
     except ValueError as exc:  # not JSON, not UTF-8, or more than a reader may build (TooMuchData)
         raise BundleDamaged(exc if isinstance(exc, untrusted_data.TooMuchData)
                             else f"{path}: not JSON ({untrusted_data.one_line(str(exc))[:80]})") from None

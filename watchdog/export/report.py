@@ -205,7 +205,7 @@ def render(data: ReportData) -> str:
     if data.episodes:
         one = len(data.episodes) == 1 and data.episodes[0].get("headline") == data.headline
         parts.append("<h2>Episodes</h2>" + _table(
-            [_episode_row(e, data.naive_time) for e in data.episodes],
+            [_episode_row(e, data.naive_time, max(data.timeline.times, default=0.0)) for e in data.episodes],
             ["signature", "severity", "onset", "verdict after", "end", "lasted", *([] if one else ["headline"])],
             set()))
     if data.actions:
@@ -245,11 +245,11 @@ def _when_said(episode: dict[str, object], naive: bool, open_until: str) -> str:
             f"to {iso_time(float(end), naive)}.")  # type: ignore[arg-type]
 
 
-def _episode_row(episode: dict[str, object], naive: bool) -> dict[str, object]:
+def _episode_row(episode: dict[str, object], naive: bool, seen: float) -> dict[str, object]:
     """When it began, when its verdict was said, when it ended, and how long it lasted: an episode still open
-    says so, with how long so far."""
+    says so, with how long so far (to `seen`, the last snapshot drawn, where it is later than the verdict)."""
     onset, at, end = float(episode["onset"]), float(episode["at"]), episode.get("end")  # type: ignore[arg-type]
-    lasted = duration_text((float(end) if end is not None else at) - onset)  # type: ignore[arg-type]
+    lasted = duration_text((float(end) if end is not None else max(at, seen)) - onset)  # type: ignore[arg-type]
     return {**episode, "onset": iso_time(onset, naive), "verdict after": duration_text(at - onset),
             "end": iso_time(float(end), naive) if end is not None else "still open",  # type: ignore[arg-type]
             "lasted": lasted if end is not None else f"{lasted} so far"}
