@@ -126,8 +126,7 @@ class Service:
 
     def __init__(self, daemon: Daemon, endpoint: Endpoint, collector: WatchdogCollector, discovery: RankDiscovery):
         self.daemon, self.endpoint, self.discovery = daemon, endpoint, discovery
-        self.collector = collector  # what GET /metrics serves (exposition); a prometheus_client collector too
-        self.exposition = collector.exposition
+        self.exposition = collector.exposition  # what GET /metrics serves
 
     def start(self) -> None:
         """Listen (EndpointError if it cannot), say what is short, and start sampling the ranks' stacks."""

@@ -97,9 +97,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.report and len(traces) > 1:
         error("--report draws one trace; give one TRACE with it")
         return EXIT_USAGE
-    if args.report and not os.access(Path(args.report).parent, os.W_OK | os.X_OK):  # known before the replay
-        error(f"--report {args.report}: cannot write: {Path(args.report).parent} "
-              f"{'is not a folder one may write in' if Path(args.report).parent.is_dir() else 'is no folder'}")
+    folder = Path(args.report).parent if args.report else None
+    if folder is not None and not os.access(folder, os.W_OK | os.X_OK):  # known before the replay
+        error(f"--report {args.report}: cannot write: {folder} "
+              f"{'is not a folder one may write in' if folder.is_dir() else 'is no folder'}")
         return EXIT_FAILURE
     options = ReplayOptions(config, [f.strip() for f in args.csv_fields.split(",")] if args.csv_fields else None,
                             args.lenient, args.json, args.report, label=len(traces) > 1)

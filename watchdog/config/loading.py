@@ -109,10 +109,8 @@ def _yaml_text_hint(given: object, whole: bool) -> str:
         return " (quoted: leave the quotes out)"
     if whole and number.is_integer():
         return f" (text to YAML: write it as {int(number)})"
-    mantissa, _, exponent = f"{number:.15g}".partition("e")
-    written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}" if exponent else \
-        (f"{number:.15g}" if "." in f"{number:.15g}" else f"{number:.15g}.0")
-    return f" (text to YAML: write it as {written})"
+    mantissa, e, exponent = f"{number:.15g}".partition("e")
+    return f" (text to YAML: write it as {mantissa}{'' if '.' in mantissa else '.0'}{e}{exponent})"
 
 
 def _where(loc: tuple[Any, ...]) -> str:

@@ -342,7 +342,7 @@ def _sized(value: Any, loc: tuple[Any, ...], info: FieldInfo | None, what: str, 
     least, most = (info.min_length, info.max_length) if info is not None else (None, None)
     for limit, short, word in ((least, True, "at least"), (most, False, "at most")):
         if limit is not None and (len(value) < limit if short else len(value) > limit):
-            kind = f"{'string' if what == 'String' else ''}_too_{'short' if short else 'long'}".lstrip("_")
+            kind = ("string_" if what == "String" else "") + ("too_short" if short else "too_long")
             raise _problem(loc, kind, f"{what} should have {word} {limit} {unit}{'' if limit == 1 else 's'}", value,
                            **{"min_length" if short else "max_length": limit})
     return value

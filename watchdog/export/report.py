@@ -204,8 +204,9 @@ def render(data: ReportData) -> str:
     parts += [_svg_panel(data, *panel) for panel in PANELS]
     if data.episodes:
         one = len(data.episodes) == 1 and data.episodes[0].get("headline") == data.headline
+        seen = max(data.timeline.times, default=0.0)
         parts.append("<h2>Episodes</h2>" + _table(
-            [_episode_row(e, data.naive_time, max(data.timeline.times, default=0.0)) for e in data.episodes],
+            [_episode_row(e, data.naive_time, seen) for e in data.episodes],
             ["signature", "severity", "onset", "verdict after", "end", "lasted", *([] if one else ["headline"])],
             set()))
     if data.actions:

@@ -14,15 +14,16 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's own starting value, kept fixed
 
 
-def _find_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable[..., int] | None:
+    """A function of the C library the interpreter runs on, or None where it has none of that name."""
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # the C library the interpreter runs on
+        found: Callable[..., int] = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    return trim
+    return found
 
 
-_TRIM = _find_trim()
+_TRIM = _libc("malloc_trim")
 
 
 def release_free_memory() -> bool:
@@ -38,8 +39,5 @@ def large_blocks_apart() -> bool:
     then raises the threshold to the largest block freed (an incident's page, up to 32 MiB), after which such
     blocks come from the heaps and leave them fragmented: 64 simulated GPUs held 1.2-1.4 MiB more after their
     bundle (traced in process, 480 s). Whether there was an allocator to tell."""
-    try:
-        mallopt: Callable[[int, int], int] = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    mallopt = _libc("mallopt")
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
