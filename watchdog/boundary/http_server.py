@@ -1,14 +1,15 @@
 """The rules every HTTP service of the package follows (the daemon's endpoint, the coordinator).
 
 Hostile clients cost only themselves:
-- a connection waits for its request head in one gate thread (a selector, http_gate.py), not in a thread of its own:
-  at most MAX_PENDING wait (the oldest is dropped for a newer one), each for HEAD_SECONDS at most, and
-  the TLS handshake runs there too, non-blocking. Half-open and slow clients never hold a worker, so
-  hundreds of them cannot make a scrape fail;
-- a request whose head is in gets a worker: GETs and POSTs have separate slots (GET_SLOTS, POST_SLOTS),
-  so slow POST bodies cannot take the slots scrapes use, and one client address holds at most half of
-  each (a client that never reads its answers cannot take every slot from the scraper); when no slot is
-  free the client gets a 503 at once;
+- a connection is accepted and waits for its request head in the server's one thread (a selector, http_gate.py),
+  not in a thread of its own: at most MAX_PENDING wait (the oldest is dropped for a newer one), each for
+  HEAD_SECONDS at most, and the TLS handshake runs there too, non-blocking. Half-open and slow clients never hold a
+  worker, so hundreds of them cannot make a scrape fail;
+- a request whose head is in gets a worker (a thread kept from an earlier request where one is idle, at most
+  KEPT_WORKERS, so a scrape every few seconds starts no thread): GETs and POSTs have separate slots (GET_SLOTS,
+  POST_SLOTS), so slow POST bodies cannot take the slots scrapes use, and one client address holds at most half of
+  each (a client that never reads its answers cannot take every slot from the scraper); when no slot is free the
+  client gets a 503 at once;
 - every request has one deadline (REQUEST_SECONDS) for its head, its body and its reply, not a limit per
   read or write; a head over MAX_HEAD_BYTES gets a 431;
 - a body needs one well-formed Content-Length (digits only, one value), and is refused over its limit;
@@ -26,12 +27,12 @@ import hmac
 import io
 import ipaddress
 import json
-import os
-import selectors
+import queue
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -44,6 +45,7 @@ POST_SLOTS = 16
 CLIENT_SHARE = 2  # one client address holds at most 1/CLIENT_SHARE of a kind's slots
 BACKLOG = 128
 CLIENT_TIMEOUT_SECONDS = 10.0  # one read of a worker, within REQUEST_SECONDS
+KEPT_WORKERS = 2  # idle worker threads kept for the next requests
 
 
 def is_loopback(host: str) -> bool:
@@ -89,6 +91,9 @@ class QuietHandler(BaseHTTPRequestHandler):
     timeout = CLIENT_TIMEOUT_SECONDS
     server: HardenedServer
 
+    def version_string(self) -> str:
+        return "stall-watchdog"  # the Server header: not the Python it runs on
+
     def setup(self) -> None:
         self.connection = self.request
         self.deadline = time.monotonic() + REQUEST_SECONDS
@@ -110,8 +115,10 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+        # The head and the body in one write: one send and one segment for a small answer (HTTP/0.9 has no head).
+        head = getattr(self, "_headers_buffer", [])
+        self._headers_buffer: list[bytes] = []
+        self.wfile.write(b"".join(head) + b"\r\n" + body if head else body)
 
     def reply_json(self, status: int, data: object, headers: dict[str, str] | None = None) -> None:
         self.reply(status, (json.dumps(data, default=str) + "\n").encode(), "application/json", headers)
@@ -211,45 +218,26 @@ class HardenedServer(ThreadingHTTPServer):
         self._clients: dict[tuple[str, str], int] = {}  # (kind, client address) -> requests being served
         self._heads: dict[int, bytes] = {}
         self._heads_lock = threading.Lock()
-        self._stopping = False
         self._stopped = threading.Event()
         self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
-        self._wake_read, self._wake_write = os.pipe()
-        try:
-            super().__init__(address, handler)
-        except BaseException:
-            self._close_pipe()
-            raise
+        self.workers = Workers(KEPT_WORKERS)
+        super().__init__(address, handler)
         self.gate = Gate(self)
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
-        """Accept connections until shutdown(), woken by a connection or by shutdown's byte on a pipe, never by a
-        timer (socketserver's own loop looks for a shutdown every `poll_interval`: two wakeups a second on every
-        node for nothing)."""
+        """Accept connections and read their heads until shutdown() (http_gate.py), woken by a connection or by
+        shutdown's byte, never by a timer (socketserver's own loop looks for a shutdown every `poll_interval`: two
+        wakeups a second on every node for nothing)."""
         self._stopped.clear()
         try:
-            with selectors.DefaultSelector() as selector:
-                selector.register(self, selectors.EVENT_READ)
-                selector.register(self._wake_read, selectors.EVENT_READ)
-                while not self._stopping:
-                    for key, _ in selector.select():
-                        if key.fileobj is self and not self._stopping:
-                            self._handle_request_noblock()  # type: ignore[attr-defined]  # as socketserver does
+            self.gate.run()
         finally:
             self._stopped.set()
 
     def shutdown(self) -> None:
         """Stop serve_forever and wait until it has returned (at once when it is not running)."""
-        self._stopping = True
-        with contextlib.suppress(OSError):
-            os.write(self._wake_write, b"x")
+        self.gate.stop()
         self._stopped.wait()
-
-    def _close_pipe(self) -> None:
-        for fd in (self._wake_read, self._wake_write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._wake_read = self._wake_write = -1
 
     def get_request(self) -> tuple[Any, Any]:
         try:
@@ -258,9 +246,6 @@ class HardenedServer(ThreadingHTTPServer):
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 time.sleep(0.1)  # out of descriptors: back off instead of spinning on a readable socket
             raise
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self.gate.add(request, client_address)
 
     def dispatch(self, sock: socket.socket, address: Any, head: bytes) -> None:
         """A connection whose request head is in: a worker thread if its kind has a free slot, else 503."""
@@ -282,8 +267,7 @@ class HardenedServer(ThreadingHTTPServer):
             self._refuse(sock, reason)
             return
         try:
-            thread = threading.Thread(target=self._work, args=(sock, address, slots, client), daemon=True)
-            thread.start()
+            self.workers.run(lambda: self._work(sock, address, slots, client))
         except BaseException:
             self._done(sock, slots, client)
 
@@ -339,6 +323,44 @@ class HardenedServer(ThreadingHTTPServer):
     def server_close(self) -> None:
         gate = getattr(self, "gate", None)  # absent when listening failed
         if gate is not None:
-            gate.stop()
+            gate.close()
+        self.workers.stop()
         super().server_close()
-        self._close_pipe()
+
+
+class Workers:
+    """The threads that serve requests, each kept when its request is done while fewer than `keep` are idle (waiting
+    in a queue's get: no wakeup until a request comes), so that a scrape every few seconds starts no thread."""
+
+    def __init__(self, keep: int):
+        self._keep = keep
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._stopped = False
+
+    def run(self, job: Callable[[], None]) -> None:
+        """`job` on an idle worker, or on a new thread when none is idle (RuntimeError if none can be started)."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._jobs.put(job)
+                return
+        threading.Thread(target=self._serve, args=(job,), name="http-worker", daemon=True).start()
+
+    def stop(self) -> None:
+        """The idle workers end; the busy ones end with their request."""
+        with self._lock:
+            self._stopped = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._jobs.put(None)
+
+    def _serve(self, job: Callable[[], None] | None) -> None:
+        while job is not None:
+            job()
+            with self._lock:
+                if self._stopped or self._idle >= self._keep:
+                    return
+                self._idle += 1
+            job = self._jobs.get()
