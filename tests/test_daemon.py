@@ -6,6 +6,7 @@ import html
 import itertools
 import json
 import logging
+import math
 import os
 import subprocess
 import threading
@@ -18,12 +19,13 @@ import pytest
 
 from tests.fakes.daemon import FlakySource, Receiver, daemon_config, scrape, stepping_clock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml
+from watchdog.config.sampling import SampleConfig
 from watchdog.daemon import PAGED_BATCHES, Daemon
 from watchdog.plumbing import logfmt
 from watchdog.sample import sim
 from watchdog.sample.nvml import NvmlSource
 from watchdog.service import build
-from watchdog.vocabulary.model import Severity
+from watchdog.vocabulary.model import Severity, Signature
 
 
 def spin_source(offset: float = 285) -> sim.SimSource:
@@ -397,12 +399,13 @@ def test_the_failure_series_the_rules_watch_are_born_at_the_first_failure(tmp_pa
         service.close(timeout=5)
 
 
-def _judged(tmp: Path, batch_seconds: float, ticks: int) -> tuple[list[tuple[int, object]], list[int]]:
-    """spin_hang from 240 s, 1 s a tick: each event with the tick it came out at, and the ticks each call to
-    the detectors judged."""
+def _judged(tmp: Path, batch_seconds: float, ticks: int, scenario: sim.Scenario = sim.SCENARIOS["spin_hang"],
+            start: float = 240) -> tuple[list[tuple[int, object]], list[int]]:
+    """A scenario from `start` (spin_hang from 240 s), 1 s a tick: each event with the tick it came out at, and
+    the ticks each call to the detectors judged."""
     config = daemon_config(tmp, sample={"interval_seconds": 1.0, "batch_seconds": batch_seconds},
-                           source={"scenario": "spin_hang", "start_offset_seconds": 240})
-    service = build(config, sim.SimSource(sim.SCENARIOS["spin_hang"], 1.0, 240, clock=stepping_clock()))
+                           source={"start_offset_seconds": start})
+    service = build(config, sim.SimSource(scenario, 1.0, start, clock=stepping_clock()))
     daemon, observe = service.daemon, service.daemon.engine.observe
     events: list[tuple[int, object]] = []
     calls: list[int] = []
@@ -424,24 +427,41 @@ def _judged(tmp: Path, batch_seconds: float, ticks: int) -> tuple[list[tuple[int
 
 
 def test_quiet_ticks_are_judged_in_batches_with_the_same_verdicts(tmp_path: Path) -> None:
-    """sample.batch_seconds: while no stall is suspected the detectors judge 5 s of ticks at once; once one is,
+    """sample.batch_seconds: while no stall is suspected the detectors judge 10 s of ticks at once; once one is,
     every tick until it is critical. The events are those of judging every tick, at the same stream times, and
     the critical one comes out at the same tick."""
+    batch = SampleConfig().batch_seconds
     every, every_calls = _judged(tmp_path / "every", 0, 200)
-    batched, batched_calls = _judged(tmp_path / "batched", 5, 200)
+    batched, batched_calls = _judged(tmp_path / "batched", batch, 200)
     assert [event for _, event in batched] == [event for _, event in every]
     kinds = [(event.event.value, event.severity.value) for _, event in every]  # type: ignore[attr-defined]
     suspected, critical = [kind for kind, _ in kinds].index("suspected"), kinds.index(("fired", "critical"))
     assert suspected < critical and batched[critical][0] == every[critical][0]  # the page is not delayed
-    assert batched[suspected][0] - every[suspected][0] in range(5)  # the first sign: up to 5 s later
+    assert batched[suspected][0] - every[suspected][0] in range(int(batch))  # the first sign: up to 10 s later
     assert sum(every_calls) == sum(batched_calls) == 200  # every tick judged once, the last ones by flush()
-    assert len(every_calls) == 200 and len(batched_calls) < 200 / 2
-    # Once the page is out and nothing below critical is open, batches of PAGED_BATCHES x 5 s (the flush: the rest)
+    assert len(every_calls) == 200 and len(batched_calls) < 200 / 4
+    # Once the page is out and nothing below critical is open, batches of PAGED_BATCHES x 10 s (the flush: the rest)
     paged_at = batched[critical][0]
     judged = list(itertools.accumulate(batched_calls))
     before = [n for n, upto in zip(batched_calls, judged) if upto <= paged_at]
     after = batched_calls[len(before) + 1:-1]  # after the batch that held the critical tick
-    assert max(before) == 5 and after and set(after) == {5 * PAGED_BATCHES}, (before, after)
+    assert max(before) == batch and after and set(after) == {math.ceil(batch * PAGED_BATCHES)}, (before, after)
+
+
+def test_a_lost_gpu_is_judged_in_the_tick_it_is_lost_not_at_the_end_of_a_batch(tmp_path: Path) -> None:
+    """A GPU that falls off the bus is critical at once: the tick where the GPUs that answer change is judged as it
+    comes, so its page comes out at the tick it does when every tick is judged (up to a batch later before)."""
+    lost = sim.Scenario("lost", "GPU 5 falls off the bus at 300 s, the others train on", "h100", 8, 600,
+                        ((0, None, "train"), (300, (5,), "lost")))
+    every, _ = _judged(tmp_path / "every", 0, 40, lost, 285)
+    batched, calls = _judged(tmp_path / "batched", 10, 40, lost, 285)
+    assert [event for _, event in batched] == [event for _, event in every]
+
+    def paged(events: list[tuple[int, object]]) -> int:
+        return next(n for n, event in events if event.signature is Signature.GPU_LOST  # type: ignore[attr-defined]
+                    and event.severity is Severity.CRITICAL)  # type: ignore[attr-defined]
+
+    assert paged(batched) == paged(every) and len(calls) < 40 / 2
 
 
 def test_the_ranks_of_a_paged_hang_are_read_on_the_host_every_5_s_not_every_tick(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from watchdog.plumbing.schedule import Ticker
 from watchdog.sample.host_progress import HostProgress
 from watchdog.sample.rank_labels import RankLabels, RankRow
 from watchdog.stacks.sampling import RankSampler
-from watchdog.vocabulary.model import EpisodeEvent, EventKind, NodeSnapshot, Severity, Signature, Verdict
+from watchdog.vocabulary.model import EpisodeEvent, EventKind, GpuHealth, NodeSnapshot, Severity, Signature, Verdict
 from watchdog.vocabulary.words import gpu_list
 
 T = TypeVar("T")
@@ -105,7 +105,9 @@ class Guard:
 
 # While every open episode is already critical (the page is out, nothing below it waits to be decided), the ticks
 # are judged in batches this many times batch_seconds: its end, or a new sign elsewhere, is seen that much later.
-PAGED_BATCHES = 3
+PAGED_BATCHES = 1.5
+# Open below critical, these are judged every tick: a stall, or a lost GPU, each critical within seconds.
+_JUDGED_EACH_TICK = frozenset({*STACK_SIGNATURES, Signature.GPU_LOST})
 
 
 class Daemon:
@@ -131,6 +133,7 @@ class Daemon:
         self.reload_requested = threading.Event()
         self.ticks = 0
         self._uneven: set[int] = set()  # GPUs said to hold uneven work (logged once while it lasts)
+        self._answering: frozenset[int] = frozenset()  # the GPUs whose last sample was whole (GpuHealth.OK)
 
     @property
     def published(self) -> Published:
@@ -147,7 +150,7 @@ class Daemon:
         if snapshot is not None:
             self._remember(snapshot)
             self._unjudged.append(snapshot)
-            if self._judge_due():
+            if self._judge_due(snapshot):
                 self._judge(snapshot)
             self.guard.call("act", self.responder.consider, snapshot)
         self.guard.call("export", self._publish, snapshot, self.monotonic() - started)
@@ -159,12 +162,17 @@ class Daemon:
         if self._unjudged:
             self._judge(self._unjudged[-1])
 
-    def _judge_due(self) -> bool:
+    def _judge_due(self, snapshot: NodeSnapshot) -> bool:
         """Whether the ticks held are judged now: batch_seconds of them are held (PAGED_BATCHES times that while
-        every open episode is critical), a stall is suspected or warned of (judged every tick until it is
-        critical or ends), or the stacks' verdict on one came back."""
+        every open episode is critical), a stall or a lost GPU is suspected or warned of (judged every tick
+        until it is critical or ends), the stacks' verdict on one came back, or a GPU was lost, hung or came back
+        in the newest tick: no batch holds back a page that is due within seconds."""
         sample = self.config.sample
-        if self._unsettled() or not self.verdicts.empty():
+        answering = frozenset(gpu.index for gpu in snapshot.gpus if gpu.health is GpuHealth.OK)
+        changed, self._answering = answering != self._answering, answering
+        if changed or not self.verdicts.empty() or any(
+                ep.finding.signature in _JUDGED_EACH_TICK and ep.fired_severity is not Severity.CRITICAL
+                for ep in self.engine.open_episodes()):
             return True
         episodes = self.engine.open_episodes()
         paged = bool(episodes) and all(ep.fired_severity is Severity.CRITICAL for ep in episodes)

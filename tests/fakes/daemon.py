@@ -19,7 +19,9 @@ from watchdog.vocabulary.model import NodeSnapshot
 
 def daemon_config(tmp: Path, **sections: Any) -> Config:
     base: dict[str, Any] = {
-        "sample": {"interval_seconds": 0.2},
+        # Ticks of 0.2 s that the scenarios play as 1 s each (the stepping clocks): 25 of them a batch, as the
+        # tests were written for.
+        "sample": {"interval_seconds": 0.2, "batch_seconds": 5.0},
         "source": {"kind": "sim", "scenario": "spin_hang", "start_offset_seconds": 285},
         "export": {"listen_address": "127.0.0.1:0"},
         "bundles": {"directory": str(tmp / "incidents"), "capture_stacks": False},

@@ -45,11 +45,12 @@ class SampleConfig(_Section):
         1.0, description="Detectors run at most this often (traces sampled faster are still all ingested)."
     )
     batch_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = Field(
-        5.0, description="While no stall is suspected or warned of (none open below critical), the live loop hands "
-        "the detectors the ticks of this many seconds at once: the verdicts are those of judging each tick, a "
-        "new sign of a hang is seen up to this much later, and the detectors cost about a fifth at 5 s. A stall "
-        "that is suspected is judged every tick until it is critical or ends; while every open episode is critical, "
-        "three times this (its end is seen up to that much later). 0: every tick.")
+        10.0, description="While no stall is suspected or warned of (none open below critical), the live loop hands "
+        "the detectors the ticks of this many seconds at once: the verdicts are those of judging each tick, a new "
+        "sign of a hang is seen up to this much later, and the detectors cost about an eighth of judging every "
+        "tick. A stall that is suspected is judged every tick until it is critical or ends, and a tick where a GPU "
+        "is lost, hung or back is judged as it comes; while every open episode is critical, one and a half times "
+        "this (its end is seen up to that much later). 0: every tick.")
 
 
 class StacksConfig(_Section):
