@@ -105,7 +105,8 @@ class SourceConfig(_Section):
     kind: Literal["nvml", "sim"] = Field("nvml", description="nvml: the real GPUs; sim: a built-in scenario played in "
                                          "real time (tests, demos).")
     scenario: Literal[SCENARIO_NAMES] = Field(  # type: ignore[valid-type]
-        "spin_hang", description="With kind sim: the scenario (see `stall-watchdog replay --help`).")
+        "spin_hang", description="With kind sim: the scenario; `stall-watchdog replay --help` lists each and when "
+        "its hang starts (spin_hang's at 300 s: start_offset_seconds 280 shows it within a minute).")
     start_offset_seconds: Annotated[float, Field(ge=0)] = Field(
         0.0, description="With kind sim: start this far into the scenario.")
     pids: dict[Annotated[int, LaxKeys], list[int]] = Field(  # a GPU's index as YAML or JSON writes a key
