@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol, TypeVar
 
 from watchdog.act.dump import DumpService
@@ -170,9 +170,7 @@ class Daemon:
         sample = self.config.sample
         answering = frozenset(gpu.index for gpu in snapshot.gpus if gpu.health is GpuHealth.OK)
         changed, self._answering = answering != self._answering, answering
-        if changed or not self.verdicts.empty() or any(
-                ep.finding.signature in _JUDGED_EACH_TICK and ep.fired_severity is not Severity.CRITICAL
-                for ep in self.engine.open_episodes()):
+        if changed or not self.verdicts.empty() or self._below_critical(_JUDGED_EACH_TICK):
             return True
         episodes = self.engine.open_episodes()
         paged = bool(episodes) and all(ep.fired_severity is Severity.CRITICAL for ep in episodes)
@@ -225,8 +223,12 @@ class Daemon:
 
     def _unsettled(self) -> list[str]:
         """Open stall episodes not yet critical: their stacks are worth another look now and then."""
+        return self._below_critical(STACK_SIGNATURES)
+
+    def _below_critical(self, signatures: Collection[Signature]) -> list[str]:
+        """The open episodes of these signatures not yet critical."""
         return [ep.identity for ep in self.engine.open_episodes()
-                if ep.finding.signature in STACK_SIGNATURES and ep.fired_severity is not Severity.CRITICAL]
+                if ep.finding.signature in signatures and ep.fired_severity is not Severity.CRITICAL]
 
     def _remember(self, snapshot: NodeSnapshot) -> None:
         self.history.append(snapshot, self.config.bundles.telemetry_window_seconds + 120)

@@ -87,9 +87,7 @@ class Gate:
         for _ in range(ACCEPTS_AT_ONCE):
             try:
                 sock, address = self.server.get_request()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # out of descriptors (get_request backed off), or the listening socket closed
+            except OSError:  # none left to accept, out of descriptors (get_request backed off), or closed
                 return
             self._admit(sock, address)
 
