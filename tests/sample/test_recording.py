@@ -231,3 +231,24 @@ def test_a_gpu_seen_before_is_not_counted_again() -> None:
     lines = [json.dumps({"t": n, "gpus": {"index": list(range(MAX_GPUS))[n % 2:]}}) for n in range(300)]
     got = list(recording.read(io.StringIO("\n".join([json.dumps(HEAD), *lines]) + "\n"), "rec.jsonl"))
     assert len(got) == 300
+
+
+def test_a_reading_that_is_not_a_number_is_written_null_and_the_recording_reads_back() -> None:
+    # A NaN or an infinity from a driver would be written `NaN` or `Infinity` by json.dumps, which no JSON
+    # parser (this reader's included) accepts: the whole recording or bundle would be refused at that line.
+    odd = NodeSnapshot(1.0, (GpuSample(index=0, power_watts=float("nan"), utilization_ratio=float("inf")),
+                             GpuSample(index=1, power_watts=150.0, utilization_ratio=1.0)))
+    line = recording.encode(odd)
+    assert json.loads(line)["gpus"]["power_watts"] == [None, 150.0]
+    (back,) = roundtrip([odd])
+    assert back.gpus[0].power_watts is None and back.gpus[0].utilization_ratio is None
+    assert back.gpus[1] == odd.gpus[1]
+
+
+def test_each_field_is_written_as_its_column_only_where_some_gpu_has_it() -> None:
+    plain = GpuSample(index=3, power_watts=90.5)
+    busy = GpuSample(index=4, health=GpuHealth.LOST, pids=(4711, 4712), xids=(79,), errors=(("power_watts", "lost"),))
+    columns = json.loads(recording.encode(NodeSnapshot(2.0, (plain, busy))))["gpus"]
+    assert columns == {"index": [3, 4], "health": ["ok", "lost"], "power_watts": [90.5, None],
+                       "pids": [[], [4711, 4712]], "errors": [None, {"power_watts": "lost"}], "xids": [[], [79]]}
+    assert list(json.loads(recording.encode(NodeSnapshot(2.0, (plain,))))["gpus"]) == ["index", "power_watts"]

@@ -45,6 +45,9 @@ class GpuView:
 
 
 def _merged_legs(evidence: list[Evidence]) -> tuple[str, ...]:
+    """The legs of all the evidence, each once, in the order first named."""
+    if len({e.legs for e in evidence}) == 1:  # every GPU's evidence names the same legs (a job spinning as one)
+        return tuple(dict.fromkeys(evidence[0].legs))
     seen: dict[str, None] = {}
     for e in evidence:
         seen.update(dict.fromkeys(e.legs))

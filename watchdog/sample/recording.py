@@ -48,6 +48,8 @@ _INTS = {"index", *INTEGER_FIELDS}
 _COUNTS = ("xids", "rank_waits", "nccl_waits")  # a tuple of counts (whole numbers, none negative) per GPU
 _TUPLES = ("pids", *_COUNTS)  # a tuple of whole numbers per GPU
 _HEALTH = {h.value: h for h in GpuHealth}
+_PLAIN = frozenset(_FIELDS) - {"health", "errors", *_TUPLES}  # written as they are, left out where no GPU has them
+_ENCODE = msgspec.json.Encoder().encode  # a reading that is not a number (NaN, infinity) is written null
 _LARGEST = 1e15  # no reading or Unix time is this large
 
 
@@ -55,23 +57,21 @@ def header(source: str, started: str, **extra: object) -> dict[str, object]:
     return {FORMAT_KEY: FORMAT_VERSION, "source": source, "started": started, **extra}
 
 
+
+
 def encode(snapshot: NodeSnapshot) -> str:
-    gpus = snapshot.gpus
-    columns: dict[str, list[Any]] = {}
-    for position, name in enumerate(_FIELDS):
-        values: list[Any] = [g[position] for g in gpus]
-        if name == "health":
-            if any(v is not GpuHealth.OK for v in values):
+    """One snapshot's line, its columns in GpuSample's field order (no line break)."""
+    columns: dict[str, Any] = {}
+    for name, values in zip(_FIELDS, zip(*snapshot.gpus)):  # each field's values, GPU by GPU (tuples: arrays)
+        if name in _PLAIN:
+            if values.count(None) != len(values) or name == "index":
+                columns[name] = values
+        elif name == "health":
+            if values.count(GpuHealth.OK) != len(values):
                 columns[name] = [v.value for v in values]
-        elif name in _TUPLES:
-            if any(values):
-                columns[name] = [list(v) for v in values]
-        elif name == "errors":
-            if any(values):
-                columns[name] = [dict(v) if v else None for v in values]
-        elif name == "index" or any(v is not None for v in values):
-            columns[name] = values
-    return json.dumps({"t": snapshot.time_seconds, "gpus": columns}, separators=(",", ":"))
+        elif any(values):  # the tuples, and errors
+            columns[name] = [dict(v) if v else None for v in values] if name == "errors" else values
+    return _ENCODE({"t": snapshot.time_seconds, "gpus": columns}).decode()
 
 
 class Writes(Protocol):
