@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from watchdog.sample.errors import SkipLog, TraceError
 from watchdog.sample.lines import MAX_GPUS, TraceGpus
 from watchdog.vocabulary.model import SAMPLE_DEFAULTS, GpuSample, NodeSnapshot, SnapshotBlock
@@ -78,7 +80,7 @@ class RowStore:
     def gather(self, rows: Sequence[int]) -> list[Sequence[Any] | None]:
         """The columns of these rows, in this order; a row of -1 holds every field's default."""
         absent = -1 in rows
-        low = min(row for row in rows if row >= 0) if absent else min(rows)
+        low = min(set(rows).difference((-1,))) if absent else min(rows)
         high = max(rows)
         spanned = [block for block in self._blocks if block[0] + len(block[1]) > low and block[0] <= high]
         base = spanned[0][0]
@@ -261,8 +263,7 @@ class _Cut:
         every: list[int] = []
         if good < len(begins):
             every = [*self.layout, *indexes]
-            mixed = next((k for k, i in enumerate(begins[:-1]) if sorted(every[i:i + width]) != ordered),
-                         len(begins) - 1)
+            mixed = _first_unlike(every, len(begins) - 1, width, ordered)
             begun = every[begins[-1]:]
             if mixed == len(begins) - 1 and len(set(begun)) == len(begun) and set(begun) <= set(ordered):
                 mixed += 1
@@ -286,8 +287,7 @@ class _Cut:
             rows = every_row[:tail]
             self.layout = order[:end - tail]
         else:
-            rows = [row for i in begins[:good - 1 if good < len(begins) else -1]
-                    for row in _by_gpu(every[i:i + width], every_row[i:i + width])]
+            rows = _each_by_gpu(every, every_row, good - 1 if good < len(begins) else len(begins) - 1, width)
             self.layout = every[tail:end]
         starts = stamps[0:tail:width]
         self.stamps, self.rows = stamps[tail:end], every_row[tail:]
@@ -307,6 +307,25 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             high = middle
     return low
+
+
+def _first_unlike(gpus: list[int], samples: int, width: int, ordered: list[int]) -> int:
+    """The first of `samples` samples of `width` rows each (`gpus`, sample after sample) whose GPUs are not
+    `ordered` in some order; `samples` where all are."""
+    if not samples:
+        return 0
+    grid = np.array(gpus[:samples * width]).reshape(samples, width)
+    unlike = np.flatnonzero((np.sort(grid, axis=1) != np.array(ordered)).any(axis=1))
+    return int(unlike[0]) if len(unlike) else samples
+
+
+def _each_by_gpu(gpus: list[int], rows: list[int], samples: int, width: int) -> list[int]:
+    """The rows of the first `samples` samples of `width` rows each, each sample's in index order (no GPU twice
+    in a sample: _by_gpu on each)."""
+    grid = np.array(gpus[:samples * width]).reshape(samples, width)
+    order = np.argsort(grid, axis=1, kind="stable")
+    picked = np.array(rows[:samples * width]).reshape(samples, width)[np.arange(samples)[:, None], order]
+    return picked.ravel().tolist()
 
 
 def _by_gpu(gpus: Sequence[int], rows: Sequence[int]) -> list[int]:
