@@ -6,6 +6,7 @@ with their own floats took about 18 MiB; this takes about 3."""
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
 
@@ -18,6 +19,8 @@ from watchdog.vocabulary.model import GpuSample, NodeSnapshot
 _MOVING = ("utilization_ratio", "memory_utilization_ratio", "power_watts", "sm_clock_hertz", "memory_used_bytes",
            "temperature_celsius", "sm_activity_ratio", "host_cpu_ratio", "host_io_bytes_per_second")
 _SLOTS = tuple(GpuSample._fields.index(name) for name in _MOVING)
+_READINGS = operator.itemgetter(*_SLOTS)
+_REST = operator.itemgetter(*(slot for slot in range(len(GpuSample._fields)) if slot not in _SLOTS))
 _WHOLE = tuple(name == "memory_used_bytes" for name in _MOVING)
 _sample = tuple.__new__
 _KNOWN_PER_GPU = 8  # the rests remembered to share, a GPU: a clock-event reason or a process that comes and goes
@@ -29,7 +32,7 @@ class KeptTelemetry:
 
     def __init__(self) -> None:
         self._ticks: deque[tuple[float, np.ndarray, tuple[GpuSample, ...]]] = deque()
-        self._known: dict[GpuSample, GpuSample] = {}  # the rests of samples seen lately, each held once
+        self._known: dict[tuple, GpuSample] = {}  # the rests of samples seen lately, each held once, by their fields
 
     def __len__(self) -> int:
         return len(self._ticks)
@@ -46,17 +49,20 @@ class KeptTelemetry:
 
     def append(self, snapshot: NodeSnapshot, seconds: float) -> None:
         gpus = snapshot.gpus
-        readings = np.array([[sample[slot] for slot in _SLOTS] for sample in gpus], dtype=float)
+        readings = np.array(list(map(_READINGS, gpus)), dtype=float)
         known = self._known
         if len(known) > _KNOWN_PER_GPU * len(gpus):
             known.clear()
         rests = []
         for sample in gpus:
-            fields = list(sample)
-            for slot in _SLOTS:
-                fields[slot] = None
-            rest = _sample(GpuSample, fields)
-            rests.append(known.setdefault(rest, rest))  # the same name, health, processes...: one object
+            key = _REST(sample)
+            rest = known.get(key)  # the same name, health, processes...: one object
+            if rest is None:
+                fields = list(sample)
+                for slot in _SLOTS:
+                    fields[slot] = None
+                rest = known[key] = _sample(GpuSample, fields)
+            rests.append(rest)
         ticks = self._ticks
         ticks.append((snapshot.time_seconds, readings, tuple(rests)))
         while ticks and snapshot.time_seconds - ticks[0][0] > seconds:

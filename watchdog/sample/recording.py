@@ -6,9 +6,9 @@ Every other line is one snapshot of the node, column by column:
     {"t": 1767225600.0, "gpus": {"index": [0, 1], "power_watts": [150.2, 149.8], "pids": [[4711], [4712]]}}
 
 Each key of "gpus" is a GpuSample field name in base units, with one entry per GPU (null where that GPU
-does not support the reading). A column is left out when no GPU has it. "health" holds ok|lost|hung,
-"errors" per GPU a map of field -> why it could not be read, "pids" the compute processes,
-"host_cpu_ratio" and "host_io_bytes_per_second" the host progress of those processes, "xids" the Xid events
+does not support the reading, or read as no number: NaN or infinity). A column is left out when no GPU has
+it. "health" holds ok|lost|hung, "errors" per GPU a map of field -> why it could not be read, "pids" the compute
+processes, "host_cpu_ratio" and "host_io_bytes_per_second" the host progress of those processes, "xids" the Xid events
 of each GPU since the sample before, the health counters (model.HEALTH_COUNTERS) as whole numbers, and
 "rank_waits" the stack sample counts of each GPU's rank (model.RANK_WAITS), "nccl_waits" the same counts timed
 from the rank's NCCL Inspector log.
