@@ -57,8 +57,6 @@ def header(source: str, started: str, **extra: object) -> dict[str, object]:
     return {FORMAT_KEY: FORMAT_VERSION, "source": source, "started": started, **extra}
 
 
-
-
 def encode(snapshot: NodeSnapshot) -> str:
     """One snapshot's line, its columns in GpuSample's field order (no line break)."""
     columns: dict[str, Any] = {}

@@ -271,10 +271,13 @@ def _fixed_times(texts: list[str]) -> list[float] | None:
     second = rows[:, 17:] - np.uint8(ord("0"))  # each character's digit; wrapped round (above 9) where it is none
     if (second[:, :2] > 9).any() or (width > 19 and ((rows[:, 19] != ord(".")).any() or (second[:, 3:] > 9).any())):
         return None
-    weights = [10 ** (max(digits, 0) + 1), 10 ** max(digits, 0), *([0] if width > 19 else []),
-               *(10 ** np.arange(digits - 1, -1, -1))]
-    seconds = (second.astype(np.int64) @ np.array(weights, np.int64)) / float(10 ** max(digits, 0))
-    if seconds.max() >= 61:  # exact integers divided: the float float() reads of the same digits
+    fraction = max(digits, 0)
+    # Each digit's weight in the seconds times 10**fraction (the point's weight 0): exact integers, divided once,
+    # give the float float() reads of the same digits.
+    weights = [10 ** (fraction + 1), 10 ** fraction, *([0] if fraction else []),
+               *(10 ** n for n in range(fraction - 1, -1, -1))]
+    seconds = (second.astype(np.int64) @ np.array(weights, np.int64)) / float(10 ** fraction)
+    if seconds.max() >= 61:
         return None
     # Where the minute changes: its 17 characters as two 8-byte words and one byte, each against the row before.
     words = np.ascontiguousarray(rows[:, :16]).view(np.uint64)
